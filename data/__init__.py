@@ -1,0 +1,23 @@
+"""Specs, the iteration-graph format, the model zoo and (later) the store.
+
+The lowest layer of ddlsim: everything else imports from here, and this package imports only
+torch, torch_geometric, transformers (to build zoo models) and the standard library.
+"""
+
+from data.errors import (
+    DdlsimError,
+    InvalidClusterError,
+    InvalidGraphError,
+    InvalidModelSpecError,
+    InvalidStrategyError,
+    UnknownModelError,
+)
+
+__all__ = [
+    "DdlsimError",
+    "InvalidClusterError",
+    "InvalidGraphError",
+    "InvalidModelSpecError",
+    "InvalidStrategyError",
+    "UnknownModelError",
+]

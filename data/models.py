@@ -1,0 +1,254 @@
+"""Build a model and one synthetic batch from a ``ModelSpec``.
+
+Transformers models are built from their config with random weights: nothing is downloaded, no
+hub is consulted. Class names are looked up as attributes of the ``transformers`` package (never
+evaluated), and config keys are checked against the config class, which would otherwise accept a
+misspelt key silently.
+"""
+
+import dataclasses
+import difflib
+import inspect
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from data.errors import InvalidModelSpecError
+from data.reference import REFERENCE_MODELS
+from data.specs.model import ModelSpec
+
+InputKind = Literal["text", "image", "features"]
+
+# Head suffixes and the labels each expects; anything else gets a synthetic loss (see make_batch).
+_TOKEN_LABEL_HEADS = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration")
+_CLASS_LABEL_HEADS = ("ForSequenceClassification", "ForImageClassification")
+# Keys every transformers config accepts even when its defaults do not list them.
+_COMMON_CONFIG_KEYS = {
+    "num_labels",
+    "attn_implementation",
+    "id2label",
+    "label2id",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "decoder_start_token_id",
+    "tie_word_embeddings",
+}
+# Config attributes that bound the sequence length, by model family.
+_MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ModelInfo:
+    """What ``check_model_spec`` resolved: the classes and the kind of input."""
+
+    model_cls: type[nn.Module]
+    config_cls: type
+    input_kind: InputKind
+
+
+def _transformers_class(name: str) -> type[nn.Module]:
+    import transformers
+
+    candidate = getattr(transformers, name, None) if name.isidentifier() else None
+    if not (inspect.isclass(candidate) and issubclass(candidate, transformers.PreTrainedModel)):
+        # Offer close names among the model classes transformers exports.
+        exported = [n for n in dir(transformers) if n[:1].isupper() and "For" in n]
+        close = difflib.get_close_matches(name, exported, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise InvalidModelSpecError(
+            f"class {name!r} is not a transformers model class{hint} "
+            "(give a class such as BertForMaskedLM or GPT2LMHeadModel)"
+        )
+    return candidate
+
+
+def _known_config_keys(config_cls: type) -> set[str]:
+    keys = set(config_cls().to_dict())
+    keys |= set(inspect.signature(config_cls.__init__).parameters) - {"self", "kwargs"}
+    keys |= set(getattr(config_cls, "attribute_map", {}))
+    return keys | _COMMON_CONFIG_KEYS
+
+
+def _check_config_keys(config: Mapping[str, Any], known: set[str], config_name: str) -> None:
+    for key in sorted(config):
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise InvalidModelSpecError(f"config key {key!r} is not a {config_name} field{hint}")
+
+
+def check_model_spec(spec: ModelSpec) -> ModelInfo:
+    """Resolve the spec's class and check its config keys and inputs.
+
+    Raises:
+        InvalidModelSpecError: naming the unknown class, the unknown config key or the input
+            that does not fit the model.
+    """
+    if spec.source == "reference":
+        ref_cls = REFERENCE_MODELS.get(spec.cls)
+        if ref_cls is None:
+            raise InvalidModelSpecError(
+                f"reference class {spec.cls!r} does not exist; allowed: "
+                f"{', '.join(sorted(REFERENCE_MODELS))}"
+            )
+        fields = {f.name for f in dataclasses.fields(ref_cls.config_class)}
+        _check_config_keys(spec.config, fields, ref_cls.config_class.__name__)
+        info = ModelInfo(
+            model_cls=ref_cls, config_cls=ref_cls.config_class, input_kind=ref_cls.input_kind
+        )
+    else:
+        model_cls = _transformers_class(spec.cls)
+        config_cls = model_cls.config_class
+        _check_config_keys(spec.config, _known_config_keys(config_cls), config_cls.__name__)
+        params = inspect.signature(model_cls.forward).parameters
+        if "input_ids" in params:
+            kind: InputKind = "text"
+        elif "pixel_values" in params:
+            kind = "image"
+        else:
+            raise InvalidModelSpecError(
+                f"class {spec.cls!r} takes neither input_ids nor pixel_values; "
+                "supported: text and vision models"
+            )
+        info = ModelInfo(model_cls=model_cls, config_cls=config_cls, input_kind=kind)
+    _check_inputs(spec, info)
+    return info
+
+
+def _check_inputs(spec: ModelSpec, info: ModelInfo) -> None:
+    inputs = spec.inputs
+    if info.input_kind == "text" and inputs.seq_len is None:
+        raise InvalidModelSpecError(f"inputs.seq_len is required for {spec.cls} (a text model)")
+    if info.input_kind == "image" and inputs.image_size is None:
+        raise InvalidModelSpecError(
+            f"inputs.image_size is required for {spec.cls} (a vision model)"
+        )
+
+
+def build_config(spec: ModelSpec, info: ModelInfo | None = None) -> Any:
+    """The model's config object, with the spec's inputs reconciled into it."""
+    info = info or check_model_spec(spec)
+    values = dict(spec.config)
+    if spec.source == "reference":
+        for key, value in values.items():
+            if isinstance(value, list):
+                values[key] = tuple(value)
+        return info.config_cls(**values)
+    attn = values.pop("attn_implementation", None)
+    config = info.config_cls(**values)
+    if attn is not None:
+        config._attn_implementation = attn
+    if hasattr(config, "use_cache"):
+        # Training never reads the KV cache; with it on, GPT-2 returns extra outputs.
+        config.use_cache = False
+    inputs = spec.inputs
+    if info.input_kind == "image" and hasattr(config, "image_size"):
+        if "image_size" in spec.config and spec.config["image_size"] != inputs.image_size:
+            raise InvalidModelSpecError(
+                f"inputs.image_size({inputs.image_size}) != config.image_size"
+                f"({spec.config['image_size']}); this model takes one image size"
+            )
+        config.image_size = inputs.image_size
+    patch = getattr(config, "patch_size", None)
+    if info.input_kind == "image" and isinstance(patch, int) and inputs.image_size:
+        if inputs.image_size % patch:
+            raise InvalidModelSpecError(
+                f"inputs.image_size({inputs.image_size}) is not a multiple of "
+                f"config.patch_size({patch})"
+            )
+    if info.input_kind == "text" and inputs.seq_len is not None:
+        for key in _MAX_POSITION_KEYS:
+            limit = getattr(config, key, None)
+            if isinstance(limit, int) and inputs.seq_len > limit:
+                raise InvalidModelSpecError(
+                    f"inputs.seq_len({inputs.seq_len}) > config.{key}({limit}) of {spec.cls}"
+                )
+    return config
+
+
+def build_model(spec: ModelSpec, *, seed: int = 0) -> nn.Module:
+    """Build the model with random weights, in training mode, under the ambient device/mode.
+
+    Inside a ``FakeTensorMode`` the parameters are fake: no memory, no initialization cost.
+    """
+    info = check_model_spec(spec)
+    config = build_config(spec, info)
+    torch.manual_seed(seed)
+    model = info.model_cls(config)
+    model.train()
+    return model
+
+
+def make_batch(
+    spec: ModelSpec, model: nn.Module, *, seed: int = 0, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """One synthetic batch of the spec's global inputs, with labels where the head takes them.
+
+    Shapes:
+        text: ``input_ids: [batch_size, seq_len]``, ``labels`` per head.
+        image: ``pixel_values: [batch_size, num_channels, image_size, image_size]``.
+        features (reference MLP): ``inputs: [batch_size, in_features]``.
+    """
+    info = check_model_spec(spec)
+    config = model.config
+    batch = spec.inputs.batch_size
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def ints(high: int, *shape: int) -> torch.Tensor:
+        return torch.randint(0, high, shape, generator=gen).to(device)
+
+    if spec.source == "reference":
+        classes = config.num_classes
+        if info.input_kind == "features":
+            inputs = torch.randn(batch, config.in_features, generator=gen).to(device)
+        else:
+            size = spec.inputs.image_size or 0
+            inputs = torch.randn(batch, config.num_channels, size, size, generator=gen).to(device)
+        return {"inputs": inputs, "labels": ints(classes, batch)}
+
+    out: dict[str, torch.Tensor] = {}
+    if info.input_kind == "text":
+        seq = spec.inputs.seq_len or 0
+        out["input_ids"] = ints(config.vocab_size, batch, seq)
+        if spec.cls.endswith(_TOKEN_LABEL_HEADS):
+            out["labels"] = ints(config.vocab_size, batch, seq)
+        elif spec.cls.endswith("ForTokenClassification"):
+            out["labels"] = ints(config.num_labels, batch, seq)
+        elif spec.cls.endswith("ForQuestionAnswering"):
+            out["start_positions"] = ints(seq, batch)
+            out["end_positions"] = ints(seq, batch)
+    else:
+        size = spec.inputs.image_size or 0
+        channels = getattr(config, "num_channels", 3)
+        out["pixel_values"] = torch.randn(batch, channels, size, size, generator=gen).to(device)
+    if spec.cls.endswith(_CLASS_LABEL_HEADS):
+        out["labels"] = ints(config.num_labels, batch)
+    return out
+
+
+def training_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Forward pass and the scalar loss to differentiate.
+
+    Heads that compute a loss from ``labels`` return it; for the others (bare encoders) the loss
+    is the mean of the first floating-point output, so every parameter that shapes the output
+    still receives a gradient.
+    """
+    output = model(**batch)
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    values = output.to_tuple() if hasattr(output, "to_tuple") else output
+    if isinstance(values, torch.Tensor):
+        values = (values,)
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.float().mean()
+    raise InvalidModelSpecError(f"{type(model).__name__} returned no floating-point output")
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of distinct parameter elements (tied weights counted once)."""
+    return sum(p.numel() for p in model.parameters())

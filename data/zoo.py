@@ -1,0 +1,237 @@
+"""The model zoo: real architectures at named sizes, with the inputs they train on.
+
+Transformers entries mirror the configs their authors published (sizes from the papers and
+model cards); they are built with random weights, never downloaded. Two plain-torch reference
+models serve fast tests.
+"""
+
+import json
+from pathlib import Path
+
+from data.errors import UnknownModelError
+from data.specs._serde import load_json_or_file
+from data.specs.model import InputSpec, ModelSpec
+
+
+def _entry(
+    name: str, family: str, cls: str, config: dict[str, object], **inputs: int
+) -> ModelSpec:
+    source = "reference" if family == "reference" else "transformers"
+    return ModelSpec(
+        source=source,
+        cls=cls,
+        config=config,
+        inputs=InputSpec(**inputs),
+        name=name,
+        family=family,
+    )
+
+
+_GPT2_VOCAB = 50257
+_LLAMA_VOCAB = 32000
+_T5_VOCAB = 32128
+_BERT_VOCAB = 30522
+
+ZOO: dict[str, ModelSpec] = {
+    spec.label: spec
+    for spec in [
+        _entry("mlp", "reference", "MLP", {}, batch_size=64),
+        _entry(
+            "vgg-mini", "reference", "VGG", {}, batch_size=16, image_size=32
+        ),
+        # GPT-2: Radford et al. 2019 sizes; "tiny" keeps the architecture at test scale.
+        _entry(
+            "gpt2-tiny",
+            "gpt2",
+            "GPT2LMHeadModel",
+            {
+                "n_layer": 2,
+                "n_embd": 128,
+                "n_head": 4,
+                "vocab_size": 8192,
+                "n_positions": 256,
+                "bos_token_id": 8191,
+                "eos_token_id": 8191,
+            },
+            batch_size=4,
+            seq_len=64,
+        ),
+        _entry("gpt2-small", "gpt2", "GPT2LMHeadModel", {}, batch_size=8, seq_len=128),
+        _entry(
+            "gpt2-medium",
+            "gpt2",
+            "GPT2LMHeadModel",
+            {"n_layer": 24, "n_embd": 1024, "n_head": 16},
+            batch_size=4,
+            seq_len=128,
+        ),
+        # BERT: the compact sizes of Turc et al. 2019 and BERT-base.
+        _entry(
+            "bert-tiny",
+            "bert",
+            "BertForMaskedLM",
+            {
+                "num_hidden_layers": 2,
+                "hidden_size": 128,
+                "num_attention_heads": 2,
+                "intermediate_size": 512,
+            },
+            batch_size=8,
+            seq_len=128,
+        ),
+        _entry(
+            "bert-small",
+            "bert",
+            "BertForMaskedLM",
+            {
+                "num_hidden_layers": 4,
+                "hidden_size": 512,
+                "num_attention_heads": 8,
+                "intermediate_size": 2048,
+            },
+            batch_size=8,
+            seq_len=128,
+        ),
+        _entry("bert-base", "bert", "BertForMaskedLM", {}, batch_size=8, seq_len=128),
+        # ViT: DeiT-tiny width and ViT-B/16.
+        _entry(
+            "vit-tiny",
+            "vit",
+            "ViTForImageClassification",
+            {
+                "hidden_size": 192,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 3,
+                "intermediate_size": 768,
+                "num_labels": 1000,
+            },
+            batch_size=8,
+            image_size=224,
+        ),
+        _entry(
+            "vit-base",
+            "vit",
+            "ViTForImageClassification",
+            {"num_labels": 1000},
+            batch_size=8,
+            image_size=224,
+        ),
+        # ResNet: He et al. 2016, basic blocks (18) and bottlenecks (50).
+        _entry(
+            "resnet-18",
+            "resnet",
+            "ResNetForImageClassification",
+            {
+                "depths": [2, 2, 2, 2],
+                "hidden_sizes": [64, 128, 256, 512],
+                "layer_type": "basic",
+                "num_labels": 1000,
+            },
+            batch_size=8,
+            image_size=224,
+        ),
+        _entry(
+            "resnet-50",
+            "resnet",
+            "ResNetForImageClassification",
+            {"num_labels": 1000},
+            batch_size=8,
+            image_size=224,
+        ),
+        # LLaMA: a test-scale model and the 160M size of the LLaMA-style draft models.
+        _entry(
+            "llama-tiny",
+            "llama",
+            "LlamaForCausalLM",
+            {
+                "hidden_size": 256,
+                "intermediate_size": 688,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": _LLAMA_VOCAB,
+                "max_position_embeddings": 512,
+            },
+            batch_size=4,
+            seq_len=128,
+        ),
+        _entry(
+            "llama-160m",
+            "llama",
+            "LlamaForCausalLM",
+            {
+                "hidden_size": 768,
+                "intermediate_size": 3072,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "num_key_value_heads": 12,
+                "vocab_size": _LLAMA_VOCAB,
+                "max_position_embeddings": 2048,
+            },
+            batch_size=4,
+            seq_len=128,
+        ),
+        # T5: an encoder-decoder, Raffel et al. 2020 (t5-small) and a test-scale one.
+        _entry(
+            "t5-tiny",
+            "t5",
+            "T5ForConditionalGeneration",
+            {
+                "d_model": 128,
+                "d_ff": 512,
+                "d_kv": 32,
+                "num_layers": 2,
+                "num_heads": 4,
+                "vocab_size": _T5_VOCAB,
+                "decoder_start_token_id": 0,
+                "pad_token_id": 0,
+            },
+            batch_size=4,
+            seq_len=64,
+        ),
+        _entry(
+            "t5-small",
+            "t5",
+            "T5ForConditionalGeneration",
+            {
+                "d_model": 512,
+                "d_ff": 2048,
+                "d_kv": 64,
+                "num_layers": 6,
+                "num_heads": 8,
+                "vocab_size": _T5_VOCAB,
+                "decoder_start_token_id": 0,
+                "pad_token_id": 0,
+            },
+            batch_size=8,
+            seq_len=128,
+        ),
+    ]
+}
+
+
+def zoo_names() -> list[str]:
+    """Zoo names in listing order."""
+    return list(ZOO)
+
+
+def resolve_model(text: str) -> ModelSpec:
+    """A zoo name, a spec file (JSON or YAML) or an inline JSON spec.
+
+    Raises:
+        UnknownModelError: when ``text`` is none of these, naming the zoo's models.
+        InvalidModelSpecError: when the spec itself is malformed.
+    """
+    if text in ZOO:
+        return ZOO[text]
+    if text.strip().startswith("{") or Path(text).is_file():
+        return ModelSpec.from_dict(load_json_or_file(text, "model spec", UnknownModelError))
+    raise UnknownModelError(
+        f"model {text!r} is not in the zoo, not a spec file and not inline JSON; "
+        f"zoo: {', '.join(ZOO)}"
+    )
+
+
+def spec_json(spec: ModelSpec) -> str:
+    """The spec as canonical JSON (sorted keys): what the graph hash covers."""
+    return json.dumps(spec.to_dict(), sort_keys=True)

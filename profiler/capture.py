@@ -1,0 +1,472 @@
+"""Capture the ``IterationGraph`` of one training iteration of a real model.
+
+How: the model is built and run forward and backward under ``FakeTensorMode`` (shapes only, no
+memory, no arithmetic: a 100M-parameter model takes seconds), with a ``TorchDispatchMode``
+recording every ATen op as it is dispatched, and ``register_post_accumulate_grad_hook`` on
+every parameter marking when its gradient is ready.
+
+Why this rather than an aot_autograd joint graph or ``torch.export``: the recorder sees exactly
+the ops eager training dispatches (no functionalization, no decomposition of its own), which
+are the ops ``torch.profiler`` will time and attribute to nodes; the gradient-ready order is the
+real autograd engine's, read from the same hook DDP and the executor use; backward ops are tied
+to their forward op and module through the autograd node that runs them
+(``torch._C._current_autograd_node`` and its sequence number); and tied weights, which make the
+joint-graph exporters fail, need no special case. ``FlopCounterMode`` is a dispatch mode too and
+uses the same formula registry, so the totals agree with it op for op.
+"""
+
+import dataclasses
+import platform
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from data.errors import InvalidModelSpecError
+from profiler.flops import register_missing_flop_formulas
+from data.graph.format import GraphNode, IterationGraph, NodeKind, ParamInfo, Phase, TensorMeta
+from data.models import build_model, check_model_spec, make_batch, training_loss
+from data.specs.model import ModelSpec
+from data.specs.strategy import Bucket, Strategy
+
+Optimizer = Literal["sgd", "adamw"]
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+
+# Per parameter element, fp32: FLOPs of one step and how many parameter-sized tensors it reads
+# and writes (SGD with momentum: p, grad, buffer; AdamW: p, grad, exp_avg, exp_avg_sq).
+_OPTIMIZER_COST: dict[str, tuple[int, int, int]] = {"sgd": (3, 3, 2), "adamw": (12, 4, 3)}
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class CaptureOptions:
+    """What to capture besides the model: the strategy whose gradient collectives are placed,
+    the optimizer whose step nodes close the iteration, and the seed of weights and inputs."""
+
+    strategy: Strategy = dataclasses.field(default_factory=Strategy)
+    optimizer: Optimizer = "adamw"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise InvalidModelSpecError(
+                f"optimizer {self.optimizer!r} is not supported; allowed: {', '.join(OPTIMIZERS)}"
+            )
+
+
+@dataclasses.dataclass(slots=True)
+class _Recorded:
+    """A node before final numbering; ``deps`` are indices into the recorder's list."""
+
+    kind: NodeKind
+    phase: Phase
+    op: str
+    module: str
+    deps: list[int]
+    inputs: tuple[TensorMeta, ...] = ()
+    outputs: tuple[TensorMeta, ...] = ()
+    flops: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    is_view: bool = False
+    param: str | None = None
+    params: tuple[str, ...] = ()
+    param_bytes: int = 0
+    grad_bytes: int = 0
+    bucket: int | None = None
+    forward_ref: int | None = None
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _meta(t: torch.Tensor) -> TensorMeta:
+    return TensorMeta(shape=tuple(int(d) for d in t.shape), dtype=_dtype_name(t.dtype))
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    logical = t.numel() * t.element_size()
+    try:
+        return min(logical, t.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):
+        return logical
+
+
+def _unique_tensors(values: Sequence[Any]) -> list[torch.Tensor]:
+    seen: set[int] = set()
+    out = []
+    for value in values:
+        if isinstance(value, torch.Tensor) and id(value) not in seen:
+            seen.add(id(value))
+            out.append(value)
+    return out
+
+
+class _Recorder(TorchDispatchMode):
+    """Records each dispatched ATen op with its dependencies, module and cost."""
+
+    def __init__(self, module_of_param: dict[int, str]) -> None:
+        super().__init__()
+        self.nodes: list[_Recorded] = []
+        self.phase: Phase = "forward"
+        self.module_stack: list[str] = [""]
+        self._producer: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+        self._node_of_seq: dict[int, int] = {}
+        self._module_of_param = module_of_param
+
+    def producer(self, t: torch.Tensor | None) -> int | None:
+        return None if t is None else self._producer.get(t)
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        schema = func._schema
+        written = [
+            value
+            for arg, value in zip(schema.arguments, args, strict=False)
+            if arg.alias_info is not None and arg.alias_info.is_write
+            and isinstance(value, torch.Tensor)
+        ]
+        flat_out = _unique_tensors(tree_flatten(out)[0])
+        if not flat_out and not written:
+            return out  # metadata queries (prim.device, sym sizes) touch no tensor data
+        flat_in = _unique_tensors(tree_flatten((args, kwargs))[0])
+        deps = sorted({d for t in flat_in if (d := self._producer.get(t)) is not None})
+        index = len(self.nodes)
+        module, forward_ref = self._attribute(index)
+        is_view = any(
+            ret.alias_info is not None and not ret.alias_info.is_write for ret in schema.returns
+        )
+        packet = func.overloadpacket
+        flops = int(flop_registry[packet](*args, **kwargs, out_val=out)) if (
+            packet in flop_registry
+        ) else 0
+        written_ids = {id(t) for t in written}
+        self.nodes.append(
+            _Recorded(
+                kind="compute",
+                phase=self.phase,
+                op=str(func),
+                module=module,
+                deps=deps,
+                inputs=tuple(_meta(t) for t in flat_in),
+                outputs=tuple(_meta(t) for t in flat_out if id(t) not in written_ids),
+                flops=flops,
+                bytes_read=0 if is_view else sum(_nbytes(t) for t in flat_in),
+                bytes_written=0 if is_view else sum(_nbytes(t) for t in [*flat_out, *written]),
+                is_view=is_view,
+                forward_ref=forward_ref,
+            )
+        )
+        for t in [*flat_out, *written]:
+            self._producer[t] = index
+        return out
+
+    def _attribute(self, index: int) -> tuple[str, int | None]:
+        """Module path of the op being recorded, and for backward ops their forward op."""
+        if self.phase == "forward":
+            # An op that records autograd history took the latest sequence number before it was
+            # dispatched; ops that do not leave it alone, so the first claimant is the owner.
+            self._node_of_seq.setdefault(torch.autograd._get_sequence_nr() - 1, index)
+            return self.module_stack[-1], None
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return "", None  # the engine seeding the loss gradient
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):  # AccumulateGrad of a parameter
+            return self._module_of_param.get(id(variable), ""), None
+        forward_ref = self._node_of_seq.get(node._sequence_nr())
+        if forward_ref is None:
+            return "", None
+        return self.nodes[forward_ref].module, forward_ref
+
+    def add(self, node: _Recorded) -> int:
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+
+def _materialize(model: nn.Module) -> None:
+    """Give every meta parameter and buffer fake CPU storage, keeping tied weights tied
+    (``Module.to_empty`` would give each alias its own tensor)."""
+    new: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for key, param in module._parameters.items():
+            if param is not None:
+                if id(param) not in new:
+                    empty = torch.empty(param.shape, dtype=param.dtype, device="cpu")
+                    new[id(param)] = nn.Parameter(empty, requires_grad=param.requires_grad)
+                module._parameters[key] = new[id(param)]  # type: ignore[assignment]
+        for key, buffer in module._buffers.items():
+            if buffer is not None:
+                if id(buffer) not in new:
+                    new[id(buffer)] = torch.empty(buffer.shape, dtype=buffer.dtype, device="cpu")
+                module._buffers[key] = new[id(buffer)]
+
+
+def _module_hooks(model: nn.Module, recorder: _Recorder) -> list[Any]:
+    handles = []
+
+    def enter(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            recorder.module_stack.append(name)
+
+        return hook
+
+    def leave(module: nn.Module, args: Any, output: Any) -> None:
+        recorder.module_stack.pop()
+
+    for name, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(enter(name)))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+    return handles
+
+
+def _param_infos(model: nn.Module) -> tuple[list[ParamInfo], dict[int, str], dict[int, str]]:
+    infos = []
+    name_of: dict[int, str] = {}
+    module_of: dict[int, str] = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        module = name.rpartition(".")[0]
+        infos.append(
+            ParamInfo(
+                name=name,
+                module=module,
+                shape=tuple(int(d) for d in param.shape),
+                dtype=_dtype_name(param.dtype),
+                numel=param.numel(),
+                nbytes=param.numel() * param.element_size(),
+            )
+        )
+        name_of[id(param)] = name
+        module_of[id(param)] = module
+    return infos, name_of, module_of
+
+
+def capture_graph(spec: ModelSpec, options: CaptureOptions | None = None) -> IterationGraph:
+    """Capture one training iteration of ``spec``: forward, backward, gradient readiness,
+    the strategy's gradient collectives and the optimizer step.
+
+    Raises:
+        InvalidModelSpecError: when the spec is invalid or the model cannot run on its inputs.
+        InvalidStrategyError: when the strategy's buckets do not partition the gradients.
+    """
+    options = options or CaptureOptions()
+    check_model_spec(spec)
+    register_missing_flop_formulas()
+    # Built on the meta device (no memory, initializers skipped), then given fake CPU storage:
+    # values never matter here, only shapes, dtypes and the device that picks the kernels.
+    with torch.device("meta"):
+        model = build_model(spec, seed=options.seed)
+    fake_mode = FakeTensorMode()
+    with fake_mode:
+        _materialize(model)
+    # Synthetic inputs are made for real (small integer and pixel tensors), then faked.
+    real_batch = make_batch(spec, model, seed=options.seed)
+    with fake_mode:
+        batch = {k: fake_mode.from_tensor(v) for k, v in real_batch.items()}
+        params, name_of, module_of = _param_infos(model)
+        recorder = _Recorder(module_of)
+        handles = _module_hooks(model, recorder)
+        ready: list[tuple[str, int]] = []
+
+        def grad_ready(param: torch.Tensor) -> None:
+            name = name_of[id(param)]
+            producer = recorder.producer(param.grad)
+            deps = [producer] if producer is not None else [len(recorder.nodes) - 1]
+            nbytes = param.numel() * param.element_size()
+            ready.append(
+                (
+                    name,
+                    recorder.add(
+                        _Recorded(
+                            kind="grad_ready",
+                            phase="backward",
+                            op="grad_ready",
+                            module=module_of[id(param)],
+                            deps=deps,
+                            param=name,
+                            params=(name,),
+                            param_bytes=nbytes,
+                            grad_bytes=nbytes,
+                        )
+                    ),
+                )
+            )
+
+        for param in model.parameters():
+            if param.requires_grad:
+                handles.append(param.register_post_accumulate_grad_hook(grad_ready))
+        try:
+            with recorder:
+                loss = training_loss(model, batch)
+                recorder.phase = "backward"
+                loss.backward()
+        except (RuntimeError, ValueError, IndexError, TypeError, AssertionError) as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise InvalidModelSpecError(
+                f"{spec.label} ({spec.cls}) failed on inputs {spec.inputs.to_dict()}: "
+                f"{type(exc).__name__}: {first_line}"
+            ) from None
+        finally:
+            for handle in handles:
+                handle.remove()
+    sizes = {p.name: p.nbytes for p in params}
+    buckets = options.strategy.tensor_fusion.assign([(name, sizes[name]) for name, _ in ready])
+    nodes = _place_collectives(recorder.nodes, dict(ready), buckets, options.strategy)
+    _append_optimizer(nodes, buckets, sizes, options.optimizer)
+    return _finish(spec, options, params, nodes)
+
+
+def _place_collectives(
+    recorded: list[_Recorded],
+    ready_node: dict[str, int],
+    buckets: list[Bucket],
+    strategy: Strategy,
+) -> list[_Recorded]:
+    """Insert each bucket's collective right after its last gradient becomes ready.
+
+    DeAR splits it into a reduce-scatter there and an all-gather after backward (it overlaps
+    with the next iteration's forward); FSDP reduce-scatters gradients. Returns nodes in the new
+    order with dependencies renumbered.
+    """
+    plan = strategy.tensor_fusion
+    launch_after: dict[int, list[_Recorded]] = {}
+    gathers: list[_Recorded] = []
+    for bucket in buckets:
+        last = max(ready_node[name] for name in bucket.params)
+        first_op = "reduce_scatter" if plan.dear or strategy.parallel.fsdp else "all_reduce"
+        collective = _Recorded(
+            kind="comm",
+            phase="comm",
+            op=first_op,
+            module="",
+            deps=sorted(ready_node[name] for name in bucket.params),
+            params=bucket.params,
+            grad_bytes=bucket.grad_bytes,
+            bucket=bucket.index,
+        )
+        launch_after.setdefault(last, []).append(collective)
+        if plan.dear:
+            gathers.append(
+                _Recorded(
+                    kind="comm",
+                    phase="comm",
+                    op="all_gather",
+                    module="",
+                    deps=[],  # filled below once the reduce-scatter has its new index
+                    params=bucket.params,
+                    grad_bytes=bucket.grad_bytes,
+                    bucket=bucket.index,
+                )
+            )
+    order: list[_Recorded] = []
+    new_index: dict[int, int] = {}
+    for old, node in enumerate(recorded):
+        new_index[old] = len(order)
+        order.append(node)
+        order.extend(launch_after.get(old, []))
+    for node in recorded:
+        node.deps = [new_index[d] for d in node.deps]
+        if node.forward_ref is not None:
+            node.forward_ref = new_index[node.forward_ref]
+    for collectives in launch_after.values():
+        for node in collectives:
+            node.deps = [new_index[d] for d in node.deps]
+    scatter_index = {n.bucket: i for i, n in enumerate(order) if n.kind == "comm"}
+    for gather in gathers:
+        gather.deps = [scatter_index[gather.bucket]]
+        order.append(gather)
+    return order
+
+
+def _append_optimizer(
+    nodes: list[_Recorded], buckets: list[Bucket], sizes: dict[str, int], optimizer: str
+) -> None:
+    """One optimizer-step node per parameter, after the collective that delivers its gradient."""
+    flops_per_elem, reads, writes = _OPTIMIZER_COST[optimizer]
+    delivering: dict[int, int] = {}
+    for index, node in enumerate(nodes):
+        if node.kind == "comm" and node.bucket is not None:
+            delivering[node.bucket] = index  # the last collective of a bucket wins
+    for bucket in buckets:
+        for name in bucket.params:
+            nbytes = sizes[name]
+            nodes.append(
+                _Recorded(
+                    kind="optimizer",
+                    phase="optimizer",
+                    op=f"optimizer.{optimizer}",
+                    module=name.rpartition(".")[0],
+                    deps=[delivering[bucket.index]],
+                    flops=flops_per_elem * (nbytes // 4),
+                    bytes_read=reads * nbytes,
+                    bytes_written=writes * nbytes,
+                    param=name,
+                    params=(name,),
+                    param_bytes=nbytes,
+                    grad_bytes=nbytes,
+                    bucket=bucket.index,
+                )
+            )
+
+
+def _finish(
+    spec: ModelSpec,
+    options: CaptureOptions,
+    params: list[ParamInfo],
+    recorded: list[_Recorded],
+) -> IterationGraph:
+    nodes = []
+    edges = []
+    for index, rec in enumerate(recorded):
+        deps = sorted(set(rec.deps))
+        edges.extend((d, index) for d in deps)
+        nodes.append(
+            GraphNode(
+                id=index,
+                kind=rec.kind,
+                phase=rec.phase,
+                op=rec.op,
+                module=rec.module,
+                inputs=rec.inputs,
+                outputs=rec.outputs,
+                flops=rec.flops,
+                bytes_read=rec.bytes_read,
+                bytes_written=rec.bytes_written,
+                is_view=rec.is_view,
+                param=rec.param,
+                params=rec.params,
+                param_bytes=rec.param_bytes,
+                grad_bytes=rec.grad_bytes,
+                bucket=rec.bucket,
+                forward_id=rec.forward_ref,
+            )
+        )
+    env = {"torch": torch.__version__, "python": platform.python_version()}
+    if spec.source == "transformers":
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    return IterationGraph(
+        model=spec,
+        strategy=options.strategy,
+        optimizer=options.optimizer,
+        params=tuple(params),
+        nodes=tuple(nodes),
+        edges=tuple(edges),
+        env=env,
+    )

@@ -1,0 +1,1 @@
+"""Strategy search over fusion and parallel plans with the simulator (not yet built)."""

@@ -1,0 +1,1 @@
+"""The ``ddlsim`` command line (and later the REST service, job worker and dashboard)."""

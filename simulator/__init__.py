@@ -1,0 +1,1 @@
+"""Iteration-time prediction: stream replay and the GNN cost model (not yet built)."""
