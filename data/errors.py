@@ -27,3 +27,10 @@ class InvalidStrategyError(DdlsimError, ValueError):
 
 class InvalidGraphError(DdlsimError, ValueError):
     """A serialized iteration graph is malformed or from an unsupported schema version."""
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line (multi-line messages joined), at most ``limit`` chars."""
+    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    text = text or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

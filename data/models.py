@@ -9,13 +9,14 @@ misspelt key silently.
 import dataclasses
 import difflib
 import inspect
+import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from data.errors import InvalidModelSpecError
+from data.errors import InvalidModelSpecError, one_line
 from data.reference import REFERENCE_MODELS
 from data.specs.model import ModelSpec
 
@@ -49,8 +50,21 @@ class ModelInfo:
     input_kind: InputKind
 
 
-def _transformers_class(name: str) -> type[nn.Module]:
+def import_transformers() -> Any:
+    """Import transformers with hub access off and its warnings quiet.
+
+    ddlsim never loads weights or code from a hub; ``HF_HUB_OFFLINE`` makes any accidental
+    attempt fail fast instead of reaching the network.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _transformers_class(name: str) -> type[nn.Module]:
+    transformers = import_transformers()
 
     candidate = getattr(transformers, name, None) if name.isidentifier() else None
     if not (inspect.isclass(candidate) and issubclass(candidate, transformers.PreTrainedModel)):
@@ -136,9 +150,21 @@ def build_config(spec: ModelSpec, info: ModelInfo | None = None) -> Any:
         for key, value in values.items():
             if isinstance(value, list):
                 values[key] = tuple(value)
-        return info.config_cls(**values)
+        try:
+            return info.config_cls(**values)
+        except TypeError as exc:
+            raise InvalidModelSpecError(
+                f"{info.config_cls.__name__} rejects config {dict(spec.config)}: "
+                f"{one_line(exc)}"
+            ) from None
     attn = values.pop("attn_implementation", None)
-    config = info.config_cls(**values)
+    try:
+        config = info.config_cls(**values)
+    except Exception as exc:  # config classes validate with exceptions of their own
+
+        raise InvalidModelSpecError(
+            f"{info.config_cls.__name__} rejects config {dict(spec.config)}: {one_line(exc)}"
+        ) from None
     if attn is not None:
         config._attn_implementation = attn
     if hasattr(config, "use_cache"):
@@ -177,7 +203,13 @@ def build_model(spec: ModelSpec, *, seed: int = 0) -> nn.Module:
     info = check_model_spec(spec)
     config = build_config(spec, info)
     torch.manual_seed(seed)
-    model = info.model_cls(config)
+    try:
+        model = info.model_cls(config)
+    except Exception as exc:
+        # Constructors check their config (heads dividing the hidden size, ...) in their own ways.
+        raise InvalidModelSpecError(
+            f"{spec.cls} cannot be built from config {dict(spec.config)}: {one_line(exc)}"
+        ) from None
     model.train()
     return model
 

@@ -15,9 +15,11 @@ joint-graph exporters fail, need no special case. ``FlopCounterMode`` is a dispa
 uses the same formula registry, so the totals agree with it op for op.
 """
 
+import contextlib
 import dataclasses
+import logging
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
@@ -28,10 +30,16 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from data.errors import InvalidModelSpecError
+from data.errors import InvalidModelSpecError, one_line
 from profiler.flops import register_missing_flop_formulas
 from data.graph.format import GraphNode, IterationGraph, NodeKind, ParamInfo, Phase, TensorMeta
-from data.models import build_model, check_model_spec, make_batch, training_loss
+from data.models import (
+    build_model,
+    check_model_spec,
+    import_transformers,
+    make_batch,
+    training_loss,
+)
 from data.specs.model import ModelSpec
 from data.specs.strategy import Bucket, Strategy
 
@@ -197,6 +205,18 @@ class _Recorder(TorchDispatchMode):
         return len(self.nodes) - 1
 
 
+@contextlib.contextmanager
+def _quiet_fake_tensor_log() -> Iterator[None]:
+    """FakeTensorMode logs a traceback before re-raising a shape error; the caller reports it."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _materialize(model: nn.Module) -> None:
     """Give every meta parameter and buffer fake CPU storage, keeping tied weights tied
     (``Module.to_empty`` would give each alias its own tensor)."""
@@ -311,15 +331,14 @@ def capture_graph(spec: ModelSpec, options: CaptureOptions | None = None) -> Ite
             if param.requires_grad:
                 handles.append(param.register_post_accumulate_grad_hook(grad_ready))
         try:
-            with recorder:
+            with recorder, _quiet_fake_tensor_log():
                 loss = training_loss(model, batch)
                 recorder.phase = "backward"
                 loss.backward()
         except (RuntimeError, ValueError, IndexError, TypeError, AssertionError) as exc:
-            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise InvalidModelSpecError(
                 f"{spec.label} ({spec.cls}) failed on inputs {spec.inputs.to_dict()}: "
-                f"{type(exc).__name__}: {first_line}"
+                f"{type(exc).__name__}: {one_line(exc)}"
             ) from None
         finally:
             for handle in handles:
@@ -458,9 +477,7 @@ def _finish(
         )
     env = {"torch": torch.__version__, "python": platform.python_version()}
     if spec.source == "transformers":
-        import transformers
-
-        env["transformers"] = transformers.__version__
+        env["transformers"] = import_transformers().__version__
     return IterationGraph(
         model=spec,
         strategy=options.strategy,
