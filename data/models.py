@@ -45,8 +45,8 @@ _MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
 class ModelInfo:
     """What ``check_model_spec`` resolved: the classes and the kind of input."""
 
-    model_cls: type[nn.Module]
-    config_cls: type
+    model_cls: Any
+    config_cls: Any
     input_kind: InputKind
 
 
@@ -63,7 +63,7 @@ def import_transformers() -> Any:
     return transformers
 
 
-def _transformers_class(name: str) -> type[nn.Module]:
+def _transformers_class(name: str) -> Any:
     transformers = import_transformers()
 
     candidate = getattr(transformers, name, None) if name.isidentifier() else None
@@ -79,7 +79,7 @@ def _transformers_class(name: str) -> type[nn.Module]:
     return candidate
 
 
-def _known_config_keys(config_cls: type) -> set[str]:
+def _known_config_keys(config_cls: Any) -> set[str]:
     keys = set(config_cls().to_dict())
     keys |= set(inspect.signature(config_cls.__init__).parameters) - {"self", "kwargs"}
     keys |= set(getattr(config_cls, "attribute_map", {}))
@@ -110,9 +110,8 @@ def check_model_spec(spec: ModelSpec) -> ModelInfo:
             )
         fields = {f.name for f in dataclasses.fields(ref_cls.config_class)}
         _check_config_keys(spec.config, fields, ref_cls.config_class.__name__)
-        info = ModelInfo(
-            model_cls=ref_cls, config_cls=ref_cls.config_class, input_kind=ref_cls.input_kind
-        )
+        ref_kind: InputKind = "features" if ref_cls.input_kind == "features" else "image"
+        info = ModelInfo(model_cls=ref_cls, config_cls=ref_cls.config_class, input_kind=ref_kind)
     else:
         model_cls = _transformers_class(spec.cls)
         config_cls = model_cls.config_class
@@ -154,14 +153,12 @@ def build_config(spec: ModelSpec, info: ModelInfo | None = None) -> Any:
             return info.config_cls(**values)
         except TypeError as exc:
             raise InvalidModelSpecError(
-                f"{info.config_cls.__name__} rejects config {dict(spec.config)}: "
-                f"{one_line(exc)}"
+                f"{info.config_cls.__name__} rejects config {dict(spec.config)}: {one_line(exc)}"
             ) from None
     attn = values.pop("attn_implementation", None)
     try:
         config = info.config_cls(**values)
     except Exception as exc:  # config classes validate with exceptions of their own
-
         raise InvalidModelSpecError(
             f"{info.config_cls.__name__} rejects config {dict(spec.config)}: {one_line(exc)}"
         ) from None
@@ -179,12 +176,12 @@ def build_config(spec: ModelSpec, info: ModelInfo | None = None) -> Any:
             )
         config.image_size = inputs.image_size
     patch = getattr(config, "patch_size", None)
-    if info.input_kind == "image" and isinstance(patch, int) and inputs.image_size:
-        if inputs.image_size % patch:
-            raise InvalidModelSpecError(
-                f"inputs.image_size({inputs.image_size}) is not a multiple of "
-                f"config.patch_size({patch})"
-            )
+    image_size = inputs.image_size
+    if info.input_kind == "image" and isinstance(patch, int) and image_size and image_size % patch:
+        raise InvalidModelSpecError(
+            f"inputs.image_size({inputs.image_size}) is not a multiple of "
+            f"config.patch_size({patch})"
+        )
     if info.input_kind == "text" and inputs.seq_len is not None:
         for key in _MAX_POSITION_KEYS:
             limit = getattr(config, key, None)
@@ -225,7 +222,7 @@ def make_batch(
         features (reference MLP): ``inputs: [batch_size, in_features]``.
     """
     info = check_model_spec(spec)
-    config = model.config
+    config: Any = model.config
     batch = spec.inputs.batch_size
     gen = torch.Generator(device="cpu").manual_seed(seed)
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from data.errors import UnknownModelError
 from data.specs._serde import load_json_or_file
-from data.specs.model import InputSpec, ModelSpec
+from data.specs.model import InputSpec, ModelSource, ModelSpec
 
 
 def _entry(
     name: str, family: str, cls: str, config: dict[str, object], **inputs: int
 ) -> ModelSpec:
-    source = "reference" if family == "reference" else "transformers"
+    source: ModelSource = "reference" if family == "reference" else "transformers"
     return ModelSpec(
         source=source,
         cls=cls,
@@ -36,9 +36,7 @@ ZOO: dict[str, ModelSpec] = {
     spec.label: spec
     for spec in [
         _entry("mlp", "reference", "MLP", {}, batch_size=64),
-        _entry(
-            "vgg-mini", "reference", "VGG", {}, batch_size=16, image_size=32
-        ),
+        _entry("vgg-mini", "reference", "VGG", {}, batch_size=16, image_size=32),
         # GPT-2: Radford et al. 2019 sizes; "tiny" keeps the architecture at test scale.
         _entry(
             "gpt2-tiny",

@@ -31,7 +31,6 @@ from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from data.errors import InvalidModelSpecError, one_line
-from profiler.flops import register_missing_flop_formulas
 from data.graph.format import GraphNode, IterationGraph, NodeKind, ParamInfo, Phase, TensorMeta
 from data.models import (
     build_model,
@@ -42,6 +41,7 @@ from data.models import (
 )
 from data.specs.model import ModelSpec
 from data.specs.strategy import Bucket, Strategy
+from profiler.flops import register_missing_flop_formulas
 
 Optimizer = Literal["sgd", "adamw"]
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
@@ -144,7 +144,8 @@ class _Recorder(TorchDispatchMode):
         written = [
             value
             for arg, value in zip(schema.arguments, args, strict=False)
-            if arg.alias_info is not None and arg.alias_info.is_write
+            if arg.alias_info is not None
+            and arg.alias_info.is_write
             and isinstance(value, torch.Tensor)
         ]
         flat_out = _unique_tensors(tree_flatten(out)[0])
@@ -158,9 +159,11 @@ class _Recorder(TorchDispatchMode):
             ret.alias_info is not None and not ret.alias_info.is_write for ret in schema.returns
         )
         packet = func.overloadpacket
-        flops = int(flop_registry[packet](*args, **kwargs, out_val=out)) if (
-            packet in flop_registry
-        ) else 0
+        flops = (
+            int(flop_registry[packet](*args, **kwargs, out_val=out))
+            if (packet in flop_registry)
+            else 0
+        )
         written_ids = {id(t) for t in written}
         self.nodes.append(
             _Recorded(
@@ -449,8 +452,8 @@ def _finish(
     params: list[ParamInfo],
     recorded: list[_Recorded],
 ) -> IterationGraph:
-    nodes = []
-    edges = []
+    nodes: list[GraphNode] = []
+    edges: list[tuple[int, int]] = []
     for index, rec in enumerate(recorded):
         deps = sorted(set(rec.deps))
         edges.extend((d, index) for d in deps)

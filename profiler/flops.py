@@ -13,15 +13,24 @@ _aten = torch.ops.aten
 
 
 def _cpu_flash_forward(
-    query_shape: torch.Size, key_shape: torch.Size, value_shape: torch.Size, *args: object,
-    out_shape: object = None, **kwargs: object,
+    query_shape: torch.Size,
+    key_shape: torch.Size,
+    value_shape: torch.Size,
+    *args: object,
+    out_shape: object = None,
+    **kwargs: object,
 ) -> int:
     return int(flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape))
 
 
 def _cpu_flash_backward(
-    grad_out_shape: torch.Size, query_shape: torch.Size, key_shape: torch.Size,
-    value_shape: torch.Size, *args: object, out_shape: object = None, **kwargs: object,
+    grad_out_shape: torch.Size,
+    query_shape: torch.Size,
+    key_shape: torch.Size,
+    value_shape: torch.Size,
+    *args: object,
+    out_shape: object = None,
+    **kwargs: object,
 ) -> int:
     return int(
         flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
@@ -40,4 +49,4 @@ def register_missing_flop_formulas() -> None:
         packet = getattr(_aten, name, None)
         if packet is None or packet in flop_counter.flop_registry:
             continue
-        flop_counter.register_flop_formula(packet)(formula)
+        flop_counter.register_flop_formula(packet)(formula)  # type: ignore[arg-type]

@@ -102,13 +102,19 @@ def _print_graph_summary(graph: IterationGraph) -> None:
     sizes = ", ".join(_human(n.grad_bytes, "B") for n in buckets if n.op != "all_gather")
     total_flops = fwd + bwd
     print(f"{spec.label}  {spec.cls} ({spec.source})  inputs: {inputs}")
-    print(f"  parameters   {_human(s['num_params'], '')} in {s['num_param_tensors']} tensors; "
-          f"gradients {_human(s['grad_bytes'], 'B')}")
+    print(
+        f"  parameters   {_human(s['num_params'], '')} in {s['num_param_tensors']} tensors; "
+        f"gradients {_human(s['grad_bytes'], 'B')}"
+    )
     print(f"  nodes        {s['num_nodes']} ({kinds}); edges {s['num_edges']}")
-    print(f"  FLOPs        forward {_human(fwd, 'FLOP')}, backward {_human(bwd, 'FLOP')}{ratio}, "
-          f"optimizer ({s['optimizer']}) {_human(s['optimizer_flops'], 'FLOP')}")
-    print(f"  buckets      {len([n for n in buckets if n.op != 'all_gather'])} "
-          f"({', '.join(bucket_ops)}): {sizes}")
+    print(
+        f"  FLOPs        forward {_human(fwd, 'FLOP')}, backward {_human(bwd, 'FLOP')}{ratio}, "
+        f"optimizer ({s['optimizer']}) {_human(s['optimizer_flops'], 'FLOP')}"
+    )
+    print(
+        f"  buckets      {len([n for n in buckets if n.op != 'all_gather'])} "
+        f"({', '.join(bucket_ops)}): {sizes}"
+    )
     print("  top modules by forward+backward FLOPs:")
     for module, flops in _module_flops(graph, 5):
         share = 100.0 * flops / total_flops if total_flops else 0.0
@@ -145,7 +151,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ddlsim",
-        description="Predict and search distributed training strategies before spending GPU hours.",
+        description="Predict and search distributed training strategies before spending GPU time.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

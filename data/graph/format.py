@@ -142,8 +142,9 @@ class IterationGraph:
     def __post_init__(self) -> None:
         for position, node in enumerate(self.nodes):
             if node.id != position:
-                raise InvalidGraphError(f"node ids must be 0..n-1 in order; node {position} "
-                                        f"has id {node.id}")
+                raise InvalidGraphError(
+                    f"node ids must be 0..n-1 in order; node {position} has id {node.id}"
+                )
         count = len(self.nodes)
         for src, dst in self.edges:
             if not (0 <= src < dst < count):

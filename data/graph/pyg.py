@@ -89,7 +89,7 @@ def to_hetero(graph: IterationGraph) -> HeteroData:
         data[kind].node_id = torch.tensor([n.id for n in nodes], dtype=torch.long)
     typed: dict[tuple[str, str, str], list[tuple[int, int]]] = {}
     for src, dst in graph.edges:
-        key = (graph.nodes[src].kind, "to", graph.nodes[dst].kind)
+        key: tuple[str, str, str] = (graph.nodes[src].kind, "to", graph.nodes[dst].kind)
         typed.setdefault(key, []).append((local[src], local[dst]))
     for key, pairs in sorted(typed.items()):
         data[key].edge_index = torch.tensor(pairs, dtype=torch.long).t().contiguous()

@@ -1,6 +1,7 @@
 """Small helpers shared by the specs' ``from_dict`` constructors and JSON loaders."""
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ def check_keys(
         raise error(f"{where} must be a JSON object, got {type(mapping).__name__}: {mapping!r}")
     unknown = sorted(set(mapping) - allowed)
     if unknown:
-        raise error(f"unknown key {unknown[0]!r} in {where}; allowed: {', '.join(sorted(allowed))}")
+        raise error(
+            f"unknown key {unknown[0]!r} in {where}; allowed: {', '.join(sorted(allowed))}"
+        )
 
 
 def expect_int(value: Any, where: str, error: type[Exception], *, minimum: int = 1) -> int:
@@ -33,7 +36,7 @@ def expect_number(
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise error(f"{where} must be a number, got {value!r}")
     number = float(value)
-    if number != number or number in (float("inf"), float("-inf")):
+    if not math.isfinite(number):
         raise error(f"{where} must be finite, got {value!r}")
     if positive and number <= 0:
         raise error(f"{where} must be > 0, got {value!r}")

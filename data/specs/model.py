@@ -86,8 +86,9 @@ class ModelSpec:
             raise InvalidModelSpecError(f"class must be a non-empty string, got {self.cls!r}")
         if not isinstance(self.config, Mapping):
             raise InvalidModelSpecError(f"config must be a JSON object, got {self.config!r}")
+        object.__setattr__(self, "config", dict(self.config))
         try:
-            json.dumps(dict(self.config), sort_keys=True)
+            json.dumps(self.config, sort_keys=True)
         except TypeError as exc:
             raise InvalidModelSpecError(f"config must be JSON-serializable: {exc}") from None
 
@@ -137,7 +138,7 @@ class ModelSpec:
         return cls(
             source=raw.get("source", "transformers"),
             cls=raw["class"],
-            config=dict(raw.get("config", {})),
+            config=raw.get("config", {}),
             inputs=InputSpec.from_dict(inputs),
             name=raw.get("name"),
             family=raw.get("family"),

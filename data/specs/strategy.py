@@ -1,4 +1,4 @@
-"""``Strategy``: how one training job is parallelized, how gradients are bucketed, what is compiled.
+"""``Strategy``: how a training job is parallelized, how gradients are bucketed, what is compiled.
 
 Defaults equal PyTorch DDP's: pure data parallelism, gradient buckets capped at 25 MiB with a
 1 MiB first bucket (caps in MiB, as ``DistributedDataParallel(bucket_cap_mb=...)`` reads them),
@@ -53,7 +53,9 @@ class ParallelPlan:
             )
         if self.fsdp_groups is not None:
             if not self.fsdp:
-                raise InvalidStrategyError("parallel.fsdp_groups is set but parallel.fsdp is false")
+                raise InvalidStrategyError(
+                    "parallel.fsdp_groups is set but parallel.fsdp is false"
+                )
             object.__setattr__(
                 self, "fsdp_groups", _string_groups(self.fsdp_groups, "parallel.fsdp_groups")
             )
@@ -110,11 +112,14 @@ class TensorFusionPlan:
             self.first_bucket_cap_mb, "tensor_fusion.first_bucket_cap_mb", InvalidStrategyError
         )
         if not isinstance(self.dear, bool):
-            raise InvalidStrategyError(f"tensor_fusion.dear must be true or false, got {self.dear!r}")
+            raise InvalidStrategyError(
+                f"tensor_fusion.dear must be true or false, got {self.dear!r}"
+            )
         if self.buckets is not None:
             if self.bucket_caps_mb is not None:
                 raise InvalidStrategyError(
-                    "tensor_fusion.buckets and tensor_fusion.bucket_caps_mb are exclusive; give one"
+                    "tensor_fusion.buckets and tensor_fusion.bucket_caps_mb are exclusive: "
+                    "give one"
                 )
             groups = _string_groups(self.buckets, "tensor_fusion.buckets")
             if not groups:
@@ -226,7 +231,9 @@ class OpFusionPlan:
                     f"op_fusion.compiled[{index}] must be a module path string, got {path!r}"
                 )
         if len(set(self.compiled)) != len(self.compiled):
-            raise InvalidStrategyError(f"op_fusion.compiled repeats a block: {list(self.compiled)}")
+            raise InvalidStrategyError(
+                f"op_fusion.compiled repeats a block: {list(self.compiled)}"
+            )
         object.__setattr__(self, "compiled", tuple(self.compiled))
         if self.backend != "inductor":
             raise InvalidStrategyError(
@@ -258,7 +265,9 @@ class Strategy:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "Strategy":
-        check_keys(raw, {"parallel", "tensor_fusion", "op_fusion"}, "strategy", InvalidStrategyError)
+        check_keys(
+            raw, {"parallel", "tensor_fusion", "op_fusion"}, "strategy", InvalidStrategyError
+        )
         parallel = _section(raw, "parallel", ParallelPlan)
         tensor_fusion = _section(raw, "tensor_fusion", TensorFusionPlan)
         op_fusion = _section(raw, "op_fusion", OpFusionPlan)
@@ -278,7 +287,7 @@ def _section(raw: Mapping[str, Any], key: str, section_cls: type[_SectionT]) -> 
     body = raw.get(key, {})
     fields = {f.name for f in dataclasses.fields(section_cls)}
     check_keys(body, fields, key, InvalidStrategyError)
-    kwargs = {
+    kwargs: dict[str, Any] = {
         name: (tuple(value) if name in _LIST_FIELDS and isinstance(value, list) else value)
         for name, value in body.items()
     }

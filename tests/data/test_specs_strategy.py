@@ -1,0 +1,127 @@
+import json
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from data.errors import InvalidStrategyError
+from data.specs.strategy import (
+    MIB,
+    OpFusionPlan,
+    ParallelPlan,
+    Strategy,
+    TensorFusionPlan,
+)
+
+
+def test_defaults_are_ddp_defaults() -> None:
+    strategy = Strategy()
+    assert strategy.tensor_fusion.bucket_cap_mb == 25.0
+    assert strategy.tensor_fusion.first_bucket_cap_mb == 1.0
+    assert strategy.tensor_fusion.buckets is None
+    assert not strategy.tensor_fusion.dear
+    assert strategy.op_fusion.compiled == ()
+    assert strategy.parallel.resolve_dp(8) == 8
+    # The same caps DistributedDataParallel uses by default.
+    assert strategy.tensor_fusion.first_bucket_cap_mb * MIB == dist._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def test_json_round_trip() -> None:
+    strategy = Strategy(
+        parallel=ParallelPlan(dp=2, tp=2, pp=2, micro_batches=4, pp_schedule="gpipe"),
+        tensor_fusion=TensorFusionPlan(buckets=(("a", "b"), ("c",)), dear=True),
+        op_fusion=OpFusionPlan(compiled=("encoder.layer.0", "encoder.layer.1")),
+    )
+    text = strategy.to_json()
+    assert Strategy.parse(text) == strategy
+    assert json.loads(text)["tensor_fusion"]["buckets"] == [["a", "b"], ["c"]]
+
+
+def test_parse_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "s.yaml"
+    path.write_text("tensor_fusion:\n  bucket_caps_mb: [1, 4]\n")
+    assert Strategy.parse(str(path)).tensor_fusion.bucket_caps_mb == (1.0, 4.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_cap_assignment_matches_ddp(seed: int) -> None:
+    """Our cap-based buckets equal DDP's own assignment for the same gradients and caps."""
+    rng = random.Random(seed)
+    numels = [rng.choice([10, 1000, 300_000, 2_000_000, 7_000_000]) for _ in range(40)]
+    grads = [(f"p{i}", n * 4) for i, n in enumerate(numels)]
+    plan = TensorFusionPlan(bucket_cap_mb=4.0, first_bucket_cap_mb=1.0)
+    ours = [[int(name[1:]) for name in b.params] for b in plan.assign(grads)]
+    tensors = [torch.empty(n) for n in numels]
+    theirs, _ = dist._compute_bucket_assignment_by_size(tensors, [1 * MIB, 4 * MIB])
+    assert ours == theirs
+
+
+def test_per_bucket_caps_last_repeats() -> None:
+    grads = [(f"p{i}", MIB) for i in range(6)]
+    buckets = TensorFusionPlan(bucket_caps_mb=(1.0, 2.0, 3.0)).assign(grads)
+    assert [len(b.params) for b in buckets] == [1, 2, 3]
+    assert [b.grad_bytes for b in buckets] == [MIB, 2 * MIB, 3 * MIB]
+
+
+def test_explicit_buckets_any_grouping_in_launch_order() -> None:
+    grads = [("a", 4), ("b", 8), ("c", 16), ("d", 32)]
+    plan = TensorFusionPlan(buckets=(("d", "a"), ("c", "b")))
+    buckets = plan.assign(grads)
+    # ("c", "b") completes when c is ready (index 2), before ("d", "a") completes (index 3).
+    assert [b.params for b in buckets] == [("b", "c"), ("a", "d")]
+    assert [b.grad_bytes for b in buckets] == [24, 36]
+
+
+@pytest.mark.parametrize(
+    ("buckets", "message"),
+    [
+        ((("a", "b"), ("c",)), "miss 1 gradient"),
+        ((("a", "b"), ("c", "d", "zz")), "names 'zz', which is not a gradient"),
+    ],
+)
+def test_explicit_buckets_must_partition(buckets: tuple, message: str) -> None:
+    grads = [("a", 4), ("b", 4), ("c", 4), ("d", 4)]
+    with pytest.raises(InvalidStrategyError, match=message):
+        TensorFusionPlan(buckets=buckets).assign(grads)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"tensor_fusion": {"buckets": [["a"], ["a", "b"]]}}, "gradient 'a' appears in more"),
+        ({"tensor_fusion": {"buckets": [["a"], []]}}, r"tensor_fusion.buckets\[1\] is empty"),
+        ({"tensor_fusion": {"buckets": []}}, "must hold at least one bucket"),
+        ({"tensor_fusion": {"bucket_cap_mb": 0}}, "bucket_cap_mb must be > 0"),
+        ({"tensor_fusion": {"bucket_caps_mb": []}}, "must not be empty"),
+        ({"tensor_fusion": {"dear": "yes"}}, "dear must be true or false"),
+        ({"tensor_fusion": {"buckets": [["a"]], "bucket_caps_mb": [1]}}, "exclusive"),
+        ({"parallel": {"tp": 0}}, "parallel.tp must be >= 1"),
+        ({"parallel": {"pp_schedule": "zb"}}, "pp_schedule 'zb' is not supported"),
+        ({"parallel": {"pp": 4, "micro_batches": 2}}, r"micro_batches\(2\) < pp\(4\)"),
+        ({"parallel": {"fsdp_groups": [["a"]]}}, "fsdp is false"),
+        ({"op_fusion": {"compiled": "encoder"}}, "must be a list of module paths"),
+        ({"op_fusion": {"compiled": ["a", "a"]}}, "repeats a block"),
+        ({"op_fusion": {"backend": "xla"}}, "backend 'xla' is not supported"),
+        ({"parallel": {"tpp": 2}}, "unknown key 'tpp' in parallel; allowed: dp, fsdp"),
+        ({"fusion": {}}, "unknown key 'fusion' in strategy"),
+    ],
+)
+def test_invalid(raw: dict, message: str) -> None:
+    with pytest.raises(InvalidStrategyError, match=message):
+        Strategy.from_dict(raw)
+
+
+def test_validate_for_world_size() -> None:
+    Strategy(parallel=ParallelPlan(tp=2, pp=2, micro_batches=2)).validate_for(8)
+    with pytest.raises(InvalidStrategyError, match=r"dp\(3\) \* tp\(2\) \* pp\(1\) != world"):
+        Strategy(parallel=ParallelPlan(dp=3, tp=2)).validate_for(4)
+    with pytest.raises(InvalidStrategyError, match=r"tp\(3\).*world_size\(4\)"):
+        Strategy(parallel=ParallelPlan(tp=3)).validate_for(4)
+
+
+def test_parse_reports_bad_json() -> None:
+    with pytest.raises(InvalidStrategyError, match="not valid JSON"):
+        Strategy.parse("{nope")
+    with pytest.raises(InvalidStrategyError, match="neither inline JSON nor an existing file"):
+        Strategy.parse("missing.json")

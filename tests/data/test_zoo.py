@@ -1,0 +1,138 @@
+import json
+
+import pytest
+import torch
+
+from data.errors import InvalidModelSpecError, UnknownModelError
+from data.models import build_model, check_model_spec, count_parameters, make_batch
+from data.zoo import ZOO, resolve_model
+
+
+def test_zoo_covers_families_and_sizes() -> None:
+    families: dict[str, int] = {}
+    for spec in ZOO.values():
+        assert spec.family is not None
+        families[spec.family] = families.get(spec.family, 0) + 1
+    transformers_families = {f for f, n in families.items() if f != "reference" and n >= 2}
+    assert {"gpt2", "bert", "vit", "resnet"} <= transformers_families
+    assert len(transformers_families) >= 6
+    assert {"MLP", "VGG"} <= {s.cls for s in ZOO.values() if s.source == "reference"}
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_every_entry_builds_with_its_inputs(name: str) -> None:
+    spec = ZOO[name]
+    check_model_spec(spec)
+    with torch.device("meta"):
+        model = build_model(spec)
+    assert count_parameters(model) > 0
+    batch = make_batch(spec, model)
+    assert all(t.shape[0] == spec.inputs.batch_size for t in batch.values())
+
+
+# Published parameter counts of the standard sizes (within 1 %).
+@pytest.mark.parametrize(
+    ("name", "parameters"),
+    [
+        ("gpt2-small", 124.4e6),
+        ("gpt2-medium", 354.8e6),
+        ("bert-base", 109.5e6),
+        ("vit-base", 86.6e6),
+        ("resnet-18", 11.7e6),
+        ("resnet-50", 25.6e6),
+        ("t5-small", 60.5e6),
+    ],
+)
+def test_standard_sizes(name: str, parameters: float) -> None:
+    with torch.device("meta"):
+        model = build_model(ZOO[name])
+    assert count_parameters(model) == pytest.approx(parameters, rel=0.01)
+
+
+def test_gpt2_has_cache_off() -> None:
+    with torch.device("meta"):
+        model = build_model(ZOO["gpt2-tiny"])
+    assert model.config.use_cache is False
+
+
+def test_resolve_inline_and_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    raw = {
+        "class": "GPT2LMHeadModel",
+        "config": {"n_layer": 1, "n_embd": 64, "n_head": 2},
+        "inputs": {"batch_size": 2, "seq_len": 16},
+    }
+    inline = resolve_model(json.dumps(raw))
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(raw))
+    assert resolve_model(str(path)) == inline
+    yaml_path = tmp_path / "spec.yaml"
+    yaml_path.write_text(
+        "class: GPT2LMHeadModel\nconfig: {n_layer: 1, n_embd: 64, n_head: 2}\n"
+        "inputs: {batch_size: 2, seq_len: 16}\n"
+    )
+    assert resolve_model(str(yaml_path)) == inline
+
+
+def test_unknown_model_lists_the_zoo() -> None:
+    with pytest.raises(UnknownModelError, match=r"'gpt5' is not in the zoo.*gpt2-small"):
+        resolve_model("gpt5")
+
+
+def _spec(cls: str, config: dict, **inputs: int) -> dict:
+    return {"class": cls, "config": config, "inputs": inputs}
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (_spec("BertForMaskedLMM", {}, batch_size=2, seq_len=8), "did you mean BertForMaskedLM"),
+        (_spec("os.system", {}, batch_size=2, seq_len=8), "'os.system' is not a transformers"),
+        (_spec("BertConfig", {}, batch_size=2, seq_len=8), "'BertConfig' is not a transformers"),
+        (
+            _spec("BertForMaskedLM", {"hiden_size": 8}, batch_size=2, seq_len=8),
+            "config key 'hiden_size' is not a BertConfig field; did you mean hidden_size",
+        ),
+        (
+            _spec("BertForMaskedLM", {}, batch_size=2),
+            "inputs.seq_len is required for BertForMaskedLM",
+        ),
+        (
+            _spec("ViTForImageClassification", {}, batch_size=2, seq_len=8),
+            "inputs.image_size is required",
+        ),
+    ],
+)
+def test_bad_specs(raw: dict, message: str) -> None:
+    with pytest.raises(InvalidModelSpecError, match=message):
+        check_model_spec(resolve_model(json.dumps(raw)))
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            _spec("BertForMaskedLM", {"num_hidden_layers": 1}, batch_size=2, seq_len=1024),
+            r"inputs.seq_len\(1024\) > config.max_position_embeddings\(512\)",
+        ),
+        (
+            _spec("ViTForImageClassification", {}, batch_size=2, image_size=100),
+            r"image_size\(100\) is not a multiple of config.patch_size\(16\)",
+        ),
+        (
+            _spec(
+                "BertForMaskedLM",
+                {"hidden_size": 100, "num_attention_heads": 3},
+                batch_size=1,
+                seq_len=8,
+            ),
+            "cannot be built from config",
+        ),
+        (
+            _spec("BertForMaskedLM", {"num_hidden_layers": "two"}, batch_size=1, seq_len=8),
+            "BertConfig rejects config",
+        ),
+    ],
+)
+def test_bad_config_values_and_shapes(raw: dict, message: str) -> None:
+    with torch.device("meta"), pytest.raises(InvalidModelSpecError, match=message):
+        build_model(resolve_model(json.dumps(raw)))

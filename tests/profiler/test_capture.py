@@ -1,0 +1,270 @@
+"""The captured graph against independent references: FlopCounterMode, the autograd engine."""
+
+import json
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from data.errors import InvalidModelSpecError, InvalidStrategyError
+from data.graph.format import IterationGraph
+from data.models import build_model, make_batch, training_loss
+from data.specs.model import ModelSpec
+from data.specs.strategy import Strategy, TensorFusionPlan
+from data.zoo import ZOO, resolve_model
+from profiler.capture import CaptureOptions, capture_graph
+from profiler.flops import register_missing_flop_formulas
+
+GraphOf = Callable[[str], IterationGraph]
+
+# Inline specs beyond the zoo: other classes, heads and a bare encoder (synthetic loss).
+SPECS = {
+    "bert-model": {
+        "class": "BertModel",
+        "config": {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+        },
+        "inputs": {"batch_size": 2, "seq_len": 32},
+    },
+    "roberta-seqcls": {
+        "class": "RobertaForSequenceClassification",
+        "config": {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 2,
+            "intermediate_size": 128,
+            "num_labels": 3,
+        },
+        "inputs": {"batch_size": 2, "seq_len": 32},
+    },
+    "gpt2-eager-attn": {
+        "class": "GPT2LMHeadModel",
+        "config": {"n_layer": 2, "n_embd": 64, "n_head": 2, "attn_implementation": "eager"},
+        "inputs": {"batch_size": 2, "seq_len": 32},
+    },
+    "llama-eager-attn": {
+        "class": "LlamaForCausalLM",
+        "config": {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "vocab_size": 256,
+            "attn_implementation": "eager",
+        },
+        "inputs": {"batch_size": 2, "seq_len": 32},
+    },
+}
+
+
+def _reference_flops(spec: ModelSpec) -> tuple[int, int]:
+    """(forward, forward+backward) FLOPs counted by FlopCounterMode on a fake-tensor run."""
+    register_missing_flop_formulas()
+    with torch.device("meta"):
+        model = build_model(spec)
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake:
+        model.to_empty(device="cpu")
+        batch = {k: fake.from_tensor(v) for k, v in make_batch(spec, model).items()}
+        with FlopCounterMode(display=False) as forward_counter:
+            loss = training_loss(model, batch)
+        with FlopCounterMode(display=False) as backward_counter:
+            loss.backward()
+    forward = forward_counter.get_total_flops()
+    return forward, forward + backward_counter.get_total_flops()
+
+
+def _check_flops(graph: IterationGraph) -> None:
+    forward, total = _reference_flops(graph.model)
+    ours_forward = graph.flops_of("forward")
+    ours_total = ours_forward + graph.flops_of("backward")
+    assert total > 0
+    assert ours_total == pytest.approx(total, rel=0.01)
+    assert ours_forward == pytest.approx(forward, rel=0.01)
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_flops_agree_with_flop_counter_on_zoo(name: str, zoo_graph: GraphOf) -> None:
+    _check_flops(zoo_graph(name))
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_flops_agree_with_flop_counter_on_specs(name: str) -> None:
+    _check_flops(capture_graph(resolve_model(json.dumps(SPECS[name]))))
+
+
+def test_cpu_attention_counts_like_the_math_path() -> None:
+    """The registered CPU flash-attention formula equals the matmuls of eager attention
+    forward; its backward also recomputes the attention scores, so it counts more."""
+    sdpa = dict(SPECS["llama-eager-attn"])
+    sdpa["config"] = {**sdpa["config"], "attn_implementation": "sdpa"}
+    eager_graph = capture_graph(resolve_model(json.dumps(SPECS["llama-eager-attn"])))
+    sdpa_graph = capture_graph(resolve_model(json.dumps(sdpa)))
+    assert any("flash_attention_for_cpu" in n.op for n in sdpa_graph.nodes)
+    assert not any("flash_attention_for_cpu" in n.op for n in eager_graph.nodes)
+    assert sdpa_graph.flops_of("forward") == eager_graph.flops_of("forward")
+    assert sdpa_graph.flops_of("backward") > eager_graph.flops_of("backward")
+
+
+# Small enough to run for real on the CPU; vision inputs shrunk.
+REAL = {
+    "mlp": {},
+    "vgg-mini": {"batch_size": 2},
+    "gpt2-tiny": {"batch_size": 2, "seq_len": 16},
+    "bert-tiny": {"batch_size": 2, "seq_len": 16},
+    "vit-tiny": {"batch_size": 2, "image_size": 32},
+    "resnet-18": {"batch_size": 2, "image_size": 64},
+    "llama-tiny": {"batch_size": 2, "seq_len": 16},
+    "t5-tiny": {"batch_size": 2, "seq_len": 16},
+}
+
+
+@pytest.mark.parametrize("name", list(REAL))
+def test_grad_ready_order_matches_autograd(name: str) -> None:
+    spec = ZOO[name].with_inputs(**REAL[name])
+    graph = capture_graph(spec)
+    model = build_model(spec)
+    order: list[str] = []
+    names = {id(p): n for n, p in model.named_parameters()}
+    for param in model.parameters():
+        param.register_post_accumulate_grad_hook(lambda p: order.append(names[id(p)]))
+    training_loss(model, make_batch(spec, model)).backward()
+    assert graph.grad_ready_order == order
+    assert len(order) == len(graph.params)
+
+
+def test_deterministic(zoo_graph: GraphOf) -> None:
+    again = capture_graph(ZOO["gpt2-tiny"])
+    first = zoo_graph("gpt2-tiny")
+    assert again.graph_hash == first.graph_hash
+    assert again.to_json() == first.to_json()
+    other = capture_graph(ZOO["gpt2-tiny"].with_inputs(batch_size=8))
+    assert other.graph_hash != first.graph_hash
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "resnet-18", "t5-tiny"])
+def test_json_round_trip(name: str, zoo_graph: GraphOf) -> None:
+    graph = zoo_graph(name)
+    again = IterationGraph.from_json(graph.to_json())
+    assert again == graph
+    assert again.graph_hash == graph.graph_hash
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "bert-tiny", "resnet-18", "t5-tiny", "vgg-mini"])
+def test_structure(name: str, zoo_graph: GraphOf) -> None:
+    graph = zoo_graph(name)
+    preds = graph.predecessors()
+    params = {p.name for p in graph.params}
+    ready = graph.nodes_of("grad_ready")
+    assert sorted(n.param for n in ready) == sorted(params)  # one node per gradient
+    for node in ready:
+        assert preds[node.id], "a gradient must depend on the op that produced it"
+        assert all(graph.nodes[p].phase == "backward" for p in preds[node.id])
+    # The collectives partition the gradients and wait for all of theirs.
+    comm = graph.nodes_of("comm")
+    assert sorted(p for n in comm for p in n.params) == sorted(params)
+    ready_id = {n.param: n.id for n in ready}
+    for node in comm:
+        assert set(preds[node.id]) == {ready_id[p] for p in node.params}
+    # One optimizer step per parameter, after the collective carrying its gradient.
+    steps = graph.nodes_of("optimizer")
+    assert sorted(n.param for n in steps) == sorted(params)
+    for node in steps:
+        (source,) = preds[node.id]
+        assert node.param in graph.nodes[source].params
+    # Phases run in order: forward, then backward (with collectives), then the optimizer.
+    phases = [n.phase for n in graph.nodes]
+    last_forward = max(i for i, p in enumerate(phases) if p == "forward")
+    first_backward = min(i for i, p in enumerate(phases) if p == "backward")
+    assert last_forward < first_backward
+    assert min(n.id for n in steps) > max(n.id for n in graph.nodes if n.phase == "backward")
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "bert-tiny", "resnet-18", "llama-tiny"])
+def test_flops_are_attributed_to_modules(name: str, zoo_graph: GraphOf) -> None:
+    graph = zoo_graph(name)
+    compute = graph.nodes_of("compute")
+    total = sum(n.flops for n in compute)
+    named = sum(n.flops for n in compute if n.module)
+    assert named / total > 0.99
+    # Backward matmuls point at the forward op they differentiate, in the same module.
+    for node in compute:
+        if node.phase == "backward" and node.forward_id is not None:
+            forward = graph.nodes[node.forward_id]
+            assert forward.phase == "forward"
+            assert forward.module == node.module
+
+
+def test_tied_weights_counted_once(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    names = [p.name for p in graph.params]
+    assert "transformer.wte.weight" in names
+    assert "lm_head.weight" not in names  # tied to the token embedding
+    assert graph.num_params == sum(p.numel for p in graph.params)
+
+
+def test_node_costs_on_a_linear_layer(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("mlp")
+    spec = ZOO["mlp"]
+    first = next(n for n in graph.nodes if n.op == "aten.addmm.default" and n.module == "body.0")
+    batch, width = spec.inputs.batch_size, 1024
+    hidden = 2048
+    assert first.flops == 2 * batch * width * hidden
+    assert first.outputs[0].shape == (batch, hidden)
+    # reads bias, input and weight; writes the output
+    assert first.bytes_read == 4 * (hidden + batch * width + width * hidden)
+    assert first.bytes_written == 4 * batch * hidden
+    views = [n for n in graph.nodes if n.is_view]
+    assert views and all(n.bytes_read == n.bytes_written == 0 for n in views)
+
+
+def test_ddp_default_buckets(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    comm = graph.nodes_of("comm")
+    assert [n.op for n in comm] == ["all_reduce"] * len(comm)
+    sizes = [n.grad_bytes for n in comm]
+    assert sizes[0] >= 1024 * 1024  # DDP's small first bucket, then 25 MiB caps
+    assert sum(sizes) == graph.grad_bytes
+
+
+def test_explicit_buckets_and_dear(zoo_graph: GraphOf) -> None:
+    order = zoo_graph("mlp").grad_ready_order
+    buckets = (tuple(order[0::2]), tuple(order[1::2]))  # non-contiguous on purpose
+    strategy = Strategy(tensor_fusion=TensorFusionPlan(buckets=buckets, dear=True))
+    graph = capture_graph(ZOO["mlp"], CaptureOptions(strategy=strategy))
+    comm = graph.nodes_of("comm")
+    assert [n.op for n in comm] == ["reduce_scatter", "reduce_scatter", "all_gather", "all_gather"]
+    assert {frozenset(n.params) for n in comm} == {frozenset(b) for b in buckets}
+    preds = graph.predecessors()
+    for gather in comm[2:]:
+        (scatter,) = preds[gather.id]
+        assert graph.nodes[scatter].op == "reduce_scatter"
+        assert graph.nodes[scatter].bucket == gather.bucket
+    assert graph.strategy == strategy
+
+
+def test_bad_buckets_are_refused() -> None:
+    strategy = Strategy(tensor_fusion=TensorFusionPlan(buckets=(("body.0.weight",),)))
+    with pytest.raises(InvalidStrategyError, match="miss 5 gradient"):
+        capture_graph(ZOO["mlp"], CaptureOptions(strategy=strategy))
+
+
+def test_model_failure_is_a_spec_error() -> None:
+    spec = ZOO["vgg-mini"].with_inputs(image_size=8)  # five 2x2 pools do not fit in 8 pixels
+    with pytest.raises(InvalidModelSpecError, match=r"vgg-mini \(VGG\) failed on inputs"):
+        capture_graph(spec)
+
+
+def test_optimizer_choice(zoo_graph: GraphOf) -> None:
+    adamw = zoo_graph("mlp")
+    sgd = capture_graph(ZOO["mlp"], CaptureOptions(optimizer="sgd"))
+    assert {n.op for n in sgd.nodes_of("optimizer")} == {"optimizer.sgd"}
+    assert adamw.flops_of("optimizer") > sgd.flops_of("optimizer") > 0
+    with pytest.raises(InvalidModelSpecError, match="optimizer 'lamb' is not supported"):
+        CaptureOptions(optimizer="lamb")  # type: ignore[arg-type]

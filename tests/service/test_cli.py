@@ -1,0 +1,128 @@
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from data.graph.format import IterationGraph
+from service.cli import main
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse usage errors
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_models_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "models", "--json")
+    assert code == 0
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert rows["bert-base"]["family"] == "bert"
+    assert rows["bert-base"]["parameters"] == pytest.approx(109.5e6, rel=0.01)
+    assert rows["vit-base"]["inputs"] == {"batch_size": 8, "image_size": 224}
+
+
+def test_models_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    assert "gpt2-small" in out and "GPT2LMHeadModel" in out
+
+
+def test_graph_json_and_out_file(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "g.json"
+    code, out, err = run(
+        capsys, "graph", "gpt2-tiny", "--seq-len", "32", "--json", "--out", str(path)
+    )
+    assert code == 0, err
+    summary = json.loads(out)
+    for key in (
+        "num_nodes",
+        "num_edges",
+        "num_params",
+        "forward_flops",
+        "backward_flops",
+        "grad_bytes",
+        "graph_hash",
+    ):
+        assert key in summary
+    assert summary["inputs"] == {"batch_size": 4, "seq_len": 32}
+    graph = IterationGraph.from_json(path.read_text())
+    assert graph.graph_hash == summary["graph_hash"]
+    assert graph.summary()["num_nodes"] == summary["num_nodes"]
+
+
+def test_graph_summary_text(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "graph", "mlp", "--batch-size", "8")
+    assert code == 0
+    assert "batch_size=8" in out and "top modules" in out and "graph hash" in out
+
+
+def test_graph_strategy_inline(capsys: pytest.CaptureFixture[str]) -> None:
+    strategy = json.dumps({"tensor_fusion": {"dear": True, "bucket_caps_mb": [100]}})
+    code, out, _ = run(capsys, "graph", "mlp", "--strategy", strategy, "--json")
+    assert code == 0
+    assert json.loads(out)["nodes_by_kind"]["comm"] == 2  # one reduce-scatter, one all-gather
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["graph", "nosuch"], "'nosuch' is not in the zoo"),
+        (
+            ["graph", '{"class": "NoSuchModel", "inputs": {"batch_size": 1, "seq_len": 4}}'],
+            "'NoSuchModel' is not a transformers model class",
+        ),
+        (
+            [
+                "graph",
+                '{"class": "BertForMaskedLM", "config": {"hidden_sz": 8}, '
+                '"inputs": {"batch_size": 1, "seq_len": 4}}',
+            ],
+            "config key 'hidden_sz' is not a BertConfig field",
+        ),
+        (["graph", "bert-tiny", "--seq-len", "4096"], r"inputs.seq_len\(4096\) > config"),
+        (["graph", "vit-tiny", "--image-size", "30"], "not a multiple of config.patch_size"),
+        (["graph", "mlp", "--strategy", '{"parallel": {"tpp": 2}}'], "unknown key 'tpp'"),
+        (["graph", "mlp", "--strategy", "nofile.json"], "neither inline JSON nor an existing"),
+        (["graph", "{broken"], "not valid JSON"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ddlsim: error: ")
+    assert re.search(message, lines[0])
+
+
+def test_argument_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "graph", "mlp", "--batch-size", "0")
+    assert code == 2
+    assert "'0' must be >= 1" in err
+
+
+def test_console_script_never_shows_a_traceback() -> None:
+    bad = (
+        '{"class": "BertForMaskedLM", "config": {"num_hidden_layers": "two"}, '
+        '"inputs": {"batch_size": 1, "seq_len": 4}}'
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "graph", bad],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert "num_hidden_layers" in result.stderr
