@@ -4,7 +4,8 @@ For each model: the median wall time of ``capture_graph`` over ``--repeats`` run
 process, of the whole ``ddlsim graph MODEL --json`` command in a fresh process (imports
 included), and two baselines measured in the same run: a bare forward+backward under
 ``FakeTensorMode`` (the dispatch cost capture cannot avoid) and one real eager training
-iteration on the CPU (what a profiler would have to run). Prints a Markdown table for BENCHMARKS.md.
+iteration on the CPU (what a profiler would have to run).
+Prints a Markdown table for BENCHMARKS.md.
 
     .venv/bin/python benchmarks/capture_time.py [--models gpt2-small bert-base] [--repeats 5]
 """
