@@ -4,7 +4,9 @@ from collections.abc import Callable
 
 import pytest
 
-from data.graph.format import IterationGraph
+from data.graph.format import GraphNode, IterationGraph, ParamInfo, TensorMeta
+from data.specs.model import InputSpec, ModelSpec
+from data.specs.strategy import Strategy
 from data.zoo import ZOO
 from profiler.capture import capture_graph
 
@@ -21,3 +23,70 @@ def zoo_graph() -> Callable[[str], IterationGraph]:
         return _CACHE[name]
 
     return get
+
+
+@pytest.fixture
+def tiny_graph() -> IterationGraph:
+    """A 4-node iteration: matmul forward, its backward, the weight's gradient, an all-reduce."""
+    t = TensorMeta(shape=(2, 2), dtype="float32")
+    nodes = (
+        GraphNode(
+            id=0,
+            kind="compute",
+            phase="forward",
+            op="aten.mm.default",
+            module="fc",
+            inputs=(t, t),
+            outputs=(t,),
+            flops=16,
+            bytes_read=32,
+            bytes_written=16,
+        ),
+        GraphNode(
+            id=1,
+            kind="compute",
+            phase="backward",
+            op="aten.mm.default",
+            module="fc",
+            inputs=(t, t),
+            outputs=(t,),
+            flops=16,
+            bytes_read=32,
+            bytes_written=16,
+            forward_id=0,
+        ),
+        GraphNode(
+            id=2,
+            kind="grad_ready",
+            phase="backward",
+            op="grad_ready",
+            module="fc",
+            param="fc.weight",
+            params=("fc.weight",),
+            param_bytes=16,
+            grad_bytes=16,
+        ),
+        GraphNode(
+            id=3,
+            kind="comm",
+            phase="comm",
+            op="all_reduce",
+            module="",
+            params=("fc.weight",),
+            grad_bytes=16,
+            bucket=0,
+        ),
+    )
+    return IterationGraph(
+        model=ModelSpec(source="reference", cls="MLP", config={}, inputs=InputSpec(batch_size=2)),
+        strategy=Strategy(),
+        optimizer="sgd",
+        params=(
+            ParamInfo(
+                name="fc.weight", module="fc", shape=(2, 2), dtype="float32", numel=4, nbytes=16
+            ),
+        ),
+        nodes=nodes,
+        edges=((0, 1), (1, 2), (2, 3)),
+        env={"torch": "test"},
+    )

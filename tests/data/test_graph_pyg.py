@@ -1,12 +1,12 @@
 import torch
 
+from data.graph.format import IterationGraph
 from data.graph.ops import OP_CATEGORIES, op_category
 from data.graph.pyg import FEATURE_NAMES, to_hetero, to_pyg
-from tests.data.test_graph_format import tiny_graph
 
 
-def test_to_pyg_shapes_and_edges() -> None:
-    data = to_pyg(tiny_graph())
+def test_to_pyg_shapes_and_edges(tiny_graph: IterationGraph) -> None:
+    data = to_pyg(tiny_graph)
     assert data.x.shape == (4, len(FEATURE_NAMES))
     assert data.edge_index.tolist() == [[0, 1, 2], [1, 2, 3]]
     assert data.node_kind.tolist() == [0, 0, 1, 2]
@@ -18,8 +18,8 @@ def test_to_pyg_shapes_and_edges() -> None:
     assert torch.allclose(data.x[0, flops_col], torch.log1p(torch.tensor(16.0)))
 
 
-def test_to_hetero_types_and_local_indices() -> None:
-    data = to_hetero(tiny_graph())
+def test_to_hetero_types_and_local_indices(tiny_graph: IterationGraph) -> None:
+    data = to_hetero(tiny_graph)
     assert set(data.node_types) == {"compute", "grad_ready", "comm"}
     assert data["compute"].x.shape == (2, len(FEATURE_NAMES))
     assert data["compute"].node_id.tolist() == [0, 1]

@@ -126,3 +126,16 @@ def test_console_script_never_shows_a_traceback() -> None:
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert "num_hidden_layers" in result.stderr
+
+
+def test_hash_is_the_same_in_another_process(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "graph", "vgg-mini", "--json")
+    assert code == 0
+    result = subprocess.run(
+        [sys.executable, "-m", "service.cli", "graph", "vgg-mini", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(result.stdout)["graph_hash"] == json.loads(out)["graph_hash"]
