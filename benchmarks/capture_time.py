@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from data.models import build_model, count_parameters, make_batch, training_loss
 from data.specs.model import ModelSpec
 from data.zoo import ZOO
 from profiler.capture import capture_graph
+from profiler.fake import fake_model
 
 DEFAULT_MODELS = ("gpt2-small", "bert-base", "vit-base", "llama-160m")
 
@@ -41,13 +41,9 @@ def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 
 def _bare_fake_iteration(spec: ModelSpec) -> None:
-    with torch.device("meta"):
-        model = build_model(spec)
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake:
-        model.to_empty(device="cpu")
-        batch = {k: fake.from_tensor(v) for k, v in make_batch(spec, model).items()}
-        training_loss(model, batch).backward()
+    fake = fake_model(spec)
+    with fake.mode:
+        training_loss(fake.model, fake.batch).backward()
 
 
 def main() -> None:

@@ -24,23 +24,17 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from data.errors import InvalidModelSpecError, one_line
-from data.graph.format import GraphNode, IterationGraph, NodeKind, ParamInfo, Phase, TensorMeta
-from data.models import (
-    build_model,
-    check_model_spec,
-    import_transformers,
-    make_batch,
-    training_loss,
-)
+from data.graph.format import GraphNode, IterationGraph, ParamInfo, Phase, TensorMeta
+from data.models import check_model_spec, import_transformers, training_loss
 from data.specs.model import ModelSpec
 from data.specs.strategy import Bucket, Strategy
+from profiler.fake import fake_model
 from profiler.flops import register_missing_flop_formulas
 
 Optimizer = Literal["sgd", "adamw"]
@@ -69,25 +63,16 @@ class CaptureOptions:
 
 @dataclasses.dataclass(slots=True)
 class _Recorded:
-    """A node before final numbering; ``deps`` are indices into the recorder's list."""
+    """A node before final numbering: its id is still -1, and ``deps`` and ``forward_ref`` are
+    indices into the recorder's list, renumbered once collectives are placed."""
 
-    kind: NodeKind
-    phase: Phase
-    op: str
-    module: str
+    node: GraphNode
     deps: list[int]
-    inputs: tuple[TensorMeta, ...] = ()
-    outputs: tuple[TensorMeta, ...] = ()
-    flops: int = 0
-    bytes_read: int = 0
-    bytes_written: int = 0
-    is_view: bool = False
-    param: str | None = None
-    params: tuple[str, ...] = ()
-    param_bytes: int = 0
-    grad_bytes: int = 0
-    bucket: int | None = None
     forward_ref: int | None = None
+
+
+def _pending(deps: list[int], forward_ref: int | None = None, **fields: Any) -> _Recorded:
+    return _Recorded(node=GraphNode(id=-1, **fields), deps=deps, forward_ref=forward_ref)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -128,9 +113,6 @@ class _Recorder(TorchDispatchMode):
         self._node_of_seq: dict[int, int] = {}
         self._module_of_param = module_of_param
 
-    def producer(self, t: torch.Tensor | None) -> int | None:
-        return None if t is None else self._producer.get(t)
-
     def __torch_dispatch__(
         self,
         func: Any,
@@ -166,19 +148,19 @@ class _Recorder(TorchDispatchMode):
         )
         written_ids = {id(t) for t in written}
         self.nodes.append(
-            _Recorded(
+            _pending(
+                deps,
+                forward_ref,
                 kind="compute",
                 phase=self.phase,
                 op=str(func),
                 module=module,
-                deps=deps,
                 inputs=tuple(_meta(t) for t in flat_in),
                 outputs=tuple(_meta(t) for t in flat_out if id(t) not in written_ids),
                 flops=flops,
                 bytes_read=0 if is_view else sum(_nbytes(t) for t in flat_in),
                 bytes_written=0 if is_view else sum(_nbytes(t) for t in [*flat_out, *written]),
                 is_view=is_view,
-                forward_ref=forward_ref,
             )
         )
         for t in [*flat_out, *written]:
@@ -201,10 +183,25 @@ class _Recorder(TorchDispatchMode):
         forward_ref = self._node_of_seq.get(node._sequence_nr())
         if forward_ref is None:
             return "", None
-        return self.nodes[forward_ref].module, forward_ref
+        return self.nodes[forward_ref].node.module, forward_ref
 
-    def add(self, node: _Recorded) -> int:
-        self.nodes.append(node)
+    def record_grad_ready(self, name: str, module: str, param: torch.Tensor) -> int:
+        """A node marking ``param``'s gradient ready, after the op that produced it."""
+        producer = self._producer.get(param.grad) if param.grad is not None else None
+        nbytes = param.numel() * param.element_size()
+        self.nodes.append(
+            _pending(
+                [producer if producer is not None else len(self.nodes) - 1],
+                kind="grad_ready",
+                phase="backward",
+                op="grad_ready",
+                module=module,
+                param=name,
+                params=(name,),
+                param_bytes=nbytes,
+                grad_bytes=nbytes,
+            )
+        )
         return len(self.nodes) - 1
 
 
@@ -218,24 +215,6 @@ def _quiet_fake_tensor_log() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-def _materialize(model: nn.Module) -> None:
-    """Give every meta parameter and buffer fake CPU storage, keeping tied weights tied
-    (``Module.to_empty`` would give each alias its own tensor)."""
-    new: dict[int, torch.Tensor] = {}
-    for module in model.modules():
-        for key, param in module._parameters.items():
-            if param is not None:
-                if id(param) not in new:
-                    empty = torch.empty(param.shape, dtype=param.dtype, device="cpu")
-                    new[id(param)] = nn.Parameter(empty, requires_grad=param.requires_grad)
-                module._parameters[key] = new[id(param)]  # type: ignore[assignment]
-        for key, buffer in module._buffers.items():
-            if buffer is not None:
-                if id(buffer) not in new:
-                    new[id(buffer)] = torch.empty(buffer.shape, dtype=buffer.dtype, device="cpu")
-                module._buffers[key] = new[id(buffer)]
 
 
 def _module_hooks(model: nn.Module, recorder: _Recorder) -> list[Any]:
@@ -290,17 +269,9 @@ def capture_graph(spec: ModelSpec, options: CaptureOptions | None = None) -> Ite
     options = options or CaptureOptions()
     check_model_spec(spec)
     register_missing_flop_formulas()
-    # Built on the meta device (no memory, initializers skipped), then given fake CPU storage:
-    # values never matter here, only shapes, dtypes and the device that picks the kernels.
-    with torch.device("meta"):
-        model = build_model(spec, seed=options.seed)
-    fake_mode = FakeTensorMode()
-    with fake_mode:
-        _materialize(model)
-    # Synthetic inputs are made for real (small integer and pixel tensors), then faked.
-    real_batch = make_batch(spec, model, seed=options.seed)
-    with fake_mode:
-        batch = {k: fake_mode.from_tensor(v) for k, v in real_batch.items()}
+    fake = fake_model(spec, seed=options.seed)
+    model, batch = fake.model, fake.batch
+    with fake.mode:
         params, name_of, module_of = _param_infos(model)
         recorder = _Recorder(module_of)
         handles = _module_hooks(model, recorder)
@@ -308,27 +279,7 @@ def capture_graph(spec: ModelSpec, options: CaptureOptions | None = None) -> Ite
 
         def grad_ready(param: torch.Tensor) -> None:
             name = name_of[id(param)]
-            producer = recorder.producer(param.grad)
-            deps = [producer] if producer is not None else [len(recorder.nodes) - 1]
-            nbytes = param.numel() * param.element_size()
-            ready.append(
-                (
-                    name,
-                    recorder.add(
-                        _Recorded(
-                            kind="grad_ready",
-                            phase="backward",
-                            op="grad_ready",
-                            module=module_of[id(param)],
-                            deps=deps,
-                            param=name,
-                            params=(name,),
-                            param_bytes=nbytes,
-                            grad_bytes=nbytes,
-                        )
-                    ),
-                )
-            )
+            ready.append((name, recorder.record_grad_ready(name, module_of[id(param)], param)))
 
         for param in model.parameters():
             if param.requires_grad:
@@ -366,74 +317,63 @@ def _place_collectives(
     order with dependencies renumbered.
     """
     plan = strategy.tensor_fusion
+    first_op = "reduce_scatter" if plan.dear or strategy.parallel.fsdp else "all_reduce"
     launch_after: dict[int, list[_Recorded]] = {}
-    gathers: list[_Recorded] = []
     for bucket in buckets:
-        last = max(ready_node[name] for name in bucket.params)
-        first_op = "reduce_scatter" if plan.dear or strategy.parallel.fsdp else "all_reduce"
-        collective = _Recorded(
-            kind="comm",
-            phase="comm",
-            op=first_op,
-            module="",
-            deps=sorted(ready_node[name] for name in bucket.params),
-            params=bucket.params,
-            grad_bytes=bucket.grad_bytes,
-            bucket=bucket.index,
-        )
-        launch_after.setdefault(last, []).append(collective)
-        if plan.dear:
-            gathers.append(
-                _Recorded(
-                    kind="comm",
-                    phase="comm",
-                    op="all_gather",
-                    module="",
-                    deps=[],  # filled below once the reduce-scatter has its new index
-                    params=bucket.params,
-                    grad_bytes=bucket.grad_bytes,
-                    bucket=bucket.index,
-                )
-            )
+        deps = sorted(ready_node[name] for name in bucket.params)
+        launch_after.setdefault(deps[-1], []).append(_collective(first_op, bucket, deps))
     order: list[_Recorded] = []
     new_index: dict[int, int] = {}
-    for old, node in enumerate(recorded):
+    for old, rec in enumerate(recorded):
         new_index[old] = len(order)
-        order.append(node)
+        order.append(rec)
         order.extend(launch_after.get(old, []))
-    for node in recorded:
-        node.deps = [new_index[d] for d in node.deps]
-        if node.forward_ref is not None:
-            node.forward_ref = new_index[node.forward_ref]
-    for collectives in launch_after.values():
-        for node in collectives:
-            node.deps = [new_index[d] for d in node.deps]
-    scatter_index = {n.bucket: i for i, n in enumerate(order) if n.kind == "comm"}
-    for gather in gathers:
-        gather.deps = [scatter_index[gather.bucket]]
-        order.append(gather)
+    for rec in order:
+        rec.deps = [new_index[d] for d in rec.deps]
+        if rec.forward_ref is not None:
+            rec.forward_ref = new_index[rec.forward_ref]
+    if plan.dear:
+        scatter_index = {
+            rec.node.bucket: i for i, rec in enumerate(order) if rec.node.kind == "comm"
+        }
+        order.extend(
+            _collective("all_gather", bucket, [scatter_index[bucket.index]]) for bucket in buckets
+        )
     return order
 
 
+def _collective(op: str, bucket: Bucket, deps: list[int]) -> _Recorded:
+    return _pending(
+        deps,
+        kind="comm",
+        phase="comm",
+        op=op,
+        module="",
+        params=bucket.params,
+        grad_bytes=bucket.grad_bytes,
+        bucket=bucket.index,
+    )
+
+
 def _append_optimizer(
-    nodes: list[_Recorded], buckets: list[Bucket], sizes: dict[str, int], optimizer: str
+    recorded: list[_Recorded], buckets: list[Bucket], sizes: dict[str, int], optimizer: str
 ) -> None:
     """One optimizer-step node per parameter, after the collective that delivers its gradient."""
     flops_per_elem, reads, writes = _OPTIMIZER_COST[optimizer]
     delivering: dict[int, int] = {}
-    for index, node in enumerate(nodes):
-        if node.kind == "comm" and node.bucket is not None:
-            delivering[node.bucket] = index  # the last collective of a bucket wins
+    for index, rec in enumerate(recorded):
+        if rec.node.kind == "comm" and rec.node.bucket is not None:
+            delivering[rec.node.bucket] = index  # the last collective of a bucket wins
     for bucket in buckets:
         for name in bucket.params:
             nbytes = sizes[name]
-            nodes.append(
-                _Recorded(
+            recorded.append(
+                _pending(
+                    [delivering[bucket.index]],
                     kind="optimizer",
                     phase="optimizer",
                     op=f"optimizer.{optimizer}",
                     module=name.rpartition(".")[0],
-                    deps=[delivering[bucket.index]],
                     flops=flops_per_elem * (nbytes // 4),
                     bytes_read=reads * nbytes,
                     bytes_written=writes * nbytes,
@@ -455,29 +395,8 @@ def _finish(
     nodes: list[GraphNode] = []
     edges: list[tuple[int, int]] = []
     for index, rec in enumerate(recorded):
-        deps = sorted(set(rec.deps))
-        edges.extend((d, index) for d in deps)
-        nodes.append(
-            GraphNode(
-                id=index,
-                kind=rec.kind,
-                phase=rec.phase,
-                op=rec.op,
-                module=rec.module,
-                inputs=rec.inputs,
-                outputs=rec.outputs,
-                flops=rec.flops,
-                bytes_read=rec.bytes_read,
-                bytes_written=rec.bytes_written,
-                is_view=rec.is_view,
-                param=rec.param,
-                params=rec.params,
-                param_bytes=rec.param_bytes,
-                grad_bytes=rec.grad_bytes,
-                bucket=rec.bucket,
-                forward_id=rec.forward_ref,
-            )
-        )
+        edges.extend((dep, index) for dep in sorted(set(rec.deps)))
+        nodes.append(dataclasses.replace(rec.node, id=index, forward_id=rec.forward_ref))
     env = {"torch": torch.__version__, "python": platform.python_version()}
     if spec.source == "transformers":
         env["transformers"] = import_transformers().__version__

@@ -4,8 +4,6 @@ import json
 from collections.abc import Callable
 
 import pytest
-import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from data.errors import InvalidModelSpecError, InvalidStrategyError
@@ -15,6 +13,7 @@ from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy, TensorFusionPlan
 from data.zoo import ZOO, resolve_model
 from profiler.capture import CaptureOptions, capture_graph
+from profiler.fake import fake_model
 from profiler.flops import register_missing_flop_formulas
 
 GraphOf = Callable[[str], IterationGraph]
@@ -66,14 +65,10 @@ SPECS = {
 def _reference_flops(spec: ModelSpec) -> tuple[int, int]:
     """(forward, forward+backward) FLOPs counted by FlopCounterMode on a fake-tensor run."""
     register_missing_flop_formulas()
-    with torch.device("meta"):
-        model = build_model(spec)
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    with fake:
-        model.to_empty(device="cpu")
-        batch = {k: fake.from_tensor(v) for k, v in make_batch(spec, model).items()}
+    fake = fake_model(spec)
+    with fake.mode:
         with FlopCounterMode(display=False) as forward_counter:
-            loss = training_loss(model, batch)
+            loss = training_loss(fake.model, fake.batch)
         with FlopCounterMode(display=False) as backward_counter:
             loss.backward()
     forward = forward_counter.get_total_flops()
