@@ -9,6 +9,7 @@ from data.errors import (
     InvalidClusterError,
     InvalidGraphError,
     InvalidModelSpecError,
+    InvalidOptionError,
     InvalidStrategyError,
     UnknownModelError,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "InvalidClusterError",
     "InvalidGraphError",
     "InvalidModelSpecError",
+    "InvalidOptionError",
     "InvalidStrategyError",
     "UnknownModelError",
 ]

@@ -25,6 +25,10 @@ class InvalidStrategyError(DdlsimError, ValueError):
     """A strategy cannot be applied: bad parallel plan, buckets that miss or repeat a gradient."""
 
 
+class InvalidOptionError(DdlsimError, ValueError):
+    """An option of a command or API call is outside its allowed values."""
+
+
 class InvalidGraphError(DdlsimError, ValueError):
     """A serialized iteration graph is malformed or from an unsupported schema version."""
 

@@ -133,11 +133,20 @@ def check_model_spec(spec: ModelSpec) -> ModelInfo:
 
 def _check_inputs(spec: ModelSpec, info: ModelInfo) -> None:
     inputs = spec.inputs
+    kind = {"text": "a text model", "image": "a vision model", "features": "a feature model"}[
+        info.input_kind
+    ]
     if info.input_kind == "text" and inputs.seq_len is None:
-        raise InvalidModelSpecError(f"inputs.seq_len is required for {spec.cls} (a text model)")
+        raise InvalidModelSpecError(f"inputs.seq_len is required for {spec.cls} ({kind})")
     if info.input_kind == "image" and inputs.image_size is None:
+        raise InvalidModelSpecError(f"inputs.image_size is required for {spec.cls} ({kind})")
+    if info.input_kind != "text" and inputs.seq_len is not None:
         raise InvalidModelSpecError(
-            f"inputs.image_size is required for {spec.cls} (a vision model)"
+            f"inputs.seq_len({inputs.seq_len}) does not apply to {spec.cls} ({kind})"
+        )
+    if info.input_kind != "image" and inputs.image_size is not None:
+        raise InvalidModelSpecError(
+            f"inputs.image_size({inputs.image_size}) does not apply to {spec.cls} ({kind})"
         )
 
 
@@ -211,59 +220,96 @@ def build_model(spec: ModelSpec, *, seed: int = 0) -> nn.Module:
     return model
 
 
-def make_batch(
-    spec: ModelSpec, model: nn.Module, *, seed: int = 0, device: torch.device | str = "cpu"
-) -> dict[str, torch.Tensor]:
-    """One synthetic batch of the spec's global inputs, with labels where the head takes them.
+@dataclasses.dataclass(frozen=True, slots=True)
+class InputField:
+    """One model input: its shape, and either ``high`` (integers in ``[0, high)``) or floats."""
+
+    shape: tuple[int, ...]
+    high: int | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.long if self.high is not None else torch.float32
+
+
+def _config_int(config: Any, key: str, spec: ModelSpec) -> int:
+    value = getattr(config, key, None)
+    if not isinstance(value, int):
+        raise InvalidModelSpecError(
+            f"{spec.cls} has no config.{key} (composite configs such as text_config/"
+            "vision_config are not supported); give a single text or vision model class"
+        )
+    return value
+
+
+def batch_fields(spec: ModelSpec, model: nn.Module) -> dict[str, InputField]:
+    """The inputs (and labels, where the head takes them) of one global batch.
 
     Shapes:
         text: ``input_ids: [batch_size, seq_len]``, ``labels`` per head.
         image: ``pixel_values: [batch_size, num_channels, image_size, image_size]``.
         features (reference MLP): ``inputs: [batch_size, in_features]``.
+
+    Raises:
+        InvalidModelSpecError: when the config lacks what the inputs need (composite models).
     """
     info = check_model_spec(spec)
     config: Any = model.config
     batch = spec.inputs.batch_size
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-
-    def ints(high: int, *shape: int) -> torch.Tensor:
-        return torch.randint(0, high, shape, generator=gen).to(device)
-
     if spec.source == "reference":
-        classes = config.num_classes
+        classes = _config_int(config, "num_classes", spec)
         if info.input_kind == "features":
-            inputs = torch.randn(batch, config.in_features, generator=gen).to(device)
+            shape: tuple[int, ...] = (batch, config.in_features)
         else:
             size = spec.inputs.image_size or 0
-            inputs = torch.randn(batch, config.num_channels, size, size, generator=gen).to(device)
-        return {"inputs": inputs, "labels": ints(classes, batch)}
+            shape = (batch, config.num_channels, size, size)
+        return {"inputs": InputField(shape), "labels": InputField((batch,), classes)}
 
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, InputField] = {}
     if info.input_kind == "text":
         seq = spec.inputs.seq_len or 0
-        out["input_ids"] = ints(config.vocab_size, batch, seq)
+        vocab = _config_int(config, "vocab_size", spec)
+        out["input_ids"] = InputField((batch, seq), vocab)
         if spec.cls.endswith(_TOKEN_LABEL_HEADS):
-            out["labels"] = ints(config.vocab_size, batch, seq)
+            out["labels"] = InputField((batch, seq), vocab)
         elif spec.cls.endswith("ForTokenClassification"):
-            out["labels"] = ints(config.num_labels, batch, seq)
+            out["labels"] = InputField((batch, seq), _config_int(config, "num_labels", spec))
         elif spec.cls.endswith("ForQuestionAnswering"):
-            out["start_positions"] = ints(seq, batch)
-            out["end_positions"] = ints(seq, batch)
+            out["start_positions"] = InputField((batch,), seq)
+            out["end_positions"] = InputField((batch,), seq)
     else:
         size = spec.inputs.image_size or 0
         channels = getattr(config, "num_channels", 3)
-        out["pixel_values"] = torch.randn(batch, channels, size, size, generator=gen).to(device)
+        out["pixel_values"] = InputField((batch, channels, size, size))
     if spec.cls.endswith(_CLASS_LABEL_HEADS):
-        out["labels"] = ints(config.num_labels, batch)
+        out["labels"] = InputField((batch,), _config_int(config, "num_labels", spec))
     return out
+
+
+def make_batch(
+    spec: ModelSpec, model: nn.Module, *, seed: int = 0, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """One synthetic batch (random ids, labels and pixels from ``seed``) on ``device``.
+
+    Shapes: as :func:`batch_fields`.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    batch = {}
+    for name, field in batch_fields(spec, model).items():
+        if field.high is not None:
+            value = torch.randint(0, field.high, field.shape, generator=gen)
+        else:
+            value = torch.randn(field.shape, generator=gen)
+        batch[name] = value.to(device)
+    return batch
 
 
 def training_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Forward pass and the scalar loss to differentiate.
 
     Heads that compute a loss from ``labels`` return it; for the others (bare encoders) the loss
-    is the mean of the first floating-point output, so every parameter that shapes the output
-    still receives a gradient.
+    is the sum of the means of all floating-point outputs (hidden states, pooled output), so
+    every parameter that shapes an output receives a gradient.
     """
     output = model(**batch)
     loss = getattr(output, "loss", None)
@@ -272,10 +318,14 @@ def training_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.
     values = output.to_tuple() if hasattr(output, "to_tuple") else output
     if isinstance(values, torch.Tensor):
         values = (values,)
-    for value in values:
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.float().mean()
-    raise InvalidModelSpecError(f"{type(model).__name__} returned no floating-point output")
+    means = [
+        value.float().mean()
+        for value in values
+        if isinstance(value, torch.Tensor) and value.is_floating_point()
+    ]
+    if not means:
+        raise InvalidModelSpecError(f"{type(model).__name__} returned no floating-point output")
+    return torch.stack(means).sum()
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -17,6 +17,7 @@ uses the same formula registry, so the totals agree with it op for op.
 
 import contextlib
 import dataclasses
+import difflib
 import logging
 import platform
 from collections.abc import Callable, Iterator, Sequence
@@ -29,7 +30,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from data.errors import InvalidModelSpecError, one_line
+from data.errors import InvalidModelSpecError, InvalidOptionError, InvalidStrategyError, one_line
 from data.graph.format import GraphNode, IterationGraph, ParamInfo, Phase, TensorMeta
 from data.models import check_model_spec, import_transformers, training_loss
 from data.specs.model import ModelSpec
@@ -56,7 +57,7 @@ class CaptureOptions:
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
-            raise InvalidModelSpecError(
+            raise InvalidOptionError(
                 f"optimizer {self.optimizer!r} is not supported; allowed: {', '.join(OPTIMIZERS)}"
             )
 
@@ -130,7 +131,8 @@ class _Recorder(TorchDispatchMode):
             and arg.alias_info.is_write
             and isinstance(value, torch.Tensor)
         ]
-        flat_out = _unique_tensors(tree_flatten(out)[0])
+        # An in-place op returns the tensor it writes: count it once, as an output.
+        flat_out = _unique_tensors([*tree_flatten(out)[0], *written])
         if not flat_out and not written:
             return out  # metadata queries (prim.device, sym sizes) touch no tensor data
         flat_in = _unique_tensors(tree_flatten((args, kwargs))[0])
@@ -146,7 +148,6 @@ class _Recorder(TorchDispatchMode):
             if (packet in flop_registry)
             else 0
         )
-        written_ids = {id(t) for t in written}
         self.nodes.append(
             _pending(
                 deps,
@@ -156,14 +157,14 @@ class _Recorder(TorchDispatchMode):
                 op=str(func),
                 module=module,
                 inputs=tuple(_meta(t) for t in flat_in),
-                outputs=tuple(_meta(t) for t in flat_out if id(t) not in written_ids),
+                outputs=tuple(_meta(t) for t in flat_out),
                 flops=flops,
                 bytes_read=0 if is_view else sum(_nbytes(t) for t in flat_in),
-                bytes_written=0 if is_view else sum(_nbytes(t) for t in [*flat_out, *written]),
+                bytes_written=0 if is_view else sum(_nbytes(t) for t in flat_out),
                 is_view=is_view,
             )
         )
-        for t in [*flat_out, *written]:
+        for t in flat_out:
             self._producer[t] = index
         return out
 
@@ -215,6 +216,23 @@ def _quiet_fake_tensor_log() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def _check_module_paths(model: nn.Module, strategy: Strategy) -> None:
+    """Blocks named by the strategy (compiled, FSDP groups) must be modules of the model."""
+    modules = {name for name, _ in model.named_modules() if name}
+    named = [
+        (f"op_fusion.compiled[{i}]", path) for i, path in enumerate(strategy.op_fusion.compiled)
+    ]
+    for g, group in enumerate(strategy.parallel.fsdp_groups or ()):
+        named += [(f"parallel.fsdp_groups[{g}][{i}]", path) for i, path in enumerate(group)]
+    for where, path in named:
+        if path not in modules:
+            close = difflib.get_close_matches(path, sorted(modules), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise InvalidStrategyError(
+                f"{where} names {path!r}, which is not a module of {type(model).__name__}{hint}"
+            )
 
 
 def _module_hooks(model: nn.Module, recorder: _Recorder) -> list[Any]:
@@ -271,6 +289,7 @@ def capture_graph(spec: ModelSpec, options: CaptureOptions | None = None) -> Ite
     register_missing_flop_formulas()
     fake = fake_model(spec, seed=options.seed)
     model, batch = fake.model, fake.batch
+    _check_module_paths(model, options.strategy)
     with fake.mode:
         params, name_of, module_of = _param_infos(model)
         recorder = _Recorder(module_of)

@@ -1,4 +1,4 @@
-"""A model and its batch on fake tensors: shapes, dtypes and kernels choices, no data."""
+"""A model and its batch on fake tensors: shapes, dtypes and kernel choices, no data."""
 
 import dataclasses
 
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from data.models import build_model, make_batch
+from data.models import batch_fields, build_model
 from data.specs.model import ModelSpec
 
 
@@ -22,14 +22,21 @@ class FakeModel:
 def fake_model(spec: ModelSpec, *, seed: int = 0) -> FakeModel:
     """Build ``spec`` on the meta device (no memory, initializers skipped), then give it fake
     CPU storage: values never matter, only shapes, dtypes and the device that picks kernels.
-    The synthetic batch is made for real (small tensors) and then faked."""
+    The batch is fake too: no memory, whatever its size.
+
+    Raises:
+        InvalidModelSpecError: when the spec is invalid or its inputs do not fit the model.
+    """
     with torch.device("meta"):
         model = build_model(spec, seed=seed)
+    fields = batch_fields(spec, model)
     mode = FakeTensorMode()
     with mode:
         _materialize(model)
-    real_batch = make_batch(spec, model, seed=seed)
-    batch: dict[str, torch.Tensor] = {k: mode.from_tensor(v) for k, v in real_batch.items()}
+        batch = {
+            name: torch.empty(field.shape, dtype=field.dtype, device="cpu")
+            for name, field in fields.items()
+        }
     return FakeModel(model=model, batch=batch, mode=mode)
 
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from data.errors import DdlsimError
+from data.errors import DdlsimError, InvalidStrategyError, one_line
 from data.graph.format import IterationGraph
 from data.models import build_model, count_parameters
+from data.specs.cluster import ClusterSpec
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.zoo import ZOO, resolve_model
@@ -39,10 +40,25 @@ def _emit_json(payload: Any) -> None:
 
 
 def _human(value: float, unit: str) -> str:
+    """Decimal prefixes (FLOPs, counts): ``1.23 GFLOP``."""
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
             return f"{value / scale:.2f} {prefix}{unit}"
     return f"{value:.0f} {unit}"
+
+
+def _bytes(value: float) -> str:
+    """Binary prefixes, as bucket caps are given (MiB)."""
+    for scale, prefix in ((2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}B"
+    return f"{value:.0f} B"
+
+
+def _progress(message: str) -> None:
+    """A status line on a terminal (never in pipes or --json output)."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr, flush=True)
 
 
 # ----- models ------------------------------------------------------------------------------
@@ -67,6 +83,7 @@ def _zoo_rows() -> list[dict[str, Any]]:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    _progress("building the zoo on the meta device to count parameters ...")
     rows = _zoo_rows()
     if args.json:
         _emit_json(rows)
@@ -99,22 +116,21 @@ def _print_graph_summary(graph: IterationGraph) -> None:
     ratio = f" (x{bwd / fwd:.2f} forward)" if fwd else ""
     buckets = [n for n in graph.nodes if n.kind == "comm"]
     bucket_ops = sorted({n.op for n in buckets})
-    sizes = ", ".join(_human(n.grad_bytes, "B") for n in buckets if n.op != "all_gather")
+    launches = [n for n in buckets if n.op != "all_gather"]
+    shown = ", ".join(_bytes(n.grad_bytes) for n in launches[:8])
+    sizes = shown + (f", ... ({len(launches) - 8} more)" if len(launches) > 8 else "")
     total_flops = fwd + bwd
     print(f"{spec.label}  {spec.cls} ({spec.source})  inputs: {inputs}")
     print(
         f"  parameters   {_human(s['num_params'], '')} in {s['num_param_tensors']} tensors; "
-        f"gradients {_human(s['grad_bytes'], 'B')}"
+        f"gradients {_bytes(s['grad_bytes'])}"
     )
     print(f"  nodes        {s['num_nodes']} ({kinds}); edges {s['num_edges']}")
     print(
         f"  FLOPs        forward {_human(fwd, 'FLOP')}, backward {_human(bwd, 'FLOP')}{ratio}, "
         f"optimizer ({s['optimizer']}) {_human(s['optimizer_flops'], 'FLOP')}"
     )
-    print(
-        f"  buckets      {len([n for n in buckets if n.op != 'all_gather'])} "
-        f"({', '.join(bucket_ops)}): {sizes}"
-    )
+    print(f"  buckets      {s['num_buckets']} ({', '.join(bucket_ops)}): {sizes}")
     print("  top modules by forward+backward FLOPs:")
     for module, flops in _module_flops(graph, 5):
         share = 100.0 * flops / total_flops if total_flops else 0.0
@@ -128,6 +144,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
     )
     strategy = Strategy.parse(args.strategy) if args.strategy else Strategy()
+    _progress(f"capturing one training iteration of {spec.label} ...")
     graph = capture_graph(
         spec, CaptureOptions(strategy=strategy, optimizer=args.optimizer, seed=args.seed)
     )
@@ -142,6 +159,32 @@ def cmd_graph(args: argparse.Namespace) -> int:
         _print_graph_summary(graph)
         if args.out:
             print(f"  written to   {args.out}")
+    return 0
+
+
+# ----- spec --------------------------------------------------------------------------------
+
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    if not (args.strategy or args.cluster or args.model):
+        raise InvalidStrategyError("give at least one of --model, --strategy, --cluster to check")
+    out: dict[str, Any] = {}
+    if args.model:
+        out["model"] = resolve_model(args.model).to_dict()
+    strategy = Strategy.parse(args.strategy) if args.strategy else None
+    cluster = ClusterSpec.parse(args.cluster) if args.cluster else None
+    if strategy is not None:
+        out["strategy"] = strategy.to_dict()
+    if cluster is not None:
+        out["cluster"] = cluster.to_dict()
+    if strategy is not None and cluster is not None:
+        strategy.validate_for(cluster.world_size)
+        out["data_parallel"] = strategy.parallel.resolve_dp(cluster.world_size)
+    if args.json:
+        _emit_json(out)
+    else:
+        print(json.dumps(out, indent=2, sort_keys=True))
+        print("valid", file=sys.stderr)
     return 0
 
 
@@ -178,6 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
     graph.add_argument("--out", metavar="FILE", help="write the whole graph as JSON")
     graph.add_argument("--json", action="store_true", help="print the summary as JSON")
     graph.set_defaults(handler=cmd_graph)
+    spec = sub.add_parser(
+        "spec",
+        help="check specs and print them normalized (defaults filled in)",
+        description="Validates each spec given (inline JSON or a JSON/YAML file); with both "
+        "--strategy and --cluster, also that dp * tp * pp equals the world size.",
+    )
+    spec.add_argument("--model", help="a zoo name or a model spec")
+    spec.add_argument("--strategy", help="a strategy")
+    spec.add_argument("--cluster", help="a cluster spec")
+    spec.add_argument("--json", action="store_true", help="print JSON only")
+    spec.set_defaults(handler=cmd_spec)
     return parser
 
 
@@ -187,11 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
-    except DdlsimError as exc:
-        print(f"ddlsim: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except OSError as exc:
-        print(f"ddlsim: error: {exc}", file=sys.stderr)
+    except (DdlsimError, OSError) as exc:
+        print(f"ddlsim: error: {one_line(exc, limit=2000)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("ddlsim: interrupted", file=sys.stderr)

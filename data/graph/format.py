@@ -196,7 +196,10 @@ class IterationGraph:
             "backward_flops": self.flops_of("backward"),
             "optimizer_flops": self.flops_of("optimizer"),
             "grad_bytes": self.grad_bytes,
-            "num_buckets": by_kind["comm"],
+            "num_buckets": len({n.bucket for n in self.nodes if n.kind == "comm"}),
+            "params_without_grad": sorted(
+                {p.name for p in self.params} - set(self.grad_ready_order)
+            ),
             "optimizer": self.optimizer,
             "inputs": self.model.inputs.to_dict(),
             "graph_hash": self.graph_hash,
@@ -266,7 +269,9 @@ class IterationGraph:
                 env=dict(raw.get("env", {})),
                 schema_version=version,
             )
-        except (TypeError, KeyError) as exc:
+        except (TypeError, KeyError, ValueError) as exc:
+            if isinstance(exc, InvalidGraphError):
+                raise
             raise InvalidGraphError(f"malformed graph: {exc}") from None
         stored = raw.get("graph_hash")
         if stored is not None and stored != graph.graph_hash:

@@ -56,7 +56,14 @@ def load_json_or_file(text: str, what: str, error: type[Exception]) -> dict[str,
         if not path.is_file():
             raise error(f"{what} {text!r} is neither inline JSON nor an existing file")
         source = str(path)
-        raw = path.read_text(encoding="utf-8")
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise error(
+                f"{what} file {source} is not UTF-8 text (JSON or YAML expected)"
+            ) from None
+        except OSError as exc:
+            raise error(f"{what} file {source} cannot be read: {exc.strerror}") from None
         if path.suffix.lower() in {".yaml", ".yml"}:
             import yaml
 

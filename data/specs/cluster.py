@@ -1,20 +1,23 @@
 """``ClusterSpec``: the machines a strategy runs on and the links between them."""
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from data.errors import InvalidClusterError
-from data.specs._serde import check_keys, expect_int, expect_number
+from data.specs._serde import check_keys, expect_int, expect_number, load_json_or_file
 
 DeviceType = Literal["cpu", "cuda"]
 Backend = Literal["gloo", "nccl"]
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 BACKENDS: tuple[str, ...] = ("gloo", "nccl")
 
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|m|g|t)?(bit|bps|b)?\s*$", re.IGNORECASE)
-_RATE_SCALE_GBPS = {"k": 1e-6, "m": 1e-3, "g": 1.0, "t": 1e3}
+# tc's units: "bit" is bits per second, "bps" is bytes per second.
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(bit|bps)\s*$", re.IGNORECASE)
+_RATE_SCALE_GBPS = {"": 1e-9, "k": 1e-6, "m": 1e-3, "g": 1.0, "t": 1e3}
+_UNIT_BITS = {"bit": 1, "bps": 8}
 
 
 def parse_bandwidth_gbps(text: str) -> float | None:
@@ -28,15 +31,17 @@ def parse_bandwidth_gbps(text: str) -> float | None:
     if text.strip().lower() in {"none", "unlimited", "unshaped"}:
         return None
     match = _RATE.match(text)
-    if match is None or (match.group(2) is None and match.group(3) is None):
+    if match is None:
         raise InvalidClusterError(
             f"bandwidth {text!r} is not a rate; allowed: a number with kbit/mbit/gbit/tbit "
-            "(e.g. 1gbit, 100mbit, 10gbit) or none"
+            "(bits per second, e.g. 1gbit, 100mbit, 10gbit), kbps/mbps/gbps (bytes per "
+            "second, as tc reads them) or none"
         )
     value = float(match.group(1))
     if value <= 0:
         raise InvalidClusterError(f"bandwidth {text!r} must be > 0")
-    return value * _RATE_SCALE_GBPS[(match.group(2) or "").lower() or "g"]
+    scale = _RATE_SCALE_GBPS[match.group(2).lower()]
+    return value * scale * _UNIT_BITS[match.group(3).lower()]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
@@ -117,6 +122,14 @@ class ClusterSpec:
                 f"backend 'nccl' needs device.type 'cuda', got {self.device.type!r}; "
                 "use backend 'gloo' on CPU"
             )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str) -> "ClusterSpec":
+        """A cluster from inline JSON or a JSON/YAML file path."""
+        return cls.from_dict(load_json_or_file(text, "cluster", InvalidClusterError))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -84,6 +84,10 @@ class ModelSpec:
             )
         if not isinstance(self.cls, str) or not self.cls:
             raise InvalidModelSpecError(f"class must be a non-empty string, got {self.cls!r}")
+        for key in ("name", "family"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str):
+                raise InvalidModelSpecError(f"{key} must be a string, got {value!r}")
         if not isinstance(self.config, Mapping):
             raise InvalidModelSpecError(f"config must be a JSON object, got {self.config!r}")
         object.__setattr__(self, "config", dict(self.config))

@@ -1,3 +1,5 @@
+from collections.abc import Callable
+
 import torch
 
 from data.graph.format import IterationGraph
@@ -28,7 +30,7 @@ def test_to_hetero_types_and_local_indices(tiny_graph: IterationGraph) -> None:
     assert data["grad_ready", "to", "comm"].edge_index.tolist() == [[0], [0]]
 
 
-def test_homogeneous_and_hetero_features_agree(zoo_graph) -> None:  # type: ignore[no-untyped-def]
+def test_homogeneous_and_hetero_features_agree(zoo_graph: Callable[[str], IterationGraph]) -> None:
     graph = zoo_graph("mlp")
     data = to_pyg(graph)
     hetero = to_hetero(graph)

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from data.errors import InvalidClusterError
@@ -6,7 +8,14 @@ from data.specs.cluster import ClusterSpec, DeviceSpec, LinkSpec, parse_bandwidt
 
 @pytest.mark.parametrize(
     ("text", "gbps"),
-    [("1gbit", 1.0), ("100mbit", 0.1), ("10gbit", 10.0), ("2.5Gbit", 2.5), ("none", None)],
+    [
+        ("1gbit", 1.0),
+        ("100mbit", 0.1),
+        ("10gbit", 10.0),
+        ("2.5Gbit", 2.5),
+        ("125mbps", 1.0),  # tc's bps is bytes per second
+        ("none", None),
+    ],
 )
 def test_parse_bandwidth(text: str, gbps: float | None) -> None:
     parsed = parse_bandwidth_gbps(text)
@@ -16,7 +25,7 @@ def test_parse_bandwidth(text: str, gbps: float | None) -> None:
         assert parsed == pytest.approx(gbps)
 
 
-@pytest.mark.parametrize("text", ["fast", "1", "-1gbit", "0gbit", "1 parsec"])
+@pytest.mark.parametrize("text", ["fast", "1", "1g", "1b", "-1gbit", "0gbit", "1 parsec"])
 def test_parse_bandwidth_rejects(text: str) -> None:
     with pytest.raises(InvalidClusterError, match="bandwidth"):
         parse_bandwidth_gbps(text)
@@ -39,6 +48,19 @@ def test_round_trip() -> None:
         inter_node=LinkSpec(bandwidth_gbps=400.0, latency_us=5.0),
     )
     assert ClusterSpec.from_dict(cluster.to_dict()) == cluster
+
+
+def test_parse_inline_and_file(tmp_path: Path) -> None:
+    text = '{"world_size": 8, "nodes": 2, "inter_node": {"bandwidth_gbps": "10gbit"}}'
+    cluster = ClusterSpec.parse(text)
+    assert cluster.devices_per_node == 4
+    assert cluster.inter_node.bandwidth_gbps == pytest.approx(10.0)
+    path = tmp_path / "cluster.yaml"
+    path.write_text("world_size: 8\nnodes: 2\ninter_node: {bandwidth_gbps: 10gbit}\n")
+    assert ClusterSpec.parse(str(path)) == cluster
+    assert ClusterSpec.parse(cluster.to_json()) == cluster
+    with pytest.raises(InvalidClusterError, match="neither inline JSON nor an existing file"):
+        ClusterSpec.parse("nosuch.yaml")
 
 
 def test_from_dict_reads_rates_as_text() -> None:

@@ -40,6 +40,7 @@ def test_with_inputs_overrides_only_given_values() -> None:
         ({**SPEC, "inputs": {"batch_size": 2, "seq": 4}}, "unknown key 'seq' in inputs"),
         ({**SPEC, "inputs": {"batch_size": 2, "seq_len": 1.5}}, "inputs.seq_len must be an int"),
         ({**SPEC, "config": [1]}, "config must be a JSON object"),
+        ({**SPEC, "name": {"a": 1}}, "name must be a string"),
     ],
 )
 def test_invalid(raw: dict, message: str) -> None:

@@ -1,5 +1,6 @@
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,7 +39,7 @@ def test_json_round_trip() -> None:
     assert json.loads(text)["tensor_fusion"]["buckets"] == [["a", "b"], ["c"]]
 
 
-def test_parse_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_parse_file(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("tensor_fusion:\n  bucket_caps_mb: [1, 4]\n")
     assert Strategy.parse(str(path)).tensor_fusion.bucket_caps_mb == (1.0, 4.0)

@@ -1,10 +1,18 @@
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from data.errors import InvalidModelSpecError, UnknownModelError
-from data.models import build_model, check_model_spec, count_parameters, make_batch
+from data.models import (
+    batch_fields,
+    build_model,
+    check_model_spec,
+    count_parameters,
+    make_batch,
+)
 from data.zoo import ZOO, resolve_model
 
 
@@ -52,10 +60,11 @@ def test_standard_sizes(name: str, parameters: float) -> None:
 def test_gpt2_has_cache_off() -> None:
     with torch.device("meta"):
         model = build_model(ZOO["gpt2-tiny"])
-    assert model.config.use_cache is False
+    config: Any = model.config
+    assert config.use_cache is False
 
 
-def test_resolve_inline_and_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_resolve_inline_and_file(tmp_path: Path) -> None:
     raw = {
         "class": "GPT2LMHeadModel",
         "config": {"n_layer": 1, "n_embd": 64, "n_head": 2},
@@ -100,6 +109,14 @@ def _spec(cls: str, config: dict, **inputs: int) -> dict:
             _spec("ViTForImageClassification", {}, batch_size=2, seq_len=8),
             "inputs.image_size is required",
         ),
+        (
+            _spec("ViTForImageClassification", {}, batch_size=2, image_size=32, seq_len=8),
+            r"inputs.seq_len\(8\) does not apply to ViTForImageClassification",
+        ),
+        (
+            _spec("BertForMaskedLM", {}, batch_size=2, seq_len=8, image_size=32),
+            r"inputs.image_size\(32\) does not apply to BertForMaskedLM",
+        ),
     ],
 )
 def test_bad_specs(raw: dict, message: str) -> None:
@@ -136,3 +153,24 @@ def test_bad_specs(raw: dict, message: str) -> None:
 def test_bad_config_values_and_shapes(raw: dict, message: str) -> None:
     with torch.device("meta"), pytest.raises(InvalidModelSpecError, match=message):
         build_model(resolve_model(json.dumps(raw)))
+
+
+def test_composite_models_are_refused_clearly() -> None:
+    spec = resolve_model(json.dumps(_spec("CLIPModel", {}, batch_size=2, seq_len=8)))
+    with torch.device("meta"):
+        model = build_model(spec)
+    with pytest.raises(InvalidModelSpecError, match=r"CLIPModel has no config\.vocab_size"):
+        batch_fields(spec, model)
+
+
+def test_batch_fields_and_real_batch_agree() -> None:
+    spec = ZOO["bert-tiny"].with_inputs(batch_size=3, seq_len=16)
+    model = build_model(spec)
+    fields = batch_fields(spec, model)
+    batch = make_batch(spec, model, seed=1)
+    assert set(batch) == set(fields) == {"input_ids", "labels"}
+    for name, field in fields.items():
+        assert batch[name].shape == field.shape
+        assert batch[name].dtype == field.dtype
+        assert int(batch[name].max()) < (field.high or 0)
+    assert torch.equal(make_batch(spec, model, seed=1)["input_ids"], batch["input_ids"])

@@ -2,6 +2,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +34,7 @@ def test_models_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert "gpt2-small" in out and "GPT2LMHeadModel" in out
 
 
-def test_graph_json_and_out_file(capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_graph_json_and_out_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "g.json"
     code, out, err = run(
         capsys, "graph", "gpt2-tiny", "--seq-len", "32", "--json", "--out", str(path)
@@ -66,7 +67,9 @@ def test_graph_strategy_inline(capsys: pytest.CaptureFixture[str]) -> None:
     strategy = json.dumps({"tensor_fusion": {"dear": True, "bucket_caps_mb": [100]}})
     code, out, _ = run(capsys, "graph", "mlp", "--strategy", strategy, "--json")
     assert code == 0
-    assert json.loads(out)["nodes_by_kind"]["comm"] == 2  # one reduce-scatter, one all-gather
+    summary = json.loads(out)
+    assert summary["nodes_by_kind"]["comm"] == 2  # one reduce-scatter, one all-gather
+    assert summary["num_buckets"] == 1
 
 
 @pytest.mark.parametrize(
@@ -90,6 +93,22 @@ def test_graph_strategy_inline(capsys: pytest.CaptureFixture[str]) -> None:
         (["graph", "mlp", "--strategy", '{"parallel": {"tpp": 2}}'], "unknown key 'tpp'"),
         (["graph", "mlp", "--strategy", "nofile.json"], "neither inline JSON nor an existing"),
         (["graph", "{broken"], "not valid JSON"),
+        (["graph", sys.executable], "is not UTF-8 text"),
+        (["graph", "vgg-mini", "--seq-len", "64"], r"inputs.seq_len\(64\) does not apply"),
+        (
+            ["graph", '{"class": "CLIPModel", "inputs": {"batch_size": 1, "seq_len": 4}}'],
+            "composite configs",
+        ),
+        (
+            ["graph", "mlp", "--strategy", '{"op_fusion": {"compiled": ["nope"]}}'],
+            "not a module of MLP",
+        ),
+        (
+            ["spec", "--strategy", '{"parallel": {"tp": 3}}', "--cluster", '{"world_size": 4}'],
+            r"tp\(3\) \* pp\(1\) != world_size\(4\)",
+        ),
+        (["spec", "--cluster", '{"world_size": 4, "backend": "nccl"}'], "needs device.type"),
+        (["spec"], "give at least one of"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
@@ -102,6 +121,37 @@ def test_bad_input_exits_2_with_one_line(
     assert len(lines) == 1, err
     assert lines[0].startswith("ddlsim: error: ")
     assert re.search(message, lines[0])
+
+
+def test_multi_line_errors_print_as_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("class: [unclosed\ninputs: {batch_size: 1}\n")
+    code, _, err = run(capsys, "graph", str(path))
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert "not valid YAML" in err
+
+
+def test_spec_normalizes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys,
+        "spec",
+        "--model",
+        "bert-tiny",
+        "--strategy",
+        '{"parallel": {"tp": 2}}',
+        "--cluster",
+        '{"world_size": 8, "nodes": 2}',
+        "--json",
+    )
+    assert code == 0
+    checked = json.loads(out)
+    assert checked["data_parallel"] == 4
+    assert checked["cluster"]["devices_per_node"] == 4
+    assert checked["strategy"]["tensor_fusion"]["bucket_cap_mb"] == 25.0
+    assert checked["model"]["class"] == "BertForMaskedLM"
 
 
 def test_argument_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
