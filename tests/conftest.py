@@ -3,6 +3,7 @@
 from collections.abc import Callable
 
 import pytest
+import torch
 
 from data.graph.format import GraphNode, IterationGraph, ParamInfo, TensorMeta
 from data.specs.model import InputSpec, ModelSpec
@@ -11,6 +12,16 @@ from data.zoo import ZOO
 from profiler.capture import capture_graph
 
 _CACHE: dict[str, IterationGraph] = {}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` run only where CUDA is available."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ NODE_KINDS: tuple[str, ...] = get_args(NodeKind)
 PHASES: tuple[str, ...] = get_args(Phase)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class TensorMeta:
     """Shape and dtype of one tensor (``dtype`` as torch names it, without ``torch.``)."""
 
