@@ -1,0 +1,91 @@
+"""Kernel profiles attribute real measured time to graph nodes."""
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.errors import InvalidOptionError
+from data.zoo import ZOO
+from profiler.kernels import profile_kernels
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> object:
+    # One intra-op thread: the other test worker shares the two cores.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt2-tiny", "vgg-mini"])
+def test_attributed_time_adds_up_to_the_iteration(name: str, tmp_path: Path) -> None:
+    graph, profile = profile_kernels(ZOO[name], iters=5, warmup=2, trace_dir=tmp_path)
+    assert profile.graph_hash == graph.graph_hash
+    assert 0.9 <= profile.coverage <= 1.1, profile.summary()
+    assert profile.matched_fraction > 0.9
+    # Every timed node is a node of the graph; compute and optimizer nodes get times.
+    kinds = {graph.nodes[node].kind for node in profile.node_ms}
+    assert kinds <= {"compute", "optimizer"}
+    assert profile.num_nodes_timed >= 0.8 * len(graph.nodes_of("compute"))
+    assert all(ms >= 0 for ms in profile.node_ms.values())
+    # The heaviest node is a matmul or convolution, not an artefact of attribution.
+    heaviest = max(profile.node_ms, key=profile.node_ms.__getitem__)
+    assert graph.nodes[heaviest].kind == "optimizer" or graph.nodes[heaviest].flops > 0
+    trace = json.loads(Path(str(profile.trace_path)).read_text())
+    assert trace["traceEvents"], "the Chrome trace must hold events"
+
+
+def test_two_profiles_agree_per_node() -> None:
+    spec = ZOO["mlp"]
+    graph, first = profile_kernels(spec, iters=7, warmup=2)
+    _, second = profile_kernels(spec, iters=7, warmup=2, graph=graph)
+    # The nodes that carry time (heavier than 1 % of the iteration) agree within 10 % in median.
+    floor = 0.01 * first.iteration_time_ms
+    heavy = [n for n in first.node_ms if first.node_ms[n] > floor and n in second.node_ms]
+    assert heavy
+    differences = [abs(first.node_ms[n] - second.node_ms[n]) / first.node_ms[n] for n in heavy]
+    assert statistics.median(differences) < 0.10
+
+
+def test_matmul_time_grows_with_flops() -> None:
+    small = ZOO["mlp"].with_inputs(batch_size=64)
+    large = ZOO["mlp"].with_inputs(batch_size=512)
+    graph_s, prof_s = profile_kernels(small, iters=3, warmup=1)
+    graph_l, prof_l = profile_kernels(large, iters=3, warmup=1)
+
+    def matmul_ms(graph, profile) -> float:  # type: ignore[no-untyped-def]
+        return sum(
+            ms for n, ms in profile.node_ms.items() if graph.nodes[n].op.startswith("aten.addmm")
+        )
+
+    assert matmul_ms(graph_l, prof_l) > 3 * matmul_ms(graph_s, prof_s)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"iters": 0}, r"iters\(0\) must be >= 1"),
+        ({"device": "tpu"}, "device 'tpu' is not supported"),
+    ],
+)
+def test_bad_options(kwargs: dict, message: str) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        profile_kernels(ZOO["mlp"], **kwargs)
+
+
+def test_cuda_without_a_gpu_is_a_clear_error() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(InvalidOptionError, match="no CUDA device"):
+        profile_kernels(ZOO["mlp"], device="cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_profile() -> None:
+    graph, profile = profile_kernels(ZOO["gpt2-tiny"], iters=5, device="cuda")
+    assert profile.device == "cuda"
+    assert profile.num_nodes_timed > 0.5 * len(graph.nodes_of("compute"))
