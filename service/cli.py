@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from data.errors import DdlsimError, one_line
-from service import cmd_graph, cmd_specs
+from service import cmd_graph, cmd_profile, cmd_specs
 
 EXIT_BAD_INPUT = 2
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     cmd_specs.register(sub)
     cmd_graph.register(sub)
+    cmd_profile.register(sub)
     return parser
 
 

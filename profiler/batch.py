@@ -1,0 +1,232 @@
+"""Batch profiling runs: many kernel and collective profiles from one YAML file, resumable.
+
+The file lists jobs, a cross product of jobs, or both::
+
+    jobs:
+      - {kind: kernels, model: bert-tiny, iters: 5}
+      - {kind: collectives, world_size: 2, bandwidth: 1gbit, sizes: [1MiB, 16MiB]}
+    product:
+      - kind: [kernels]
+        model: [mlp, gpt2-tiny]
+        batch_size: [8, 16]
+
+Every job has a key (a hash of its normalized settings). A job whose key is stored as done is
+skipped; a job interrupted mid-way (killed, Ctrl-C) is still "running" and is redone; a job that
+fails is recorded with its error and the run goes on. Each job's results are written in one
+transaction together with its "done" mark.
+"""
+
+import dataclasses
+import hashlib
+import itertools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from data.errors import DdlsimError, InvalidOptionError, one_line
+from data.specs._serde import check_keys, load_json_or_file
+from data.store import KernelProfileRecord, add_graph, add_kernel_profile
+from data.zoo import resolve_model
+from profiler.kernels import KernelProfile, profile_kernels
+
+KINDS: dict[str, frozenset[str]] = {
+    "kernels": frozenset(
+        {
+            "kind",
+            "model",
+            "batch_size",
+            "seq_len",
+            "image_size",
+            "iters",
+            "warmup",
+            "device",
+            "optimizer",
+        }
+    ),
+    "collectives": frozenset(
+        {
+            "kind",
+            "world_size",
+            "backend",
+            "bandwidth",
+            "sizes",
+            "collectives",
+            "warmup",
+            "repeats",
+        }
+    ),
+}
+
+
+class InvalidBatchError(InvalidOptionError):
+    """A batch file is malformed: unknown kind or key, a product over a non-list."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    """One unit of a batch: its kind, its settings and the key that identifies it."""
+
+    kind: str
+    settings: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        canonical = json.dumps({"kind": self.kind, **self.settings}, sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:24]
+
+    @property
+    def label(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(self.settings.items()))
+        return f"{self.kind}({shown})"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class BatchOutcome:
+    """What a run did: job keys done now, skipped as already done, failed (with errors)."""
+
+    done: tuple[str, ...]
+    skipped: tuple[str, ...]
+    failed: tuple[tuple[str, str], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "done": list(self.done),
+            "skipped": list(self.skipped),
+            "failed": [{"key": key, "error": error} for key, error in self.failed],
+        }
+
+
+def _job(raw: Mapping[str, Any], where: str) -> Job:
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        raise InvalidBatchError(
+            f"{where}.kind {kind!r} is not a job kind; allowed: {', '.join(KINDS)}"
+        )
+    check_keys(raw, set(KINDS[kind]), where, InvalidBatchError)
+    if kind == "kernels" and "model" not in raw:
+        raise InvalidBatchError(f"{where} (kernels) needs 'model'")
+    if kind == "collectives" and "world_size" not in raw:
+        raise InvalidBatchError(f"{where} (collectives) needs 'world_size'")
+    settings = {k: v for k, v in raw.items() if k != "kind"}
+    return Job(kind=kind, settings=settings)
+
+
+def parse_batch(text: str) -> list[Job]:
+    """Jobs from a batch file (YAML/JSON path) or inline JSON, in file order, duplicates once.
+
+    Raises:
+        InvalidBatchError: naming the bad entry, key or kind.
+    """
+    raw = load_json_or_file(text, "batch file", InvalidBatchError)
+    check_keys(raw, {"jobs", "product"}, "batch file", InvalidBatchError)
+    jobs: list[Job] = []
+    for index, entry in enumerate(_list(raw.get("jobs", []), "jobs")):
+        jobs.append(_job(entry, f"jobs[{index}]"))
+    for index, entry in enumerate(_list(raw.get("product", []), "product")):
+        where = f"product[{index}]"
+        if not isinstance(entry, Mapping):
+            raise InvalidBatchError(f"{where} must be a mapping of lists, got {entry!r}")
+        keys = sorted(entry)
+        axes = [_list(entry[key], f"{where}.{key}") for key in keys]
+        for values in itertools.product(*axes):
+            jobs.append(_job(dict(zip(keys, values, strict=True)), where))
+    if not jobs:
+        raise InvalidBatchError("batch file holds no jobs (give 'jobs' and/or 'product')")
+    unique: dict[str, Job] = {}
+    for job in jobs:
+        unique.setdefault(job.key, job)
+    return list(unique.values())
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise InvalidBatchError(f"{where} must be a list, got {value!r}")
+    return value
+
+
+JobRunner = Callable[[Job], Callable[[Any], None]]
+
+
+def run_batch(
+    jobs: Sequence[Job],
+    *,
+    store: Any,
+    runners: Mapping[str, JobRunner],
+    progress: Callable[[int, int, str], None] | None = None,
+) -> BatchOutcome:
+    """Run ``jobs`` against ``store``; ``runners[kind](job)`` does the work and returns the
+    callback that writes its results inside the store's job transaction.
+
+    A job that raises is marked failed with its error and the run goes on; ``KeyboardInterrupt``
+    stops the run and leaves the job unfinished, to be redone next time.
+    """
+    done: list[str] = []
+    skipped: list[str] = []
+    failed: list[tuple[str, str]] = []
+    for position, job in enumerate(jobs):
+        if progress is not None:
+            progress(position, len(jobs), job.label)
+        if store.job_status(key=job.key) == "done":
+            skipped.append(job.key)
+            continue
+        store.start_job(key=job.key, kind=job.kind, spec={"kind": job.kind, **job.settings})
+        try:
+            write_results = runners[job.kind](job)
+        except DdlsimError as exc:
+            store.fail_job(key=job.key, error=one_line(exc, limit=2000))
+            failed.append((job.key, one_line(exc, limit=2000)))
+            continue
+        except Exception as exc:  # a crashed job must not stop the batch
+            message = f"{type(exc).__name__}: {one_line(exc, limit=2000)}"
+            store.fail_job(key=job.key, error=message)
+            failed.append((job.key, message))
+            continue
+        store.finish_job(key=job.key, results=write_results)
+        done.append(job.key)
+    if progress is not None:
+        progress(len(jobs), len(jobs), "finished")
+    return BatchOutcome(done=tuple(done), skipped=tuple(skipped), failed=tuple(failed))
+
+
+def kernel_record(profile: KernelProfile) -> KernelProfileRecord:
+    """The store's record of a kernel profile."""
+    return KernelProfileRecord(
+        graph_hash=profile.graph_hash,
+        model=profile.model,
+        device=profile.device,
+        device_name=profile.device_name,
+        iters=profile.iters,
+        iteration_time_ms=profile.iteration_time_ms,
+        attributed_ms=profile.attributed_ms,
+        coverage=profile.coverage,
+        node_ms=dict(profile.node_ms),
+        trace_path=profile.trace_path,
+        env={**profile.env, "matched_fraction": f"{profile.matched_fraction:.4f}"},
+    )
+
+
+def run_kernel_job(job: Job, *, trace_dir: Path | None = None) -> Callable[[Any], None]:
+    """Profile one model; the returned callback stores its graph and profile."""
+    settings = dict(job.settings)
+    model = settings.pop("model")
+    spec = resolve_model(json.dumps(model) if isinstance(model, Mapping) else str(model))
+    spec = spec.with_inputs(
+        batch_size=settings.pop("batch_size", None),
+        seq_len=settings.pop("seq_len", None),
+        image_size=settings.pop("image_size", None),
+    )
+    graph, profile = profile_kernels(
+        spec,
+        iters=int(settings.pop("iters", 10)),
+        warmup=int(settings.pop("warmup", 3)),
+        device=settings.pop("device", "cpu"),
+        optimizer=settings.pop("optimizer", "adamw"),
+        trace_dir=trace_dir,
+    )
+
+    def write(session: Any) -> None:
+        add_graph(session, graph=graph)
+        add_kernel_profile(session, profile=kernel_record(profile))
+
+    return write

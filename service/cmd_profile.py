@@ -1,0 +1,102 @@
+"""``ddlsim profile kernels|batch``: measure models and store what was measured."""
+
+import argparse
+import functools
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from data.store import Store, add_graph, add_kernel_profile
+from data.zoo import resolve_model
+from profiler.batch import kernel_record, parse_batch, run_batch, run_kernel_job
+from profiler.kernels import DEVICES, profile_kernels
+from service.output import emit_json, positive_int, progress
+
+
+def cmd_kernels(args: argparse.Namespace) -> int:
+    spec = resolve_model(args.model).with_inputs(
+        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
+    )
+    with Store.open(args.db) as store:
+        graph, profile = profile_kernels(
+            spec,
+            iters=args.iters,
+            warmup=args.warmup,
+            device=args.device,
+            trace_dir=Path(args.trace_dir) if args.trace_dir else None,
+            progress=progress,
+        )
+        with store.transaction() as session:
+            add_graph(session, graph=graph)
+            profile_id = add_kernel_profile(session, profile=kernel_record(profile))
+    summary = {**profile.summary(), "id": profile_id, "db": store.url}
+    if args.json:
+        emit_json(summary)
+    else:
+        print(
+            f"{profile.model} on {profile.device} ({profile.device_name}), {profile.iters} "
+            f"iterations\n"
+            f"  iteration    {profile.iteration_time_ms:.2f} ms median, profiler off\n"
+            f"  attributed   {profile.attributed_ms:.2f} ms over {profile.num_nodes_timed} nodes "
+            f"(coverage {profile.coverage:.3f})\n"
+            f"  stored       kernel profile {profile_id} in {store.url}"
+        )
+        if profile.trace_path:
+            print(f"  trace        {profile.trace_path} (open in Perfetto)")
+    return 0
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    jobs = parse_batch(args.spec)
+    trace_dir = Path(args.trace_dir) if args.trace_dir else None
+    runners = {"kernels": functools.partial(run_kernel_job, trace_dir=trace_dir)}
+    with (
+        Store.open(args.db) as store,
+        tqdm(total=len(jobs), unit="job", disable=args.json, leave=False) as bar,
+    ):
+
+        def show(position: int, total: int, label: str) -> None:
+            bar.n = position
+            bar.set_description(label[:60])
+            bar.refresh()
+
+        outcome = run_batch(jobs, store=store, runners=runners, progress=show)
+    summary: dict[str, Any] = {**outcome.to_dict(), "jobs": len(jobs), "db": store.url}
+    if args.json:
+        emit_json(summary)
+    else:
+        print(
+            f"{len(jobs)} jobs: {len(outcome.done)} done, {len(outcome.skipped)} already done, "
+            f"{len(outcome.failed)} failed (stored in {store.url})"
+        )
+        for key, error in outcome.failed:
+            print(f"  failed {key}: {error}")
+    return 1 if outcome.failed else 0
+
+
+def register(sub: Any) -> None:
+    profile = sub.add_parser("profile", help="measure kernels and collectives, store them")
+    kinds = profile.add_subparsers(dest="profile_command", required=True, metavar="KIND")
+
+    kernels = kinds.add_parser(
+        "kernels", help="time every node of a model's iteration graph on this machine"
+    )
+    kernels.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
+    kernels.add_argument("--iters", type=positive_int, default=10)
+    kernels.add_argument("--warmup", type=int, default=3)
+    kernels.add_argument("--device", choices=DEVICES, default="cpu")
+    kernels.add_argument("--batch-size", type=positive_int)
+    kernels.add_argument("--seq-len", type=positive_int)
+    kernels.add_argument("--image-size", type=positive_int)
+    kernels.add_argument("--trace-dir", help="write the Chrome trace (Perfetto) here")
+    kernels.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    kernels.add_argument("--json", action="store_true", help="print JSON")
+    kernels.set_defaults(handler=cmd_kernels)
+
+    batch = kinds.add_parser("batch", help="run a YAML list or cross product of profile jobs")
+    batch.add_argument("spec", metavar="SPEC.yaml")
+    batch.add_argument("--trace-dir", help="write the kernel jobs' Chrome traces here")
+    batch.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    batch.add_argument("--json", action="store_true", help="print JSON")
+    batch.set_defaults(handler=cmd_batch)
