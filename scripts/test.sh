@@ -3,6 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh --dev
+# The store's tests run against SQLite and a real PostgreSQL server; as root, set one up.
+if [[ -z ${DDLSIM_TEST_POSTGRES_URL:-} && $(id -u) -eq 0 ]]; then
+    eval "$(bash scripts/postgres.sh)"
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

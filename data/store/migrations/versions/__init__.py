@@ -1,1 +1,1 @@
-"""Placeholder; filled by the store work."""
+"""Migration scripts, applied in order by ``alembic upgrade head`` when a store is opened."""
