@@ -1,6 +1,7 @@
 """Shared fixtures: captured graphs are cached per test session (capture is deterministic)."""
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +13,14 @@ from data.zoo import ZOO
 from profiler.capture import capture_graph
 
 _CACHE: dict[str, IterationGraph] = {}
+
+
+@pytest.fixture(autouse=True)
+def private_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test gets its own SQLite store: nothing reaches the user's data directory."""
+    url = f"sqlite:///{tmp_path / 'ddlsim-test.db'}"
+    monkeypatch.setenv("DDLSIM_DB", url)
+    return url
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

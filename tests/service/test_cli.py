@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from data.graph.format import IterationGraph
+from data.store import Store
 from service.cli import main
 
 
@@ -189,3 +190,45 @@ def test_hash_is_the_same_in_another_process(capsys: pytest.CaptureFixture[str])
         check=True,
     )
     assert json.loads(result.stdout)["graph_hash"] == json.loads(out)["graph_hash"]
+
+
+def test_profile_kernels_stores_the_profile(
+    capsys: pytest.CaptureFixture[str], private_store: str
+) -> None:
+    code, out, err = run(
+        capsys, "profile", "kernels", "mlp", "--iters", "2", "--warmup", "1", "--json"
+    )
+    assert code == 0, err
+    summary = json.loads(out)
+    for key in ("iteration_time_ms", "attributed_ms", "coverage", "num_nodes_timed"):
+        assert summary[key] > 0
+    with Store.open(private_store) as store:
+        (stored,) = store.kernel_profiles(graph_hash=summary["graph_hash"])
+        assert stored.attributed_ms == pytest.approx(summary["attributed_ms"])
+        assert store.load_graph(graph_hash=summary["graph_hash"]).model.label == "mlp"
+
+
+def test_profile_batch_is_resumable(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "batch.yaml"
+    path.write_text(
+        "product:\n"
+        "  - {kind: [kernels], model: [mlp], batch_size: [2, 4], iters: [1], warmup: [0]}\n"
+        "jobs:\n"
+        "  - {kind: kernels, model: nosuch, iters: 1}\n"
+    )
+    code, out, _ = run(capsys, "profile", "batch", str(path), "--json")
+    first = json.loads(out)
+    assert code == 1  # one job failed
+    assert len(first["done"]) == 2
+    assert "'nosuch' is not in the zoo" in first["failed"][0]["error"]
+    code, out, _ = run(capsys, "profile", "batch", str(path), "--json")
+    second = json.loads(out)
+    assert sorted(second["skipped"]) == sorted(first["done"])
+    assert second["done"] == []
+
+
+def test_bad_store_url_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "profile", "kernels", "mlp", "--db", "mysql://u:secret@h/db")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert "secret" not in err
