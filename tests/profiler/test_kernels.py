@@ -21,9 +21,10 @@ def one_thread() -> object:
     torch.set_num_threads(threads)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("name", ["mlp", "gpt2-tiny", "vgg-mini"])
 def test_attributed_time_adds_up_to_the_iteration(name: str, tmp_path: Path) -> None:
-    graph, profile = profile_kernels(ZOO[name], iters=5, warmup=2, trace_dir=tmp_path)
+    graph, profile = profile_kernels(ZOO[name], iters=7, warmup=2, trace_dir=tmp_path)
     assert profile.graph_hash == graph.graph_hash
     assert 0.9 <= profile.coverage <= 1.1, profile.summary()
     assert profile.matched_fraction > 0.9
@@ -39,6 +40,7 @@ def test_attributed_time_adds_up_to_the_iteration(name: str, tmp_path: Path) -> 
     assert trace["traceEvents"], "the Chrome trace must hold events"
 
 
+@pytest.mark.timing
 def test_two_profiles_agree_per_node() -> None:
     spec = ZOO["mlp"]
     graph, first = profile_kernels(spec, iters=7, warmup=2)
@@ -51,6 +53,7 @@ def test_two_profiles_agree_per_node() -> None:
     assert statistics.median(differences) < 0.10
 
 
+@pytest.mark.timing
 def test_matmul_time_grows_with_flops() -> None:
     small = ZOO["mlp"].with_inputs(batch_size=64)
     large = ZOO["mlp"].with_inputs(batch_size=512)
