@@ -24,10 +24,19 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from data.errors import DdlsimError, InvalidOptionError, one_line
 from data.specs._serde import check_keys, load_json_or_file
-from data.store import KernelProfileRecord, add_graph, add_kernel_profile
+from data.store import (
+    CollectiveProfileRecord,
+    KernelProfileRecord,
+    add_collective_profile,
+    add_graph,
+    add_kernel_profile,
+)
 from data.zoo import resolve_model
+from profiler.collectives import CollectiveProfile, parse_sizes, profile_collectives
 from profiler.kernels import KernelProfile, profile_kernels
 
 KINDS: dict[str, frozenset[str]] = {
@@ -228,5 +237,62 @@ def run_kernel_job(job: Job, *, trace_dir: Path | None = None) -> Callable[[Any]
     def write(session: Any) -> None:
         add_graph(session, graph=graph)
         add_kernel_profile(session, profile=kernel_record(profile))
+
+    return write
+
+
+def collective_records(profile: CollectiveProfile) -> list[CollectiveProfileRecord]:
+    """The store's records of a collective profile: one per fitted collective, with its raw
+    samples."""
+    env = {"torch": torch.__version__, "notes": "; ".join(profile.notes)}
+    records = []
+    for fit in profile.fits:
+        samples = [
+            {**dataclasses.asdict(sample), "times_us": list(sample.times_us)}
+            for sample in profile.samples
+            if sample.collective == fit.collective
+        ]
+        records.append(
+            CollectiveProfileRecord(
+                collective=fit.collective,
+                backend=fit.backend,
+                world_size=fit.world_size,
+                bandwidth=fit.bandwidth,
+                network=profile.network,
+                alpha_us=fit.alpha_us,
+                busbw_gbps=fit.busbw_gbps,
+                r2=fit.r2,
+                samples=samples,
+                rank_cores=dict(profile.rank_cores),
+                env=env,
+            )
+        )
+    return records
+
+
+def run_collective_job(job: Job) -> Callable[[Any], None]:
+    """Profile collectives on an emulated cluster; the callback stores one row per fit."""
+    settings = dict(job.settings)
+    sizes = settings.pop("sizes", None)
+    if isinstance(sizes, str):
+        sizes = parse_sizes(sizes)
+    elif isinstance(sizes, list):
+        sizes = [s if isinstance(s, int) else parse_sizes(str(s))[0] for s in sizes]
+    kwargs: dict[str, Any] = {
+        "world_size": int(settings.pop("world_size")),
+        "backend": settings.pop("backend", "gloo"),
+        "bandwidth": settings.pop("bandwidth", "1gbit"),
+        "sizes": sizes,
+        "warmup": int(settings.pop("warmup", 2)),
+        "repeats": int(settings.pop("repeats", 5)),
+    }
+    if "collectives" in settings:
+        kwargs["collectives"] = list(settings.pop("collectives"))
+    profile = profile_collectives(**kwargs)
+    records = collective_records(profile)
+
+    def write(session: Any) -> None:
+        for record in records:
+            add_collective_profile(session, profile=record)
 
     return write

@@ -7,9 +7,19 @@ from typing import Any
 
 from tqdm import tqdm
 
-from data.store import Store, add_graph, add_kernel_profile
+from data.store import Store, add_collective_profile, add_graph, add_kernel_profile
 from data.zoo import resolve_model
-from profiler.batch import kernel_record, parse_batch, run_batch, run_kernel_job
+from profiler.batch import (
+    JobRunner,
+    collective_records,
+    kernel_record,
+    parse_batch,
+    run_batch,
+    run_collective_job,
+    run_kernel_job,
+)
+from profiler.cluster import remove_stale_namespaces
+from profiler.collectives import COLLECTIVES, parse_sizes, profile_collectives
 from profiler.kernels import DEVICES, profile_kernels
 from service.output import emit_json, positive_int, progress
 
@@ -47,10 +57,51 @@ def cmd_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_collectives(args: argparse.Namespace) -> int:
+    sizes = parse_sizes(args.sizes) if args.sizes else None
+    remove_stale_namespaces()  # left by runs whose process was killed outright
+    with Store.open(args.db) as store:
+        profile = profile_collectives(
+            world_size=args.world_size,
+            backend=args.backend,
+            bandwidth=args.bandwidth,
+            sizes=sizes,
+            collectives=args.collectives,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            progress=progress,
+        )
+        with store.transaction() as session:
+            ids = [
+                add_collective_profile(session, profile=record)
+                for record in collective_records(profile)
+            ]
+    if args.json:
+        emit_json({**profile.to_json_dict(), "ids": ids, "db": store.url})
+        return 0
+    print(
+        f"{args.world_size} ranks, {args.backend}, link {profile.bandwidth}, "
+        f"network {profile.network}"
+    )
+    print(f"  {'collective':<16}{'alpha':>12}{'busbw':>14}{'r2':>8}")
+    for fit in profile.fits:
+        print(
+            f"  {fit.collective:<16}{fit.alpha_us:>9.0f} us{fit.busbw_gbps:>9.3f} Gb/s"
+            f"{fit.r2:>8.3f}"
+        )
+    for note in profile.notes:
+        print(f"  note: {note}")
+    print(f"  stored {len(ids)} collective profiles in {store.url}")
+    return 0
+
+
 def cmd_batch(args: argparse.Namespace) -> int:
     jobs = parse_batch(args.spec)
     trace_dir = Path(args.trace_dir) if args.trace_dir else None
-    runners = {"kernels": functools.partial(run_kernel_job, trace_dir=trace_dir)}
+    runners: dict[str, JobRunner] = {
+        "kernels": functools.partial(run_kernel_job, trace_dir=trace_dir),
+        "collectives": run_collective_job,
+    }
     with (
         Store.open(args.db) as store,
         tqdm(total=len(jobs), unit="job", disable=args.json, leave=False) as bar,
@@ -93,6 +144,31 @@ def register(sub: Any) -> None:
     kernels.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
     kernels.add_argument("--json", action="store_true", help="print JSON")
     kernels.set_defaults(handler=cmd_kernels)
+
+    collectives = kinds.add_parser(
+        "collectives",
+        help="benchmark collectives between processes on an emulated cluster, fit alpha-beta",
+    )
+    collectives.add_argument("--world-size", type=positive_int, required=True)
+    collectives.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPUs)")
+    collectives.add_argument(
+        "--bandwidth", default="1gbit", help="link rate per host: 1gbit, 100mbit, 10gbit, none"
+    )
+    collectives.add_argument(
+        "--sizes", help="message sizes: a list (4KiB,1MiB) or a range (4KiB:256MiB, x4 steps)"
+    )
+    collectives.add_argument(
+        "--collectives",
+        nargs="+",
+        default=list(COLLECTIVES),
+        metavar="NAME",
+        help=f"any of {', '.join(COLLECTIVES)}",
+    )
+    collectives.add_argument("--warmup", type=int, default=2)
+    collectives.add_argument("--repeats", type=positive_int, default=5)
+    collectives.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    collectives.add_argument("--json", action="store_true", help="print JSON")
+    collectives.set_defaults(handler=cmd_collectives)
 
     batch = kinds.add_parser("batch", help="run a YAML list or cross product of profile jobs")
     batch.add_argument("spec", metavar="SPEC.yaml")

@@ -232,3 +232,50 @@ def test_bad_store_url_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2
     assert len(err.strip().splitlines()) == 1
     assert "secret" not in err
+
+
+def test_profile_collectives_json(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, private_store: str
+) -> None:
+    monkeypatch.setenv("DDLSIM_FORCE_LOOPBACK", "1")  # fast; shaping is tested in profiler/
+    code, out, err = run(
+        capsys,
+        "profile",
+        "collectives",
+        "--world-size",
+        "2",
+        "--sizes",
+        "64KiB,1MiB",
+        "--collectives",
+        "all_reduce",
+        "all_gather",
+        "--repeats",
+        "2",
+        "--json",
+    )
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["network"] == "loopback"
+    assert [f["collective"] for f in result["fits"]] == ["all_reduce", "all_gather"]
+    for fit in result["fits"]:
+        assert set(fit) >= {
+            "collective",
+            "backend",
+            "world_size",
+            "bandwidth",
+            "alpha_us",
+            "busbw_gbps",
+            "r2",
+        }
+    assert {s["size_bytes"] for s in result["samples"]} == {64 * 1024, 1024 * 1024}
+    with Store.open(private_store) as store:
+        stored = store.collective_profiles(collective="all_reduce", world_size=2)
+    assert len(stored) == 1 and stored[0].network == "loopback"
+
+
+def test_profile_collectives_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(
+        capsys, "profile", "collectives", "--world-size", "2", "--collectives", "all_to_all"
+    )
+    assert code == 2
+    assert "all_to_all" in err and len(err.strip().splitlines()) == 1

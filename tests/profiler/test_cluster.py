@@ -1,0 +1,218 @@
+"""The emulated cluster: ranks run, and nothing outlives a run (success, crash, signal)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
+from profiler.cluster import (
+    FORCE_LOOPBACK_ENV,
+    ClusterRunError,
+    EmulatedCluster,
+    LoopbackFallbackWarning,
+    netns_unavailable_reason,
+    remove_stale_namespaces,
+)
+
+WORKER = "profiler._collective_worker"
+NETNS_REASON = netns_unavailable_reason()
+needs_netns = pytest.mark.skipif(
+    NETNS_REASON is not None, reason=f"network namespaces unavailable: {NETNS_REASON}"
+)
+
+
+def _worker_args(output: Path, *extra: str) -> list[str]:
+    """A tiny benchmark: two small all-reduces, one repeat."""
+    return [
+        *("--output", str(output), "--collectives", "all_reduce", "--sizes", "4096,8192"),
+        *("--warmup", "0", "--repeats", "1", *extra),
+    ]
+
+
+def _namespaces() -> set[str]:
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in listing.stdout.splitlines() if line.strip()}
+
+
+def _root_links() -> set[str]:
+    listing = subprocess.run(
+        ["ip", "-o", "link", "show"], capture_output=True, text=True, check=True
+    )
+    return {line.split(":")[1].strip() for line in listing.stdout.splitlines()}
+
+
+def _processes_mentioning(marker: str) -> list[int]:
+    """Live processes whose command line contains ``marker`` (a run's unique output path)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _eventually(check: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
+def test_bad_arguments_raise_before_anything_starts() -> None:
+    with pytest.raises(InvalidClusterError, match="world_size"):
+        EmulatedCluster(0, "1gbit")
+    with pytest.raises(InvalidClusterError, match="'fast'"):
+        EmulatedCluster(2, "fast")
+    with pytest.raises(InvalidOptionError, match="with"):
+        EmulatedCluster(2, "1gbit").launch(WORKER, [], timeout_s=1)
+    assert issubclass(ClusterRunError, DdlsimError) and issubclass(ClusterRunError, RuntimeError)
+
+
+@needs_netns
+def test_successful_run_leaves_no_namespace_or_link(tmp_path: Path) -> None:
+    links_before = _root_links()
+    output = tmp_path / "out.json"
+    with EmulatedCluster(2, "1gbit") as cluster:
+        prefix = cluster.prefix
+        assert cluster.network == "netns"
+        assert {n for n in _namespaces() if n.startswith(prefix)} == {
+            f"{prefix}sw",
+            f"{prefix}h0",
+            f"{prefix}h1",
+        }
+        result = cluster.launch(WORKER, _worker_args(output), timeout_s=120, output_paths=[output])
+    assert result.network == "netns"
+    assert result.returncodes == {0: 0, 1: 0}
+    assert set(result.rank_cores) == {0, 1} and set(result.last_cores) == {0, 1}
+    assert all(result.last_cores[r] in result.rank_cores[r] for r in (0, 1))
+    assert output.exists() and result.output_paths == (output,)
+    assert not {n for n in _namespaces() if n.startswith(prefix)}
+    assert _root_links() - links_before == set()
+
+
+@needs_netns
+def test_rank_crash_names_the_rank_and_cleans_up(tmp_path: Path) -> None:
+    output = tmp_path / "out.json"
+    args = _worker_args(output, "--test-crash-rank", "1", "--test-crash-code", "3")
+    with (
+        pytest.raises(
+            ClusterRunError, match=r"rank 1 exited with code \d+ \(worker exit code 3\)"
+        ),
+        EmulatedCluster(2, "1gbit") as cluster,
+    ):
+        prefix = cluster.prefix
+        cluster.launch(WORKER, args, timeout_s=120, output_paths=[output])
+    assert not {n for n in _namespaces() if n.startswith(prefix)}
+    assert _eventually(lambda: not _processes_mentioning(str(output)), 5)
+
+
+_PARENT = """
+import sys
+from profiler.cluster import EmulatedCluster
+with EmulatedCluster(2, "1gbit") as cluster:
+    print(cluster.prefix, flush=True)
+    cluster.launch("profiler._collective_worker", sys.argv[1:], timeout_s=300)
+"""
+
+
+@needs_netns
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_killed_parent_tears_down(tmp_path: Path, sig: signal.Signals) -> None:
+    output = tmp_path / "out.json"
+    marker = str(output)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, *_worker_args(output, "--test-sleep-s", "120")],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert parent.stdout is not None
+        prefix = parent.stdout.readline().strip()
+        assert prefix.startswith("ddlsim-")
+
+        def both_workers_run() -> bool:
+            """Both ranks' workers (children of the torchrun agents) exist."""
+            return len([p for p in _processes_mentioning(marker) if _is_worker(p)]) == 2
+
+        assert _eventually(both_workers_run, 60)
+        os.kill(parent.pid, sig)
+        assert parent.wait(timeout=30) != 0
+        assert _eventually(lambda: not _processes_mentioning(marker), 10)
+        assert not {n for n in _namespaces() if n.startswith(prefix)}
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        return b"-m\0profiler._collective_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def test_loopback_fallback_warns_once_and_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(FORCE_LOOPBACK_ENV, "1")
+    output = tmp_path / "out.json"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with EmulatedCluster(2, "1gbit") as cluster:
+            assert cluster.network == "loopback" and cluster.namespaces == []
+            result = cluster.launch(
+                WORKER, _worker_args(output), timeout_s=120, output_paths=[output]
+            )
+    fallbacks = [w for w in caught if issubclass(w.category, LoopbackFallbackWarning)]
+    assert len(fallbacks) == 1
+    assert "1gbit" in str(fallbacks[0].message)
+    assert result.network == "loopback"
+    assert result.returncodes == {0: 0, 1: 0}
+    assert set(result.rank_cores) == {0, 1}
+
+
+def test_timeout_stops_every_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FORCE_LOOPBACK_ENV, "1")
+    output = tmp_path / "out.json"
+    with (
+        pytest.warns(LoopbackFallbackWarning),
+        pytest.raises(ClusterRunError, match=r"ran past timeout_s\(3\)"),
+        EmulatedCluster(2, None) as cluster,
+    ):
+        cluster.launch(WORKER, _worker_args(output, "--test-sleep-s", "120"), timeout_s=3)
+    assert _eventually(lambda: not _processes_mentioning(str(output)), 5)
+
+
+@needs_netns
+def test_stale_namespaces_of_dead_runs_are_removed() -> None:
+    """A launcher killed with SIGKILL leaves its namespaces; they can be found and removed."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"ddlsim-{dead.pid}-beef-sw"
+    live = f"ddlsim-{os.getpid()}-beef-sw"
+    for name in (stale, live):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        removed = remove_stale_namespaces()
+        assert stale in removed and live not in removed
+        assert live in _namespaces() and stale not in _namespaces()
+    finally:
+        for name in (stale, live):
+            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)

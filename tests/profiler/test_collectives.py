@@ -1,0 +1,222 @@
+"""Collective microbenchmarks: the fit, size parsing, input checks and a real 1gbit link."""
+
+import json
+import math
+import os
+import subprocess
+from typing import Any
+
+import pytest
+import torch
+
+from data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
+from profiler import collectives
+from profiler.cluster import FORCE_LOOPBACK_ENV, LoopbackFallbackWarning, netns_unavailable_reason
+from profiler.collectives import (
+    COLLECTIVES,
+    CollectiveFit,
+    CollectiveProfile,
+    CollectiveSample,
+    InvalidSizesError,
+    bus_factor,
+    default_sizes,
+    fit_latency_bandwidth,
+    make_sample,
+    parse_sizes,
+    profile_collectives,
+)
+
+KIB, MIB = 1024, 1024**2
+NETNS_REASON = netns_unavailable_reason()
+
+
+def _synthetic(
+    collective: str, world_size: int, alpha_us: float, busbw_gbps: float, sizes: list[int]
+) -> list[CollectiveSample]:
+    factor = bus_factor(collective, world_size)
+    return [
+        make_sample(
+            collective,
+            size,
+            [alpha_us + factor * size * 8e-3 / busbw_gbps] * 3,
+            world_size=world_size,
+        )
+        for size in sizes
+    ]
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize("world_size", [2, 4, 8])
+def test_fit_recovers_alpha_and_bandwidth_exactly(collective: str, world_size: int) -> None:
+    samples = _synthetic(collective, world_size, 45.0, 0.8, default_sizes())
+    fit = fit_latency_bandwidth(samples, world_size=world_size, backend="gloo", bandwidth="1gbit")
+    assert (fit.collective, fit.backend, fit.world_size, fit.bandwidth) == (
+        collective,
+        "gloo",
+        world_size,
+        "1gbit",
+    )
+    assert fit.alpha_us == pytest.approx(45.0, rel=1e-9)
+    assert fit.busbw_gbps == pytest.approx(0.8, rel=1e-9)
+    assert fit.r2 == pytest.approx(1.0, abs=1e-12)
+
+
+def test_fit_keeps_alpha_non_negative_and_handles_flat_times() -> None:
+    # A negative intercept (a burst that lets the first bytes through free) is refit at zero.
+    negative = _synthetic("all_reduce", 4, -500.0, 1.0, [MIB, 4 * MIB, 16 * MIB])
+    fit = fit_latency_bandwidth(negative, world_size=4)
+    assert fit.alpha_us == 0.0 and 0.9 < fit.busbw_gbps < 1.2
+    flat = [make_sample("broadcast", s, [100.0], world_size=2) for s in (KIB, 2 * KIB)]
+    fit = fit_latency_bandwidth(flat, world_size=2)
+    assert fit.alpha_us == pytest.approx(100.0) and math.isinf(fit.busbw_gbps)
+
+
+def test_fit_rejects_unusable_samples() -> None:
+    with pytest.raises(InvalidOptionError, match="none"):
+        fit_latency_bandwidth([], world_size=2)
+    mixed = _synthetic("all_reduce", 2, 1, 1, [KIB, MIB]) + _synthetic(
+        "broadcast", 2, 1, 1, [KIB, MIB]
+    )
+    with pytest.raises(InvalidOptionError, match="mix"):
+        fit_latency_bandwidth(mixed, world_size=2)
+    with pytest.raises(InvalidOptionError, match="2 distinct sizes"):
+        fit_latency_bandwidth(_synthetic("all_reduce", 2, 1, 1, [KIB, KIB]), world_size=2)
+
+
+def test_sample_statistics_follow_nccl_tests() -> None:
+    sample = make_sample("all_reduce", 16 * MIB, [300.0, 100.0, 200.0, 400.0, 500.0], world_size=4)
+    assert sample.time_us_median == 300.0
+    assert sample.time_us_p10 == pytest.approx(140.0)
+    assert sample.time_us_p90 == pytest.approx(460.0)
+    assert sample.algbw_gbps == pytest.approx(16 * MIB * 8 / 300e-6 / 1e9)
+    assert sample.busbw_gbps == pytest.approx(sample.algbw_gbps * 1.5)
+    assert sample.repeats == 5 and sample.times_us == (300.0, 100.0, 200.0, 400.0, 500.0)
+    assert bus_factor("reduce_scatter", 4) == bus_factor("all_gather", 4) == 0.75
+    assert bus_factor("broadcast", 4) == bus_factor("sendrecv", 4) == 1.0
+
+
+def test_parse_sizes() -> None:
+    assert parse_sizes("4KiB,1MiB,64MiB") == [4 * KIB, MIB, 64 * MIB]
+    assert parse_sizes("4k:256m") == default_sizes()
+    assert default_sizes()[0] == 4 * KIB and default_sizes()[-1] == 256 * MIB
+    assert parse_sizes("1k:8k:2, 4096") == [KIB, 2 * KIB, 4 * KIB, 8 * KIB]
+    assert parse_sizes("1.5m,100,2KB,1g") == [100, 2 * KIB, 3 * MIB // 2, 1024**3]
+    for bad, match in [
+        ("", "empty"),
+        ("4x", "'4x'"),
+        ("8k:4k", "starts above"),
+        ("1k:4k:1", "factor '1'"),
+        ("0", "'0'"),
+        ("1:2:3:4", "4 parts"),
+        ("0.5", "whole number"),
+    ]:
+        with pytest.raises(InvalidSizesError, match=match):
+            parse_sizes(bad)
+    assert issubclass(InvalidSizesError, DdlsimError) and issubclass(InvalidSizesError, ValueError)
+
+
+class _MustNotStart:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a cluster was started for invalid input")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"world_size": 1}, InvalidOptionError, r"world_size\(1\)"),
+        ({"collectives": ["all_to_all"]}, InvalidOptionError, "all_to_all"),
+        ({"backend": "mpi"}, InvalidOptionError, "'mpi'"),
+        ({"sizes": [0, 4096]}, InvalidSizesError, r"\[0, 4096\]"),
+        ({"repeats": 0}, InvalidOptionError, r"repeats\(0\)"),
+        ({"bandwidth": "fast"}, InvalidClusterError, "'fast'"),
+    ],
+)
+def test_bad_input_fails_before_any_process_starts(
+    monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, Any], error: type, match: str
+) -> None:
+    monkeypatch.setattr(collectives, "EmulatedCluster", _MustNotStart)
+    with pytest.raises(error, match=match):
+        profile_collectives(**{"world_size": 2, **kwargs})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_nccl_without_cuda_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collectives, "EmulatedCluster", _MustNotStart)
+    with pytest.raises(InvalidOptionError, match=r"'nccl' needs CUDA.*'gloo'"):
+        profile_collectives(world_size=2, backend="nccl")
+
+
+def test_profile_json_round_trip() -> None:
+    samples = tuple(_synthetic("all_reduce", 2, 10.0, 1.0, [KIB, MIB]))
+    profile = CollectiveProfile(
+        fits=(
+            fit_latency_bandwidth(samples, world_size=2),
+            CollectiveFit(
+                collective="broadcast",
+                backend="gloo",
+                world_size=2,
+                bandwidth="none",
+                alpha_us=5.0,
+                busbw_gbps=math.inf,
+                r2=0.0,
+            ),
+        ),
+        samples=samples,
+        network="netns",
+        backend="gloo",
+        world_size=2,
+        bandwidth="1gbit",
+        rank_cores={0: [0], 1: [1]},
+        rank_last_core={0: 0, 1: 1},
+        notes=("a note",),
+    )
+    raw = json.loads(json.dumps(profile.to_json_dict(), allow_nan=False))
+    assert raw["network"] == "netns" and raw["fits"][1]["busbw_gbps"] is None
+    assert CollectiveProfile.from_json_dict(raw) == profile
+
+
+def test_every_collective_runs_on_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FORCE_LOOPBACK_ENV, "1")
+    lines: list[str] = []
+    with pytest.warns(LoopbackFallbackWarning):
+        profile = profile_collectives(
+            world_size=2,
+            bandwidth="1gbit",
+            sizes=[4 * KIB, 64 * KIB],
+            warmup=0,
+            repeats=2,
+            timeout_s=120,
+            progress=lines.append,
+        )
+    assert profile.network == "loopback"
+    assert any("not enforced" in note for note in profile.notes)
+    assert {(s.collective, s.size_bytes) for s in profile.samples} == {
+        (c, s) for c in COLLECTIVES for s in (4 * KIB, 64 * KIB)
+    }
+    assert all(s.repeats == 2 and s.time_us_median > 0 for s in profile.samples)
+    assert [f.collective for f in profile.fits] == list(COLLECTIVES)
+    assert len(lines) == 2 * len(COLLECTIVES)
+    assert set(profile.rank_cores) == {0, 1}
+
+
+@pytest.mark.timing
+@pytest.mark.skipif(NETNS_REASON is not None, reason=f"no network namespaces: {NETNS_REASON}")
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_all_reduce_reaches_line_rate_at_1gbit(world_size: int) -> None:
+    """Acceptance: gloo all-reduce's fitted busbw is within 15 % of a 1 Gbit/s link."""
+    profile = profile_collectives(
+        world_size=world_size,
+        bandwidth="1gbit",
+        sizes=[MIB, 4 * MIB, 16 * MIB],
+        collectives=["all_reduce"],
+        warmup=1,
+        repeats=3,
+        timeout_s=300,
+    )
+    fit = profile.fit("all_reduce")
+    assert profile.network == "netns" and fit.bandwidth == "1gbit"
+    assert fit.busbw_gbps == pytest.approx(1.0, rel=0.15), profile.to_json_dict()
+    assert set(profile.rank_cores) == set(range(world_size))
+    # No namespace of this process's runs is left (names start with ddlsim-<pid>-).
+    listing = subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, text=True)
+    assert f"ddlsim-{os.getpid()}-" not in listing.stdout
