@@ -227,7 +227,7 @@ def run_kernel_job(job: Job, *, trace_dir: Path | None = None) -> Callable[[Any]
     )
     graph, profile = profile_kernels(
         spec,
-        iters=int(settings.pop("iters", 10)),
+        iters=int(settings.pop("iters", 20)),
         warmup=int(settings.pop("warmup", 3)),
         device=settings.pop("device", "cpu"),
         optimizer=settings.pop("optimizer", "adamw"),

@@ -134,7 +134,7 @@ def register(sub: Any) -> None:
         "kernels", help="time every node of a model's iteration graph on this machine"
     )
     kernels.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
-    kernels.add_argument("--iters", type=positive_int, default=10)
+    kernels.add_argument("--iters", type=positive_int, default=20)
     kernels.add_argument("--warmup", type=int, default=3)
     kernels.add_argument("--device", choices=DEVICES, default="cpu")
     kernels.add_argument("--batch-size", type=positive_int)

@@ -24,7 +24,7 @@ def one_thread() -> object:
 @pytest.mark.timing
 @pytest.mark.parametrize("name", ["mlp", "gpt2-tiny", "vgg-mini"])
 def test_attributed_time_adds_up_to_the_iteration(name: str, tmp_path: Path) -> None:
-    graph, profile = profile_kernels(ZOO[name], iters=7, warmup=2, trace_dir=tmp_path)
+    graph, profile = profile_kernels(ZOO[name], iters=31, warmup=3, trace_dir=tmp_path)
     assert profile.graph_hash == graph.graph_hash
     assert 0.9 <= profile.coverage <= 1.1, profile.summary()
     assert profile.matched_fraction > 0.9
@@ -43,8 +43,8 @@ def test_attributed_time_adds_up_to_the_iteration(name: str, tmp_path: Path) -> 
 @pytest.mark.timing
 def test_two_profiles_agree_per_node() -> None:
     spec = ZOO["mlp"]
-    graph, first = profile_kernels(spec, iters=7, warmup=2)
-    _, second = profile_kernels(spec, iters=7, warmup=2, graph=graph)
+    graph, first = profile_kernels(spec, iters=31, warmup=3)
+    _, second = profile_kernels(spec, iters=31, warmup=3, graph=graph)
     # The nodes that carry time (heavier than 1 % of the iteration) agree within 10 % in median.
     floor = 0.01 * first.iteration_time_ms
     heavy = [n for n in first.node_ms if first.node_ms[n] > floor and n in second.node_ms]
