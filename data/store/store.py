@@ -357,6 +357,15 @@ class Store:
     def engine(self) -> Engine:
         return self._engine
 
+    def _records(self, row_type: Any, **filters: object) -> list[Any]:
+        """Records of ``row_type`` rows, oldest first, equal to every filter that is not None."""
+        query = select(row_type).order_by(row_type.id)
+        for column, value in filters.items():
+            if value is not None:
+                query = query.where(getattr(row_type, column) == value)
+        with self.transaction() as session:
+            return [row.to_record() for row in session.scalars(query)]
+
     @contextmanager
     def transaction(self) -> Iterator[Session]:
         """A session whose writes commit together when the block ends, or not at all."""
@@ -409,11 +418,7 @@ class Store:
 
     def kernel_profiles(self, *, graph_hash: str | None = None) -> list[KernelProfileRecord]:
         """Kernel profiles, oldest first, of one graph or of all."""
-        query = select(KernelProfileRow).order_by(KernelProfileRow.id)
-        if graph_hash is not None:
-            query = query.where(KernelProfileRow.graph_hash == graph_hash)
-        with self.transaction() as session:
-            return [row.to_record() for row in session.scalars(query)]
+        return self._records(KernelProfileRow, graph_hash=graph_hash)
 
     def save_collective_profile(self, *, profile: CollectiveProfileRecord) -> int:
         """Store a collective profile; return its id."""
@@ -429,17 +434,13 @@ class Store:
         bandwidth: str | None = None,
     ) -> list[CollectiveProfileRecord]:
         """Collective profiles, oldest first, matching every filter given."""
-        query = select(CollectiveProfileRow).order_by(CollectiveProfileRow.id)
-        if collective is not None:
-            query = query.where(CollectiveProfileRow.collective == collective)
-        if backend is not None:
-            query = query.where(CollectiveProfileRow.backend == backend)
-        if world_size is not None:
-            query = query.where(CollectiveProfileRow.world_size == world_size)
-        if bandwidth is not None:
-            query = query.where(CollectiveProfileRow.bandwidth == bandwidth)
-        with self.transaction() as session:
-            return [row.to_record() for row in session.scalars(query)]
+        return self._records(
+            CollectiveProfileRow,
+            collective=collective,
+            backend=backend,
+            world_size=world_size,
+            bandwidth=bandwidth,
+        )
 
     def save_measurement(self, *, measurement: MeasurementRecord) -> int:
         """Store an executor measurement; return its id (see :func:`add_measurement`)."""
@@ -450,13 +451,7 @@ class Store:
         self, *, graph_hash: str | None = None, strategy_hash: str | None = None
     ) -> list[MeasurementRecord]:
         """Measurements, oldest first, matching every filter given."""
-        query = select(MeasurementRow).order_by(MeasurementRow.id)
-        if graph_hash is not None:
-            query = query.where(MeasurementRow.graph_hash == graph_hash)
-        if strategy_hash is not None:
-            query = query.where(MeasurementRow.strategy_hash == strategy_hash)
-        with self.transaction() as session:
-            return [row.to_record() for row in session.scalars(query)]
+        return self._records(MeasurementRow, graph_hash=graph_hash, strategy_hash=strategy_hash)
 
     def save_prediction(self, *, prediction: PredictionRecord) -> int:
         """Store a simulator prediction; return its id (see :func:`add_prediction`)."""
@@ -467,13 +462,7 @@ class Store:
         self, *, graph_hash: str | None = None, strategy_hash: str | None = None
     ) -> list[PredictionRecord]:
         """Predictions, oldest first, matching every filter given."""
-        query = select(PredictionRow).order_by(PredictionRow.id)
-        if graph_hash is not None:
-            query = query.where(PredictionRow.graph_hash == graph_hash)
-        if strategy_hash is not None:
-            query = query.where(PredictionRow.strategy_hash == strategy_hash)
-        with self.transaction() as session:
-            return [row.to_record() for row in session.scalars(query)]
+        return self._records(PredictionRow, graph_hash=graph_hash, strategy_hash=strategy_hash)
 
     # ----- batch jobs ----------------------------------------------------------------------------
 
