@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Set up and run the main job on embedded defaults: list the zoo, then capture the training
-# iteration graph of GPT-2 small and summarize it (the graph is written to out/).
+# Set up and run the main job on embedded defaults: list the zoo, capture and summarize the
+# training-iteration graph of GPT-2 small (written to out/), then time every node of a small
+# GPT-2 on this CPU and keep the profile in the default store (SQLite in the user data dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 mkdir -p out
 .venv/bin/ddlsim models
 .venv/bin/ddlsim graph gpt2-small --out out/gpt2-small.graph.json
+.venv/bin/ddlsim profile kernels gpt2-tiny --iters 10 --trace-dir out
