@@ -9,6 +9,7 @@ Prints a Markdown table for BENCHMARKS.md.
 """
 
 import argparse
+import functools
 import os
 import platform
 import statistics
@@ -33,9 +34,8 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(ZOO), choices=list(ZOO))
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, {args.threads} threads, "
         f"torch {torch.__version__}, iters {args.iters}, warmup {args.warmup}"
@@ -47,8 +47,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models:
         start = time.perf_counter()
-        graph, first = profile_kernels(ZOO[name], iters=args.iters, warmup=args.warmup)
-        _, second = profile_kernels(ZOO[name], iters=args.iters, warmup=args.warmup, graph=graph)
+        profile = functools.partial(
+            profile_kernels, ZOO[name], iters=args.iters, warmup=args.warmup, threads=args.threads
+        )
+        graph, first = profile()
+        _, second = profile(graph=graph)
         wall = time.perf_counter() - start
         print(
             f"| {name} | {first.num_nodes_timed} | {first.matched_fraction:.1%} "

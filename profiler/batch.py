@@ -51,6 +51,7 @@ KINDS: dict[str, frozenset[str]] = {
             "warmup",
             "device",
             "optimizer",
+            "threads",
         }
     ),
     "collectives": frozenset(
@@ -231,6 +232,7 @@ def run_kernel_job(job: Job, *, trace_dir: Path | None = None) -> Callable[[Any]
         warmup=int(settings.pop("warmup", 3)),
         device=settings.pop("device", "cpu"),
         optimizer=settings.pop("optimizer", "adamw"),
+        threads=int(settings.pop("threads", 1)),
         trace_dir=trace_dir,
     )
 

@@ -200,11 +200,16 @@ def profile_kernels(
     device: Device = "cpu",
     optimizer: Optimizer = "adamw",
     seed: int = 0,
+    threads: int | None = 1,
     graph: IterationGraph | None = None,
     trace_dir: Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[IterationGraph, KernelProfile]:
     """Profile ``iters`` training iterations of ``spec`` and time every node of its graph.
+
+    ``threads`` intra-op threads (``None``: leave torch's setting). One by default: ranks of the
+    emulated cluster run with one thread each, and with a core left to the rest of the machine
+    the times repeat (with both cores busy, a preempted thread stalls every op it shares).
 
     Raises:
         InvalidOptionError: on ``iters``/``warmup`` out of range or an unavailable device.
@@ -216,6 +221,39 @@ def profile_kernels(
         raise InvalidOptionError(f"device {device!r} is not supported; allowed: cpu, cuda")
     if device == "cuda" and not torch.cuda.is_available():
         raise InvalidOptionError("device 'cuda' was asked for but torch sees no CUDA device")
+    if threads is not None and threads < 1:
+        raise InvalidOptionError(f"threads({threads}) must be >= 1")
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _profile(
+            spec,
+            iters=iters,
+            warmup=warmup,
+            device=device,
+            optimizer=optimizer,
+            seed=seed,
+            graph=graph,
+            trace_dir=trace_dir,
+            progress=progress,
+        )
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _profile(
+    spec: ModelSpec,
+    *,
+    iters: int,
+    warmup: int,
+    device: Device,
+    optimizer: Optimizer,
+    seed: int,
+    graph: IterationGraph | None,
+    trace_dir: Path | None,
+    progress: Callable[[str], None] | None,
+) -> tuple[IterationGraph, KernelProfile]:
     say = progress or (lambda message: None)
     if graph is None:
         say(f"capturing the graph of {spec.label}")

@@ -34,6 +34,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             iters=args.iters,
             warmup=args.warmup,
             device=args.device,
+            threads=args.threads,
             trace_dir=Path(args.trace_dir) if args.trace_dir else None,
             progress=progress,
         )
@@ -137,6 +138,9 @@ def register(sub: Any) -> None:
     kernels.add_argument("--iters", type=positive_int, default=20)
     kernels.add_argument("--warmup", type=int, default=3)
     kernels.add_argument("--device", choices=DEVICES, default="cpu")
+    kernels.add_argument(
+        "--threads", type=positive_int, default=1, help="intra-op threads (default 1, as a rank)"
+    )
     kernels.add_argument("--batch-size", type=positive_int)
     kernels.add_argument("--seq-len", type=positive_int)
     kernels.add_argument("--image-size", type=positive_int)

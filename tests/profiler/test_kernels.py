@@ -12,20 +12,12 @@ from data.zoo import ZOO
 from profiler.kernels import profile_kernels
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> object:
-    # One intra-op thread: the other test worker shares the two cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.timing
 @pytest.mark.parametrize("name", ["mlp", "gpt2-tiny", "vgg-mini"])
 def test_attributed_time_adds_up_to_the_iteration(name: str, tmp_path: Path) -> None:
     graph, profile = profile_kernels(ZOO[name], iters=31, warmup=3, trace_dir=tmp_path)
     assert profile.graph_hash == graph.graph_hash
+    assert profile.env["threads"] == "1"
     assert 0.9 <= profile.coverage <= 1.1, profile.summary()
     assert profile.matched_fraction > 0.9
     # Every timed node is a node of the graph; compute and optimizer nodes get times.
@@ -73,6 +65,7 @@ def test_matmul_time_grows_with_flops() -> None:
     [
         ({"iters": 0}, r"iters\(0\) must be >= 1"),
         ({"device": "tpu"}, "device 'tpu' is not supported"),
+        ({"threads": 0}, r"threads\(0\) must be >= 1"),
     ],
 )
 def test_bad_options(kwargs: dict, message: str) -> None:
