@@ -20,6 +20,7 @@ node's time is the device time of its kernels.
 
 import dataclasses
 import difflib
+import os
 import platform
 import statistics
 import time
@@ -255,6 +256,9 @@ def _profile(
     progress: Callable[[str], None] | None,
 ) -> tuple[IterationGraph, KernelProfile]:
     say = progress or (lambda message: None)
+    # Kineto logs every profiler start and stop at its highest level, and a profile starts once an
+    # iteration: silence its log unless the user set a level. It is read at the first start.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     if graph is None:
         say(f"capturing the graph of {spec.label}")
         graph = capture_graph(spec, CaptureOptions(optimizer=optimizer, seed=seed))
