@@ -18,6 +18,10 @@ PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
 PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
 DEFAULT_BUCKET_CAP_MB = 25.0
 DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
+FusionImplementation = Literal["auto", "ddp", "hooks"]
+FUSION_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ddp", "hooks")
+ReduceScatterImplementation = Literal["auto", "ring", "native"]
+REDUCE_SCATTER_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ring", "native")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
@@ -98,6 +102,12 @@ class TensorFusionPlan:
     or caps: ``bucket_caps_mb`` (one cap per bucket, the last repeating) or
     ``first_bucket_cap_mb`` then ``bucket_cap_mb``. ``dear`` decouples each bucket's all-reduce
     into a reduce-scatter during backward and an all-gather before the next forward.
+
+    ``implementation`` picks who buckets: ``"ddp"`` is ``DistributedDataParallel`` itself (caps
+    only), ``"hooks"`` the executor's own post-accumulate-grad hooks (any partition, DeAR);
+    ``"auto"`` takes DDP for caps without DeAR and hooks otherwise. ``reduce_scatter`` picks
+    DeAR's reduce-scatter and all-gather: the backend's own or a ring over send/recv; ``"auto"``
+    takes the ring on gloo, whose own reduce-scatter is a whole all-reduce.
     """
 
     buckets: tuple[tuple[str, ...], ...] | None = None
@@ -105,8 +115,25 @@ class TensorFusionPlan:
     first_bucket_cap_mb: float = DEFAULT_FIRST_BUCKET_CAP_MB
     bucket_caps_mb: tuple[float, ...] | None = None
     dear: bool = False
+    implementation: FusionImplementation = "auto"
+    reduce_scatter: ReduceScatterImplementation = "auto"
 
     def __post_init__(self) -> None:
+        if self.implementation not in FUSION_IMPLEMENTATIONS:
+            raise InvalidStrategyError(
+                f"tensor_fusion.implementation {self.implementation!r} is not supported; "
+                f"allowed: {', '.join(FUSION_IMPLEMENTATIONS)}"
+            )
+        if self.reduce_scatter not in REDUCE_SCATTER_IMPLEMENTATIONS:
+            raise InvalidStrategyError(
+                f"tensor_fusion.reduce_scatter {self.reduce_scatter!r} is not supported; "
+                f"allowed: {', '.join(REDUCE_SCATTER_IMPLEMENTATIONS)}"
+            )
+        if self.implementation == "ddp" and (self.buckets is not None or self.dear):
+            raise InvalidStrategyError(
+                "tensor_fusion.implementation 'ddp' takes bucket caps only: explicit buckets "
+                "and dear need 'hooks' (or 'auto')"
+            )
         expect_number(self.bucket_cap_mb, "tensor_fusion.bucket_cap_mb", InvalidStrategyError)
         expect_number(
             self.first_bucket_cap_mb, "tensor_fusion.first_bucket_cap_mb", InvalidStrategyError
@@ -151,6 +178,13 @@ class TensorFusionPlan:
             if not caps:
                 raise InvalidStrategyError("tensor_fusion.bucket_caps_mb must not be empty")
             object.__setattr__(self, "bucket_caps_mb", caps)
+
+    @property
+    def uses_ddp(self) -> bool:
+        """Whether ``DistributedDataParallel`` itself buckets (see ``implementation``)."""
+        if self.implementation == "auto":
+            return self.buckets is None and not self.dear
+        return self.implementation == "ddp"
 
     def assign(self, grads: Sequence[tuple[str, int]]) -> list[Bucket]:
         """Partition ``grads`` (``(name, bytes)`` in gradient-ready order) into buckets.

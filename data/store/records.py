@@ -73,7 +73,8 @@ class CollectiveProfileRecord:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class MeasurementRecord:
-    """One executor run: iteration-time samples, peak memory per rank, what was applied."""
+    """One executor run: iteration-time samples, peak memory per rank, what was applied, and
+    the loss of the whole global batch at each step (warm-up steps first)."""
 
     model: str
     graph_hash: str | None
@@ -85,6 +86,7 @@ class MeasurementRecord:
     peak_memory_bytes: list[int]
     applied: dict[str, Any]
     env: dict[str, Any]
+    losses: list[float] | None = None
     created_at: datetime | None = None
     id: int | None = None
 

@@ -228,6 +228,7 @@ class MeasurementRow(Base):
     peak_memory_bytes: Mapped[list[int]] = mapped_column(JSON)
     applied: Mapped[dict[str, Any]] = mapped_column(JSON)
     env: Mapped[dict[str, Any]] = mapped_column(JSON)
+    losses: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 
     @classmethod

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +29,7 @@ from alembic.util import CommandError
 from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from data.errors import DdlsimError, one_line
@@ -147,7 +148,26 @@ def _sqlite_engine(parsed: URL) -> Engine:
 
 
 def _upgrade(engine: Engine, url: str) -> None:
-    """Run the migrations up to head in one transaction, one process at a time."""
+    """Run the migrations up to head in one transaction, one process at a time.
+
+    SQLite answers "database is locked" at once, without waiting, where waiting could deadlock
+    (two connections that both read the schema and then both want to write it, or one switching
+    a new file to WAL while another migrates it): such an open is retried until the busy timeout.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            _upgrade_once(engine, url)
+            return
+        except OperationalError as exc:
+            locked = engine.dialect.name == "sqlite" and "locked" in str(exc.orig)
+            if not locked or time.monotonic() > deadline:
+                raise
+            engine.dispose()
+            time.sleep(0.05)
+
+
+def _upgrade_once(engine: Engine, url: str) -> None:
     config = alembic_config(url)
     with engine.connect() as connection:
         if engine.dialect.name == "sqlite":

@@ -1,0 +1,210 @@
+"""``run_training``: check a strategy, launch its ranks, and return what they measured.
+
+The strategy is checked against the model and the world size before any process starts; the
+ranks run on an emulated cluster (one network namespace per rank, links shaped to
+``bandwidth``) or, without a bandwidth, on loopback. Nothing is stored here: the caller stores
+the result once the whole run has succeeded, so a failed run leaves no half-written rows.
+"""
+
+import dataclasses
+import json
+import platform
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from data.errors import InvalidOptionError
+from data.graph.format import IterationGraph
+from data.specs.model import ModelSpec
+from data.specs.strategy import Strategy
+from executor.context import OPTIMIZERS
+from executor.plan import check_strategy
+from profiler.capture import CaptureOptions, Optimizer, capture_graph
+from profiler.cluster import MAX_WORLD_SIZE, EmulatedCluster
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class RunOptions:
+    """How to run: ranks, link, iterations, seed, optimizer, limits.
+
+    ``bandwidth`` ``None`` runs the ranks on loopback; a rate (``"1gbit"``) or ``"none"`` on an
+    emulated cluster. ``timeout_s`` bounds the whole launch; a collective that waits longer than
+    ``collective_timeout_s`` (a hung rank) fails its rank.
+    """
+
+    world_size: int = 1
+    bandwidth: str | None = None
+    iters: int = 10
+    warmup: int = 2
+    seed: int = 0
+    optimizer: str = "adamw"
+    dropout: bool = False
+    timeout_s: float = 1800.0
+    collective_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name, low in (("world_size", 1), ("iters", 1), ("warmup", 0), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidOptionError(f"{name}({value!r}) must be an integer >= {low}")
+        if self.world_size > MAX_WORLD_SIZE:
+            raise InvalidOptionError(
+                f"world_size({self.world_size}) is out of range; allowed: 1 to {MAX_WORLD_SIZE}"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise InvalidOptionError(
+                f"optimizer {self.optimizer!r} is not supported; allowed: {', '.join(OPTIMIZERS)}"
+            )
+        for name in ("timeout_s", "collective_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidOptionError(f"{name}({getattr(self, name)}) must be > 0")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RunResult:
+    """What a run measured. Times in ms; ``losses`` per step, warm-up steps first."""
+
+    model: str
+    graph: IterationGraph
+    strategy: Strategy
+    options: RunOptions
+    samples_ms: list[float]
+    warmup_ms: list[float]
+    losses: list[float]
+    peak_memory_bytes: list[int]
+    applied: dict[str, Any]
+    network: str
+    rank_cores: dict[int, list[int]]
+    wall_s: float
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def compile_time_s(self) -> float | None:
+        """First warm-up step minus a steady step, when blocks were compiled (else ``None``)."""
+        if not self.strategy.op_fusion.compiled or not self.warmup_ms:
+            return None
+        return max(0.0, (self.warmup_ms[0] - self.median_ms) / 1e3)
+
+    def env(self) -> dict[str, Any]:
+        return {
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+            "threads_per_rank": 1,
+            "rank_cores": {str(k): v for k, v in self.rank_cores.items()},
+            "iters": self.options.iters,
+            "warmup": self.options.warmup,
+            "seed": self.options.seed,
+            "optimizer": self.options.optimizer,
+            "dropout": self.options.dropout,
+            "warmup_ms": self.warmup_ms,
+            "compile_time_s": self.compile_time_s,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        samples = sorted(self.samples_ms)
+        return {
+            "model": self.model,
+            "graph_hash": self.graph.graph_hash,
+            "strategy": self.strategy.to_dict(),
+            "world_size": self.options.world_size,
+            "bandwidth": self.options.bandwidth or "loopback",
+            "network": self.network,
+            "iteration_time_ms": {
+                "median": self.median_ms,
+                "p10": _quantile(samples, 0.1),
+                "p90": _quantile(samples, 0.9),
+                "samples": self.samples_ms,
+            },
+            "losses": self.losses,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "applied": self.applied,
+            "compile_time_s": self.compile_time_s,
+            "env": self.env(),
+        }
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Linear-interpolated quantile of already sorted values."""
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def run_training(
+    spec: ModelSpec,
+    strategy: Strategy,
+    options: RunOptions,
+    *,
+    progress: Callable[[str], None] | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> RunResult:
+    """Train ``spec`` with ``strategy`` on ``options.world_size`` ranks and measure it.
+
+    Raises:
+        InvalidStrategyError: the strategy cannot run on this model and world size (before any
+            process starts).
+        InvalidOptionError: bad options.
+        ClusterRunError: a rank failed or hung; every rank has been stopped.
+    """
+    say = progress or (lambda message: None)
+    say(f"capturing the graph of {spec.label}")
+    graph = capture_graph(spec, CaptureOptions(optimizer=_capture_optimizer(options.optimizer)))
+    buckets = check_strategy(spec, strategy, options.world_size, graph)
+    config = {
+        "spec": spec.to_dict(),
+        "strategy": strategy.to_dict(),
+        "buckets": [{"params": list(b.params), "grad_bytes": b.grad_bytes} for b in buckets],
+        "iters": options.iters,
+        "warmup": options.warmup,
+        "seed": options.seed,
+        "optimizer": options.optimizer,
+        "dropout": options.dropout,
+        "collective_timeout_s": options.collective_timeout_s,
+    }
+    with tempfile.TemporaryDirectory(prefix="ddlsim-run-") as tmp:
+        config_path = Path(tmp) / "config.json"
+        output = Path(tmp) / "result.json"
+        config_path.write_text(json.dumps(config), encoding="utf-8")
+        with EmulatedCluster(
+            options.world_size,
+            bandwidth=options.bandwidth,
+            force_loopback=True if options.bandwidth is None else None,
+        ) as cluster:
+            say(f"launching {options.world_size} rank(s) on {cluster.network}")
+            launched = cluster.launch(
+                "executor.worker",
+                ["--config", str(config_path), "--output", str(output), *extra_args],
+                timeout_s=options.timeout_s,
+                output_paths=[output],
+                stdout_callback=say,
+            )
+        raw = json.loads(output.read_text(encoding="utf-8"))
+    return RunResult(
+        model=spec.label,
+        graph=graph,
+        strategy=strategy,
+        options=options,
+        samples_ms=[float(x) for x in raw["samples_ms"]],
+        warmup_ms=[float(x) for x in raw["warmup_ms"]],
+        losses=[float(x) for x in raw["losses"]],
+        peak_memory_bytes=[int(x) for x in raw["peak_memory_bytes"]],
+        applied=raw["applied"],
+        network=launched.network,
+        rank_cores=launched.rank_cores,
+        wall_s=launched.wall_s,
+    )
+
+
+def _capture_optimizer(name: str) -> Optimizer:
+    if name == "sgd":
+        return "sgd"
+    return "adamw"

@@ -1,0 +1,157 @@
+"""One rank of an executor run; started under torchrun by ``executor.run``.
+
+Reads the run's JSON config (model spec, strategy, bucket partition, iterations), trains, and
+on rank 0 writes the result JSON to ``--output``. Iteration ``i``'s time is the maximum over
+ranks of the wall time of its ``step()`` (stragglers count); the loss of step ``i`` is the sum of
+every rank's share (the loss of the whole global batch). Warm-up steps are timed apart: with
+compiled blocks the first one includes the compilation.
+"""
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from data.errors import DdlsimError, one_line
+from data.models import build_model, make_batch
+from data.specs.model import ModelSpec
+from data.specs.strategy import Bucket, Strategy
+from executor.context import RankContext
+from executor.plan import build_trainer
+from profiler.cluster import die_with_parent, report_placement
+
+
+def _context(config: dict[str, Any], rank: int, world_size: int) -> RankContext:
+    spec = ModelSpec.from_dict(config["spec"])
+    strategy = Strategy.from_dict(config["strategy"])
+    plan = strategy.parallel
+    dp = plan.resolve_dp(world_size)
+    mesh = None
+    if world_size > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+    with torch.device("meta"):
+        shape_model = build_model(spec)
+    return RankContext(
+        rank=rank,
+        world_size=world_size,
+        dp=dp,
+        tp=plan.tp,
+        pp=plan.pp,
+        spec=spec,
+        strategy=strategy,
+        seed=int(config["seed"]),
+        device=torch.device("cpu"),
+        global_batch=make_batch(spec, shape_model, seed=int(config["seed"])),
+        mesh=mesh,
+        optimizer=str(config["optimizer"]),
+        dropout=bool(config["dropout"]),
+    )
+
+
+def _peak_memory_bytes() -> int:
+    # ru_maxrss is in KiB on Linux: the resident peak of this rank's process.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def run_rank(config: dict[str, Any], output: Path) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(1)
+    if world_size > 1:
+        dist.init_process_group(
+            "gloo", timeout=timedelta(seconds=float(config["collective_timeout_s"]))
+        )
+    report_placement()
+    ctx = _context(config, rank, world_size)
+    buckets = [
+        Bucket(index=i, params=tuple(b["params"]), grad_bytes=int(b["grad_bytes"]))
+        for i, b in enumerate(config["buckets"])
+    ]
+    trainer = build_trainer(ctx, buckets)
+    warmup, iters = int(config["warmup"]), int(config["iters"])
+    if rank == config.get("test_crash_rank", -1):
+        print(f"rank {rank}: crashing on purpose (test)", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if rank == config.get("test_hang_rank", -1):
+        time.sleep(3600)
+    times_ms: list[float] = []
+    shares: list[torch.Tensor] = []
+    for index in range(warmup + iters):
+        start = time.perf_counter()
+        shares.append(trainer.step())
+        times_ms.append((time.perf_counter() - start) * 1e3)
+        if rank == 0:
+            done = (
+                f"warm-up {index + 1}/{warmup}"
+                if index < warmup
+                else (f"iteration {index - warmup + 1}/{iters}")
+            )
+            print(f"{done}: {times_ms[-1]:.1f} ms on rank 0", flush=True)
+    trainer.finish()
+    losses = torch.stack([s.detach().float().reshape(()) for s in shares])
+    times = torch.tensor(times_ms, dtype=torch.float64)
+    gathered: list[Any] = [None] * world_size
+    mine = {"peak_memory_bytes": _peak_memory_bytes(), "applied": trainer.applied()}
+    if world_size > 1:
+        dist.all_reduce(losses)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        dist.all_gather_object(gathered, mine)
+    else:
+        gathered = [mine]
+    if rank == 0:
+        applied = dict(gathered[0]["applied"])
+        others = [g["applied"] for g in gathered[1:] if g["applied"] != applied]
+        if others:
+            applied["per_rank"] = [g["applied"] for g in gathered]
+        applied["compiled"] = list(ctx.strategy.op_fusion.compiled)
+        if applied["compiled"]:
+            from torch._dynamo.utils import counters
+
+            # Graphs dynamo really compiled on rank 0: proof the blocks ran compiled.
+            applied["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
+        result = {
+            "warmup_ms": times.tolist()[:warmup],
+            "samples_ms": times.tolist()[warmup:],
+            "losses": losses.tolist(),
+            "peak_memory_bytes": [int(g["peak_memory_bytes"]) for g in gathered],
+            "applied": applied,
+        }
+        tmp = output.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result), encoding="utf-8")
+        tmp.replace(output)
+    if world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--output", required=True, type=Path)
+    # Test-only: a rank that exits with code 3, or stops answering, before its first step.
+    parser.add_argument("--test-crash-rank", type=int, default=-1)
+    parser.add_argument("--test-hang-rank", type=int, default=-1)
+    args = parser.parse_args(argv)
+    die_with_parent()
+    config = json.loads(args.config.read_text(encoding="utf-8"))
+    config["test_crash_rank"] = args.test_crash_rank
+    config["test_hang_rank"] = args.test_hang_rank
+    try:
+        run_rank(config, args.output)
+    except DdlsimError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

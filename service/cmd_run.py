@@ -1,0 +1,128 @@
+"""``ddlsim run MODEL --strategy S --world-size N``: train for real, measure, store."""
+
+import argparse
+import sys
+from typing import Any
+
+from data.errors import one_line
+from data.specs.strategy import Strategy
+from data.store import (
+    MeasurementRecord,
+    Store,
+    add_graph,
+    add_measurement,
+    add_strategy,
+    strategy_hash,
+)
+from data.zoo import resolve_model
+from executor.run import RunOptions, RunResult, run_training
+from profiler.cluster import ClusterRunError, remove_stale_namespaces
+from service.output import emit_json, human_bytes, positive_int, progress
+
+EXIT_RUN_FAILED = 1
+
+
+def measurement_record(result: RunResult) -> MeasurementRecord:
+    return MeasurementRecord(
+        model=result.model,
+        graph_hash=result.graph.graph_hash,
+        strategy_hash=strategy_hash(result.strategy),
+        world_size=result.options.world_size,
+        bandwidth=result.options.bandwidth or "loopback",
+        network=result.network,
+        iteration_time_ms=result.samples_ms,
+        peak_memory_bytes=result.peak_memory_bytes,
+        applied=result.applied,
+        env=result.env(),
+        losses=result.losses,
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    spec = resolve_model(args.model).with_inputs(
+        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
+    )
+    strategy = Strategy.parse(args.strategy) if args.strategy else Strategy()
+    options = RunOptions(
+        world_size=args.world_size,
+        bandwidth=args.bandwidth,
+        iters=args.iters,
+        warmup=args.warmup,
+        seed=args.seed,
+        optimizer=args.optimizer,
+        dropout=args.dropout,
+        timeout_s=args.timeout,
+        collective_timeout_s=min(args.timeout, args.collective_timeout),
+    )
+    remove_stale_namespaces()  # left by runs whose process was killed outright
+    with Store.open(args.db) as store:
+        try:
+            result = run_training(spec, strategy, options, progress=progress)
+        except ClusterRunError as exc:
+            print(f"ddlsim: error: run failed: {one_line(exc, limit=2000)}", file=sys.stderr)
+            return EXIT_RUN_FAILED
+        # One transaction: the graph, the strategy and the measurement land together or not.
+        with store.transaction() as session:
+            add_graph(session, graph=result.graph)
+            add_strategy(session, strategy=strategy)
+            measurement_id = add_measurement(session, measurement=measurement_record(result))
+    payload: dict[str, Any] = {**result.to_json(), "id": measurement_id, "db": store.url}
+    if args.json:
+        emit_json(payload)
+    else:
+        _print_summary(result, measurement_id, store.url)
+    return 0
+
+
+def _print_summary(result: RunResult, measurement_id: int, url: str) -> None:
+    times = result.to_json()["iteration_time_ms"]
+    applied = result.applied
+    print(
+        f"{result.model} on {result.options.world_size} rank(s), "
+        f"{result.options.bandwidth or 'loopback'} ({result.network})\n"
+        f"  iteration   {times['median']:.1f} ms median (p10 {times['p10']:.1f}, "
+        f"p90 {times['p90']:.1f}) over {len(result.samples_ms)} iterations\n"
+        f"  losses      {', '.join(f'{x:.4f}' for x in result.losses)}\n"
+        f"  memory      peak {human_bytes(max(result.peak_memory_bytes))} per rank\n"
+        f"  applied     plan {applied.get('plan')}, {len(applied.get('buckets', []))} buckets, "
+        f"collectives {', '.join(applied.get('collectives', [])) or 'none'}"
+    )
+    if result.compile_time_s is not None:
+        print(f"  compile     {result.compile_time_s:.1f} s (kept out of iteration time)")
+    print(f"  stored      measurement {measurement_id} in {url}")
+
+
+def register(sub: Any) -> None:
+    run = sub.add_parser(
+        "run", help="train a model with a strategy on real torch.distributed ranks, measure it"
+    )
+    run.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
+    run.add_argument("--strategy", help="strategy JSON or file (default: PyTorch DDP's defaults)")
+    run.add_argument("--world-size", type=positive_int, default=1)
+    run.add_argument(
+        "--bandwidth",
+        help="run on an emulated cluster with this link rate per host (1gbit, 100mbit, 10gbit, "
+        "none); without it the ranks share loopback",
+    )
+    run.add_argument("--iters", type=positive_int, default=10)
+    run.add_argument("--warmup", type=int, default=2)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--optimizer", default="adamw", help="adamw or sgd")
+    run.add_argument(
+        "--dropout",
+        action="store_true",
+        help="keep the model's dropout (off by default, so losses compare across plans)",
+    )
+    run.add_argument("--batch-size", type=positive_int, help="global batch size")
+    run.add_argument("--seq-len", type=positive_int)
+    run.add_argument("--image-size", type=positive_int)
+    run.add_argument("--timeout", type=float, default=1800.0, help="whole run, seconds")
+    run.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=300.0,
+        help="a collective waiting longer fails its rank (a hung rank), seconds",
+    )
+    run.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    run.add_argument("--json", action="store_true", help="print JSON")
+    run.set_defaults(handler=cmd_run)

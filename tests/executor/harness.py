@@ -1,0 +1,162 @@
+"""Run a function on N gloo ranks in separate processes, for trainer tests without torchrun."""
+
+import dataclasses
+import os
+import queue
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+
+from data.models import build_model, make_batch
+from data.specs.model import ModelSpec
+from data.specs.strategy import Strategy
+from executor.context import RankContext, disable_dropout, local_loss, make_optimizer
+
+RankFn = Callable[[RankContext], Any]
+
+
+def _rank_main(  # noqa: PLR0917 (multiprocessing passes positional arguments)
+    rank: int,
+    world_size: int,
+    store_path: str,
+    fn: RankFn,
+    spec: ModelSpec,
+    strategy: Strategy,
+    seed: int,
+    results: Any,
+) -> None:
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=120)
+    )
+    try:
+        ctx = make_context(rank, world_size, spec, strategy, seed)
+        results.put((rank, fn(ctx)))
+    finally:
+        dist.destroy_process_group()
+
+
+def make_context(
+    rank: int, world_size: int, spec: ModelSpec, strategy: Strategy, seed: int
+) -> RankContext:
+    """The context a rank of the executor gets (mesh only when a process group exists)."""
+    plan = strategy.parallel
+    dp = plan.resolve_dp(world_size)
+    mesh = None
+    if dist.is_initialized():
+        mesh = init_device_mesh("cpu", (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+    batch = make_batch(spec, build_model(spec, seed=seed), seed=seed)
+    return RankContext(
+        rank=rank,
+        world_size=world_size,
+        dp=dp,
+        tp=plan.tp,
+        pp=plan.pp,
+        spec=spec,
+        strategy=strategy,
+        seed=seed,
+        device=torch.device("cpu"),
+        global_batch=batch,
+        mesh=mesh,
+    )
+
+
+def run_ranks(
+    world_size: int,
+    fn: RankFn,
+    spec: ModelSpec,
+    strategy: Strategy,
+    *,
+    seed: int = 0,
+    timeout_s: float = 300.0,
+) -> list[Any]:
+    """``fn(ctx)`` on every rank; the results in rank order. ``fn`` must be picklable.
+
+    A rank that fails ends the wait at once (its traceback is on stderr); every rank is stopped.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        store_path = os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(
+                target=_rank_main,
+                args=(rank, world_size, store_path, fn, spec, strategy, seed, results),
+            )
+            for rank in range(world_size)
+        ]
+        for proc in procs:
+            proc.start()
+        out: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(out) < world_size:
+                try:
+                    rank, value = results.get(timeout=1.0)
+                    out[rank] = value
+                    continue
+                except queue.Empty:
+                    pass
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    break
+        finally:
+            for proc in procs:
+                proc.join(timeout=0 if len(out) < world_size else 30)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+        codes = [proc.exitcode for proc in procs]
+        assert codes == [0] * world_size, f"rank exit codes {codes}"
+    return [out[rank] for rank in range(world_size)]
+
+
+@dataclasses.dataclass
+class Losses:
+    """Per-step losses a rank saw and what the trainer reported as applied."""
+
+    losses: list[float]
+    applied: dict[str, Any]
+
+
+def train_steps(ctx: RankContext, build: Callable[[RankContext], Any], steps: int) -> Losses:
+    """``steps`` iterations of the trainer ``build(ctx)``; losses summed over ranks per step."""
+    trainer = build(ctx)
+    shares = [trainer.step() for _ in range(steps)]
+    trainer.finish()
+    stacked = torch.stack([s.detach().float().reshape(()) for s in shares])
+    if dist.is_initialized():
+        dist.all_reduce(stacked)
+    return Losses(losses=[float(x) for x in stacked], applied=trainer.applied())
+
+
+def reference_losses(spec: ModelSpec, steps: int, seed: int = 0) -> list[float]:
+    """Single-process training on the whole global batch: the losses every plan must match."""
+    torch.manual_seed(seed)
+    model = build_model(spec, seed=seed)
+    disable_dropout(model)
+    batch = make_batch(spec, model, seed=seed)
+    opt = make_optimizer("adamw", model.parameters())
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = local_loss(model, batch)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def assert_losses_match(got: Sequence[float], want: Sequence[float], rtol: float = 1e-5) -> None:
+    assert len(got) == len(want)
+    for step, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert abs(g - w) <= rtol * abs(w), f"step {step}: {g} != {w} (rtol {rtol})"

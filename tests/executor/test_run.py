@@ -1,0 +1,133 @@
+"""``ddlsim run``: real ranks, stored results, clear failures, nothing left behind."""
+
+import json
+import subprocess
+
+import pytest
+
+from data.errors import InvalidStrategyError
+from data.specs.strategy import Strategy
+from data.store import Store
+from data.zoo import ZOO
+from executor.run import RunOptions, run_training
+from profiler.cluster import ClusterRunError
+from service.cli import main
+
+MLP = ZOO["mlp"].with_inputs(batch_size=16)
+MLP_JSON = json.dumps(MLP.to_dict())
+
+
+def _netns() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return sorted(line.split()[0] for line in out.stdout.splitlines() if line.strip())
+
+
+def _ddlsim_ranks() -> list[str]:
+    out = subprocess.run(
+        ["pgrep", "-f", "executor.worker"], check=False, capture_output=True, text=True
+    )
+    return out.stdout.split()
+
+
+def test_run_prints_and_stores_a_measurement(capsys: pytest.CaptureFixture[str]) -> None:
+    strategy = json.dumps({"tensor_fusion": {"bucket_cap_mb": 0.1, "dear": True}})
+    code = main(
+        [
+            "run",
+            MLP_JSON,
+            "--strategy",
+            strategy,
+            "--world-size",
+            "2",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+        ]
+    )
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["network"] == "loopback"
+    times = out["iteration_time_ms"]
+    assert len(times["samples"]) == 3
+    assert times["p10"] <= times["median"] <= times["p90"]
+    assert len(out["losses"]) == 4
+    assert len(out["peak_memory_bytes"]) == 2 and min(out["peak_memory_bytes"]) > 0
+    assert out["applied"]["collectives"] == ["reduce_scatter:ring", "all_gather:ring"]
+    with Store.open() as store:
+        (stored,) = store.measurements()
+    assert stored.losses == out["losses"]
+    assert stored.iteration_time_ms == times["samples"]
+    assert stored.applied == out["applied"]
+
+
+def test_world_size_one_is_plain_training() -> None:
+    result = run_training(MLP, Strategy(), RunOptions(world_size=1, iters=2, warmup=0))
+    assert result.applied["plan"] == "single"
+    assert len(result.losses) == 2 and result.losses[1] < result.losses[0]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "world_size", "message"),
+    [
+        ({"parallel": {"tp": 3}}, 2, r"dp\(auto=0\) \* tp\(3\) \* pp\(1\) != world_size\(2\)"),
+        ({"parallel": {"dp": 3}}, 2, r"dp\(3\) \* tp\(1\) \* pp\(1\) != world_size\(2\)"),
+        ({"tensor_fusion": {"buckets": [["head.weight"]]}}, 2, "miss"),
+        ({"tensor_fusion": {"buckets": [["nope"]]}}, 2, "'nope', which is not a gradient"),
+        ({"op_fusion": {"compiled": ["body.9"]}}, 2, r"op_fusion.compiled\[0\] 'body.9'"),
+        ({"parallel": {"micro_batches": 3}}, 2, r"batch_size\(16\) is not divisible"),
+    ],
+)
+def test_bad_strategies_are_refused_before_any_rank_starts(
+    strategy: dict, world_size: int, message: str
+) -> None:
+    with pytest.raises(InvalidStrategyError, match=message):
+        run_training(MLP, Strategy.from_dict(strategy), RunOptions(world_size=world_size, iters=1))
+    assert _ddlsim_ranks() == []
+
+
+def test_bad_strategy_on_the_command_line_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["run", "mlp", "--strategy", '{"parallel": {"pp": 3}}', "--world-size", "2"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pp(3)" in err[0]
+    with Store.open() as store:
+        assert store.measurements() == []
+
+
+def test_a_crashed_rank_ends_the_run_naming_it() -> None:
+    before = _netns()
+    with pytest.raises(
+        ClusterRunError, match=r"rank 1 exited with code \d+ \(worker exit code 3\)"
+    ):
+        run_training(
+            MLP,
+            Strategy(),
+            RunOptions(world_size=2, iters=2, timeout_s=120),
+            extra_args=("--test-crash-rank", "1"),
+        )
+    assert _ddlsim_ranks() == []
+    assert _netns() == before
+
+
+def test_a_hung_rank_ends_the_run_within_the_timeout() -> None:
+    with pytest.raises(ClusterRunError, match="rank"):
+        run_training(
+            MLP,
+            Strategy(),
+            RunOptions(world_size=2, iters=2, timeout_s=120, collective_timeout_s=5),
+            extra_args=("--test-hang-rank", "1"),
+        )
+    assert _ddlsim_ranks() == []
+
+
+def test_compiled_blocks_match_and_report_compile_time() -> None:
+    strategy = Strategy.from_dict({"op_fusion": {"compiled": ["body.0", "head"]}})
+    compiled = run_training(MLP, strategy, RunOptions(world_size=2, iters=2, warmup=1))
+    eager = run_training(MLP, Strategy(), RunOptions(world_size=2, iters=2, warmup=1))
+    assert compiled.applied["compiled"] == ["body.0", "head"]
+    assert compiled.applied["compiled_graphs"] >= 2
+    assert compiled.compile_time_s is not None and compiled.compile_time_s > 0
+    for got, want in zip(compiled.losses, eager.losses, strict=True):
+        assert abs(got - want) <= 1e-5 * abs(want)
