@@ -1,1 +1,1 @@
-"""Apply a Strategy to real torch.distributed training and measure it (not yet built)."""
+"""Apply a Strategy to real torch.distributed training and measure it (``run_training``)."""

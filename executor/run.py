@@ -6,11 +6,13 @@ ranks run on an emulated cluster (one network namespace per rank, links shaped t
 the result once the whole run has succeeded, so a failed run leaves no half-written rows.
 """
 
+import contextlib
 import dataclasses
 import json
 import platform
 import statistics
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from data.specs.strategy import Strategy
 from executor.context import OPTIMIZERS
 from executor.plan import check_strategy
 from profiler.capture import CaptureOptions, Optimizer, capture_graph
-from profiler.cluster import MAX_WORLD_SIZE, EmulatedCluster
+from profiler.cluster import MAX_WORLD_SIZE, EmulatedCluster, LoopbackFallbackWarning
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
@@ -174,11 +176,18 @@ def run_training(
         config_path = Path(tmp) / "config.json"
         output = Path(tmp) / "result.json"
         config_path.write_text(json.dumps(config), encoding="utf-8")
-        with EmulatedCluster(
-            options.world_size,
-            bandwidth=options.bandwidth,
-            force_loopback=True if options.bandwidth is None else None,
-        ) as cluster:
+        with contextlib.ExitStack() as stack:
+            if options.bandwidth is None:
+                # Loopback was asked for: the cluster's fallback warning does not apply.
+                stack.enter_context(warnings.catch_warnings())
+                warnings.simplefilter("ignore", LoopbackFallbackWarning)
+            cluster = stack.enter_context(
+                EmulatedCluster(
+                    options.world_size,
+                    bandwidth=options.bandwidth,
+                    force_loopback=True if options.bandwidth is None else None,
+                )
+            )
             say(f"launching {options.world_size} rank(s) on {cluster.network}")
             launched = cluster.launch(
                 "executor.worker",

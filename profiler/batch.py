@@ -1,10 +1,13 @@
-"""Batch profiling runs: many kernel and collective profiles from one YAML file, resumable.
+"""Batch runs: many kernel and collective profiles and executor runs from one YAML file,
+resumable.
 
 The file lists jobs, a cross product of jobs, or both::
 
     jobs:
       - {kind: kernels, model: bert-tiny, iters: 5}
       - {kind: collectives, world_size: 2, bandwidth: 1gbit, sizes: [1MiB, 16MiB]}
+      - {kind: run, model: gpt2-tiny, world_size: 2, bandwidth: 1gbit,
+         strategy: {tensor_fusion: {dear: true}}}
     product:
       - kind: [kernels]
         model: [mlp, gpt2-tiny]
@@ -66,6 +69,23 @@ KINDS: dict[str, frozenset[str]] = {
             "repeats",
         }
     ),
+    # Executor runs: the runner comes from the executor's side (``service.cmd_run``).
+    "run": frozenset(
+        {
+            "kind",
+            "model",
+            "strategy",
+            "world_size",
+            "bandwidth",
+            "batch_size",
+            "seq_len",
+            "image_size",
+            "iters",
+            "warmup",
+            "seed",
+            "optimizer",
+        }
+    ),
 }
 
 
@@ -114,7 +134,7 @@ def _job(raw: Mapping[str, Any], where: str) -> Job:
             f"{where}.kind {kind!r} is not a job kind; allowed: {', '.join(KINDS)}"
         )
     check_keys(raw, set(KINDS[kind]), where, InvalidBatchError)
-    if kind == "kernels" and "model" not in raw:
+    if kind in ("kernels", "run") and "model" not in raw:
         raise InvalidBatchError(f"{where} (kernels) needs 'model'")
     if kind == "collectives" and "world_size" not in raw:
         raise InvalidBatchError(f"{where} (collectives) needs 'world_size'")

@@ -1,4 +1,4 @@
-"""``ddlsim profile kernels|batch``: measure models and store what was measured."""
+"""``ddlsim profile kernels|collectives|batch``: measure models and links, store the results."""
 
 import argparse
 import functools
@@ -21,6 +21,7 @@ from profiler.batch import (
 from profiler.cluster import remove_stale_namespaces
 from profiler.collectives import COLLECTIVES, parse_sizes, profile_collectives
 from profiler.kernels import DEVICES, profile_kernels
+from service.cmd_run import run_executor_job
 from service.output import emit_json, positive_int, progress
 
 
@@ -102,6 +103,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     runners: dict[str, JobRunner] = {
         "kernels": functools.partial(run_kernel_job, trace_dir=trace_dir),
         "collectives": run_collective_job,
+        "run": run_executor_job,
     }
     with (
         Store.open(args.db) as store,

@@ -1,7 +1,9 @@
 """``ddlsim run MODEL --strategy S --world-size N``: train for real, measure, store."""
 
 import argparse
+import json
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from data.errors import one_line
@@ -16,6 +18,7 @@ from data.store import (
 )
 from data.zoo import resolve_model
 from executor.run import RunOptions, RunResult, run_training
+from profiler.batch import Job
 from profiler.cluster import ClusterRunError, remove_stale_namespaces
 from service.output import emit_json, human_bytes, positive_int, progress
 
@@ -36,6 +39,44 @@ def measurement_record(result: RunResult) -> MeasurementRecord:
         env=result.env(),
         losses=result.losses,
     )
+
+
+def run_executor_job(job: Job) -> Callable[[Any], None]:
+    """One ``kind: run`` batch job; the callback stores graph, strategy and measurement."""
+    settings = dict(job.settings)
+    model = settings.pop("model")
+    spec = resolve_model(json.dumps(model) if isinstance(model, Mapping) else str(model))
+    spec = spec.with_inputs(
+        batch_size=settings.pop("batch_size", None),
+        seq_len=settings.pop("seq_len", None),
+        image_size=settings.pop("image_size", None),
+    )
+    raw_strategy = settings.pop("strategy", None)
+    if isinstance(raw_strategy, Mapping):
+        strategy = Strategy.from_dict(raw_strategy)
+    else:
+        strategy = Strategy.parse(str(raw_strategy)) if raw_strategy else Strategy()
+    bandwidth = settings.pop("bandwidth", None)
+    options = RunOptions(
+        world_size=int(settings.pop("world_size", 1)),
+        bandwidth=None if bandwidth is None else str(bandwidth),
+        iters=int(settings.pop("iters", 10)),
+        warmup=int(settings.pop("warmup", 2)),
+        seed=int(settings.pop("seed", 0)),
+        optimizer=str(settings.pop("optimizer", "adamw")),
+    )
+    result = run_training(spec, strategy, options)
+
+    def write(session: Any) -> None:
+        _add_result(session, result)
+
+    return write
+
+
+def _add_result(session: Any, result: RunResult) -> int:
+    add_graph(session, graph=result.graph)
+    add_strategy(session, strategy=result.strategy)
+    return add_measurement(session, measurement=measurement_record(result))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -63,9 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_RUN_FAILED
         # One transaction: the graph, the strategy and the measurement land together or not.
         with store.transaction() as session:
-            add_graph(session, graph=result.graph)
-            add_strategy(session, strategy=strategy)
-            measurement_id = add_measurement(session, measurement=measurement_record(result))
+            measurement_id = _add_result(session, result)
     payload: dict[str, Any] = {**result.to_json(), "id": measurement_id, "db": store.url}
     if args.json:
         emit_json(payload)

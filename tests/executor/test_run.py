@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -131,3 +132,21 @@ def test_compiled_blocks_match_and_report_compile_time() -> None:
     assert compiled.compile_time_s is not None and compiled.compile_time_s > 0
     for got, want in zip(compiled.losses, eager.losses, strict=True):
         assert abs(got - want) <= 1e-5 * abs(want)
+
+
+def test_batch_runs_executor_jobs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "batch.yaml"
+    path.write_text(
+        "jobs:\n"
+        "  - {kind: run, model: mlp, batch_size: 8, world_size: 2, iters: 2, warmup: 0,\n"
+        "     strategy: {tensor_fusion: {bucket_cap_mb: 1, implementation: hooks}}}\n"
+        "  - {kind: run, model: mlp, world_size: 2, strategy: {parallel: {dp: 3}}}\n"
+    )
+    assert main(["profile", "batch", str(path), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["done"]) == 1
+    assert "dp(3) * tp(1) * pp(1) != world_size(2)" in out["failed"][0]["error"]
+    with Store.open() as store:
+        (stored,) = store.measurements()
+    assert stored.world_size == 2 and len(stored.iteration_time_ms) == 2
+    assert stored.applied["fusion"] == "hooks"
