@@ -29,7 +29,7 @@ from executor.run import RunOptions, RunResult, run_training
 
 STRATEGIES: dict[str, dict[str, Any]] = {
     "DDP defaults (1 + 25 MiB)": {},
-    "one bucket (hooks)": {"tensor_fusion": {"bucket_cap_mb": 4096, "implementation": "hooks"}},
+    "one bucket (hooks)": {"tensor_fusion": {"bucket_caps_mb": [65536], "implementation": "hooks"}},
     "1 MiB buckets (hooks)": {"tensor_fusion": {"bucket_cap_mb": 1, "implementation": "hooks"}},
     "4 MiB buckets (hooks)": {"tensor_fusion": {"bucket_cap_mb": 4, "implementation": "hooks"}},
     "DeAR, 4 MiB buckets": {"tensor_fusion": {"bucket_cap_mb": 4, "dear": True}},

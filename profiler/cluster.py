@@ -225,11 +225,26 @@ def _host_address(rank: int) -> str:
 
 
 def _tail(path: Path, lines: int = _STDERR_TAIL_LINES) -> str:
+    """The last ``lines`` lines the rank wrote, without torchrun's failure summary (a framed
+    block that only repeats the exit code, which the message states already)."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    kept = text.splitlines()
+    frames = [i for i, line in enumerate(kept) if _FRAME.fullmatch(line)]
+    if len(frames) >= 2 and any("FAILED" in line for line in kept[frames[-2] : frames[-1]]):
+        kept = kept[: frames[-2]]
+    # torchrun's own traceback (ending in ChildFailedError) says nothing about the cause either.
+    failed_at = [i for i, line in enumerate(kept) if "ChildFailedError" in line]
+    if failed_at:
+        starts = [i for i in range(failed_at[-1]) if kept[i].startswith("Traceback")]
+        if starts:
+            kept = kept[: starts[-1]]
+    return "\n".join(kept[-lines:])
+
+
+_FRAME = re.compile(r"=+")
 
 
 def _worker_exit_code(stderr: str) -> int | None:
@@ -627,7 +642,8 @@ class EmulatedCluster:
     ) -> str:
         parts = []
         for rank in failed:
-            stderr = _tail(launch_dir / f"rank{rank}.stderr", 200)
+            path = launch_dir / f"rank{rank}.stderr"
+            stderr = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
             worker = _worker_exit_code(stderr)
             detail = f" (worker exit code {worker})" if worker is not None else ""
             parts.append(f"rank {rank} exited with code {codes[rank]}{detail}")
