@@ -18,6 +18,7 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -26,10 +27,13 @@ import torch
 from data.specs.strategy import Strategy
 from data.zoo import ZOO
 from executor.run import RunOptions, RunResult, run_training
+from profiler.cluster import ClusterRunError
 
 STRATEGIES: dict[str, dict[str, Any]] = {
     "DDP defaults (1 + 25 MiB)": {},
-    "one bucket (hooks)": {"tensor_fusion": {"bucket_caps_mb": [65536], "implementation": "hooks"}},
+    "one bucket (hooks)": {
+        "tensor_fusion": {"bucket_caps_mb": [65536], "implementation": "hooks"}
+    },
     "1 MiB buckets (hooks)": {"tensor_fusion": {"bucket_cap_mb": 1, "implementation": "hooks"}},
     "4 MiB buckets (hooks)": {"tensor_fusion": {"bucket_cap_mb": 4, "implementation": "hooks"}},
     "DeAR, 4 MiB buckets": {"tensor_fusion": {"bucket_cap_mb": 4, "dear": True}},
@@ -93,12 +97,25 @@ def table(args: argparse.Namespace) -> None:
         samples: dict[str, list[float]] = {name: [] for name in names}
         for _ in range(args.rounds):
             for name in names:
-                samples[name].append(_run(model, STRATEGIES[name], args).median_ms)
+                try:
+                    samples[name].append(_run(model, STRATEGIES[name], args).median_ms)
+                except ClusterRunError as exc:
+                    # Reported, not hidden: the cell shows how many runs failed.
+                    print(f"{model}, {name}: run failed: {exc}", file=sys.stderr, flush=True)
+        if not samples[names[0]]:
+            print(f"| {model} | failed |", flush=True)
+            continue
         base = statistics.median(samples[names[0]])
         cells = [f"{base:.0f} ms"]
         for name in names[1:]:
+            if not samples[name]:
+                cells.append("failed")
+                continue
             value = statistics.median(samples[name])
             cells.append(f"{value:.0f} ms ({value / base:.2f})")
+        failures = sum(args.rounds - len(v) for v in samples.values())
+        if failures:
+            cells[-1] += f" [{failures} failed runs]"
         wall = time.perf_counter() - start
         print(f"| {model} | " + " | ".join(cells) + f" | {wall:.0f} s |", flush=True)
 

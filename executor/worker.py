@@ -151,6 +151,13 @@ def main(argv: list[str] | None = None) -> None:
     except DdlsimError as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
         sys.exit(2)
+    # Skip interpreter finalization: gloo's worker threads can still hold finished work whose
+    # tensors reach back into Python, and tearing those down while the interpreter shuts down
+    # aborts the process now and then ("terminate called without an active exception") after
+    # all its work is done. Everything is written and the process group destroyed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
