@@ -100,7 +100,8 @@ def test_bad_strategy_on_the_command_line_is_one_line(capsys: pytest.CaptureFixt
 def test_a_crashed_rank_ends_the_run_naming_it() -> None:
     before = _netns()
     with pytest.raises(
-        ClusterRunError, match=r"(?s)rank 1 exited with code \d+ \(worker exit code 3\).*on purpose"
+        ClusterRunError,
+        match=r"(?s)rank 1 exited with code \d+ \(worker exit code 3\).*on purpose",
     ):
         run_training(
             MLP,
