@@ -51,7 +51,7 @@ def check_strategy(
     if plan.pp > 1:
         from executor.pipeline import check_pipeline
 
-        check_pipeline(spec, plan.pp)
+        check_pipeline(spec, plan)
     _check_compiled_blocks(spec, strategy)
     if plan.fsdp and plan.fsdp_groups is not None:
         from executor.fsdp import check_groups
