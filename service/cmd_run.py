@@ -123,12 +123,24 @@ def _print_summary(result: RunResult, measurement_id: int, url: str) -> None:
         f"p90 {times['p90']:.1f}) over {len(result.samples_ms)} iterations\n"
         f"  losses      {', '.join(f'{x:.4f}' for x in result.losses)}\n"
         f"  memory      peak {human_bytes(max(result.peak_memory_bytes))} per rank\n"
-        f"  applied     plan {applied.get('plan')}, {len(applied.get('buckets', []))} buckets, "
+        f"  applied     plan {_plan_line(applied)}, "
         f"collectives {', '.join(applied.get('collectives', [])) or 'none'}"
     )
     if result.compile_time_s is not None:
         print(f"  compile     {result.compile_time_s:.1f} s (kept out of iteration time)")
     print(f"  stored      measurement {measurement_id} in {url}")
+
+
+def _plan_line(applied: dict[str, Any]) -> str:
+    plan = applied.get("plan")
+    if plan == "pipeline":
+        return (
+            f"pipeline ({len(applied['stages'])} stages, {applied['schedule']}, "
+            f"{applied['micro_batches']} micro-batches, dp {applied['dp']})"
+        )
+    if plan == "tp":
+        return f"tp {applied['tp']} x dp {applied['dp']}"
+    return f"{plan}, {len(applied.get('buckets', []))} buckets"
 
 
 def register(sub: Any) -> None:
