@@ -47,7 +47,8 @@ def _run(model: str, strategy: dict[str, Any], args: argparse.Namespace) -> RunR
         iters=args.iters,
         warmup=args.warmup,
     )
-    return run_training(ZOO[model], Strategy.from_dict(strategy), options)
+    spec = ZOO[model].with_inputs(batch_size=args.batch_size)
+    return run_training(spec, Strategy.from_dict(strategy), options)
 
 
 def _partition(result: RunResult) -> list[frozenset[str]]:
@@ -58,7 +59,7 @@ def _header(args: argparse.Namespace) -> None:
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}; "
         f"{args.world_size} ranks, {args.bandwidth}, {args.iters} iterations after "
-        f"{args.warmup} warm-up"
+        f"{args.warmup} warm-up" + (f"; global batch {args.batch_size}" if args.batch_size else "")
     )
 
 
@@ -131,6 +132,7 @@ def main() -> None:
     parser.add_argument("--bandwidth", default="1gbit")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=None, help="global batch, every model")
     args = parser.parse_args()
     parity(args) if args.part == "parity" else table(args)
 

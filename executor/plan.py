@@ -97,8 +97,16 @@ def build_trainer(ctx: RankContext, buckets: list[Bucket]) -> Trainer:
 
 
 def _compile_blocks(ctx: RankContext, model: Any) -> None:
+    """``torch.compile`` each chosen block's ``forward``, in place.
+
+    The bound ``forward`` is compiled rather than the module (``Module.compile`` compiles
+    ``_call_impl``, which dynamo skips for ``torch.nn``'s own modules such as ``nn.Linear``, so
+    they would run eager; ``torch.compile(module)`` would rename every parameter under
+    ``_orig_mod``). Module hooks stay outside the compiled region.
+    """
     for path in ctx.strategy.op_fusion.compiled:
-        model.get_submodule(path).compile(backend=ctx.strategy.op_fusion.backend)
+        module = model.get_submodule(path)
+        module.forward = torch.compile(module.forward, backend=ctx.strategy.op_fusion.backend)
 
 
 def _check_compiled_blocks(spec: ModelSpec, strategy: Strategy) -> None:
