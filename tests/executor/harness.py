@@ -3,6 +3,7 @@
 import dataclasses
 import os
 import queue
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +44,13 @@ def _rank_main(  # noqa: PLR0917 (multiprocessing passes positional arguments)
         results.put((rank, fn(ctx)))
     finally:
         dist.destroy_process_group()
+    # As the executor's ranks do (executor/worker.py): once the result is delivered, skip
+    # interpreter finalization, where gloo's threads now and then abort a finished process.
+    results.close()
+    results.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def make_context(
