@@ -32,6 +32,8 @@ from executor.ring import (
     ring_reduce_scatter,
 )
 
+Collective = Callable[[torch.Tensor, dist.ProcessGroup], torch.Tensor]
+
 
 def _micro_batches(ctx: RankContext) -> list[dict[str, torch.Tensor]]:
     return split_batch(ctx.dp_slice(), ctx.strategy.parallel.micro_batches)
@@ -81,7 +83,7 @@ class DDPTrainer:
     def step(self) -> torch.Tensor:
         self._recording = []
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.ctx.device)
         for index, batch in enumerate(self.batches):
             last = index == len(self.batches) - 1
             context = self.model.no_sync() if not last else contextlib.nullcontext()
@@ -138,7 +140,10 @@ class BucketTrainer:
                 implementation = default_implementation(dist.get_backend(self.group))
             self.rs_impl = implementation
             ranks = dist.get_process_group_ranks(self.group) if self.group else [0]
-            self.comm = CommThread(ranks, backend=dist.get_backend(self.group))
+            backend = dist.get_backend(self.group)
+            self.comm = CommThread(ranks, backend=backend, device=ctx.device)
+            # gloo's point-to-point ops take host tensors only: the ring then runs on copies.
+            self.via_host = backend == "gloo" and ctx.device.type == "cuda"
             # One optimizer per bucket: DeAR updates a bucket when its all-gather lands.
             self.optimizers = [ctx.make_optimizer(group) for group in self.buckets]
             self._gathers: dict[int, Future[torch.Tensor]] = {}
@@ -160,7 +165,9 @@ class BucketTrainer:
 
     def _flat(self, index: int) -> torch.Tensor:
         grads = [
-            p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype)
+            p.grad.reshape(-1)
+            if p.grad is not None
+            else torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
             for p in self.buckets[index]
         ]
         return torch.cat(grads)
@@ -176,7 +183,11 @@ class BucketTrainer:
         if padding:
             flat = torch.cat([flat, flat.new_zeros(padding)])
         self._padded[index] = padding
-        scatter = ring_reduce_scatter if self.rs_impl == "ring" else native_reduce_scatter
+        scatter: Collective = (
+            ring_reduce_scatter if self.rs_impl == "ring" else native_reduce_scatter
+        )
+        if self.via_host:
+            scatter = _via_host(scatter)
         group = self.comm.group
         self._scatters[index] = self.comm.submit(lambda: scatter(flat, group))
 
@@ -218,7 +229,9 @@ class BucketTrainer:
         # A bucket no module used in this forward still holds last iteration's gather.
         for index in list(self._gathers):
             self._update_bucket(index)
-        gather = ring_all_gather if self.rs_impl == "ring" else native_all_gather
+        gather: Collective = ring_all_gather if self.rs_impl == "ring" else native_all_gather
+        if self.via_host:
+            gather = _via_host(gather)
         group = self.comm.group
         # The next forward needs the buckets of the first layers first: the reverse of launch.
         for index in reversed(self._launch_order):
@@ -234,7 +247,7 @@ class BucketTrainer:
             self.optimizer.zero_grad(set_to_none=True)
         self._launch_order = []
         self._pending = [len(group) for group in self.buckets]
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.ctx.device)
         for index, batch in enumerate(self.batches):
             self._accumulating = index < len(self.batches) - 1
             loss = local_loss(self.model, batch) / len(self.batches)
@@ -274,9 +287,21 @@ class BucketTrainer:
         out: dict[str, Any] = {"plan": "ddp", "fusion": "hooks", "buckets": buckets}
         if self.dear:
             out["collectives"] = [f"reduce_scatter:{self.rs_impl}", f"all_gather:{self.rs_impl}"]
+            if self.via_host:
+                out["staged_on_host"] = True
         else:
             out["collectives"] = ["all_reduce"]
         return out
+
+
+def _via_host(collective: Collective) -> Collective:
+    """``collective`` on a host copy of its input, the result copied back to the input's
+    device (run on the communication thread, so the copies stay off the training thread)."""
+
+    def run(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        return collective(tensor.cpu(), group).to(tensor.device)
+
+    return run
 
 
 def _gather_after(

@@ -72,7 +72,7 @@ class FSDPTrainer:
 
     def step(self) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.ctx.device)
         root = self.model
         assert isinstance(root, FSDPModule)
         for index, batch in enumerate(self.batches):

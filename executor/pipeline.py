@@ -331,9 +331,9 @@ class PipelineTrainer:
         for module in self.modules:
             start, end = module.span
             received = hidden[start - 1].clone().requires_grad_(True) if start else None
-            first_input = torch.zeros(1, dtype=torch.long)
+            first_input = torch.zeros(1, dtype=torch.long, device=ctx.device)
             output = (
-                torch.zeros((), requires_grad=True)
+                torch.zeros((), device=ctx.device, requires_grad=True)
                 if module.last
                 else hidden[end - 1].clone().requires_grad_(True)
             )
@@ -394,7 +394,7 @@ class PipelineTrainer:
         for module in self.modules:
             module.order.clear()
         self.losses_seen.clear()
-        indices = torch.arange(self.micro_batches)
+        indices = torch.arange(self.micro_batches, device=self.ctx.device)
         losses: list[torch.Tensor] = []
         if self.modules[0].first:
             self.schedule.step(indices, target=indices, losses=losses, return_outputs=False)
@@ -412,14 +412,16 @@ class PipelineTrainer:
         self.optimizer.step()
         if self.last_rank:
             return torch.stack([loss.detach() for loss in losses]).sum() / self.ctx.dp
-        return torch.zeros(())
+        return torch.zeros((), device=self.ctx.device)
 
     @torch.no_grad()
     def _sum_tied_gradients(self) -> None:
         """Sum over the pipeline group the gradients of parameters used on several stages."""
         if self.tied is None:
             # Which shared parameters got gradients on more than one stage (decided once).
-            used = torch.tensor([float(p.grad is not None) for _, p in self.shared])
+            used = torch.tensor(
+                [float(p.grad is not None) for _, p in self.shared], device=self.ctx.device
+            )
             dist.all_reduce(used, group=self.pp_group)
             self.tied = [
                 name for (name, _), n in zip(self.shared, used.tolist(), strict=True) if n > 1

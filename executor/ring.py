@@ -103,11 +103,14 @@ class CommThread:
     ``close`` drains the queue and stops the thread.
     """
 
-    def __init__(self, ranks: list[int], backend: str = "gloo") -> None:
+    def __init__(
+        self, ranks: list[int], backend: str = "gloo", device: torch.device | None = None
+    ) -> None:
         group = dist.new_group(ranks, backend=backend)
         if group is None:  # pragma: no cover - every caller is a member
             raise RuntimeError("this rank is not in the communication group")
         self.group: dist.ProcessGroup = group
+        self.device = device
         self._jobs: queue.SimpleQueue[
             tuple[Callable[[], torch.Tensor], Future[torch.Tensor]] | None
         ] = queue.SimpleQueue()
@@ -125,6 +128,9 @@ class CommThread:
 
     def _loop(self) -> None:
         # Collectives run with one intra-op thread too: the ring's additions are small.
+        if self.device is not None and self.device.type == "cuda":
+            # The current GPU is per thread: this one's must be its rank's.
+            torch.cuda.set_device(self.device)
         while (item := self._jobs.get()) is not None:
             job, future = item
             try:

@@ -21,12 +21,15 @@ import torch
 
 from data.errors import InvalidOptionError
 from data.graph.format import IterationGraph
+from data.specs.cluster import BACKENDS
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from executor.context import OPTIMIZERS
 from executor.plan import check_strategy
 from profiler.capture import CaptureOptions, Optimizer, capture_graph
 from profiler.cluster import MAX_WORLD_SIZE, EmulatedCluster, LoopbackFallbackWarning
+
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
@@ -35,11 +38,15 @@ class RunOptions:
 
     ``bandwidth`` ``None`` runs the ranks on loopback; a rate (``"1gbit"``) or ``"none"`` on an
     emulated cluster. ``timeout_s`` bounds the whole launch; a collective that waits longer than
-    ``collective_timeout_s`` (a hung rank) fails its rank.
+    ``collective_timeout_s`` (a hung rank) fails its rank. ``device`` ``"cuda"`` puts rank ``r``
+    on GPU ``r`` of this machine; ``backend`` defaults to NCCL there and to gloo on the CPU
+    (gloo also takes CUDA tensors, and then lets several ranks share one GPU).
     """
 
     world_size: int = 1
     bandwidth: str | None = None
+    device: str = "cpu"
+    backend: str | None = None
     iters: int = 10
     warmup: int = 2
     seed: int = 0
@@ -64,6 +71,45 @@ class RunOptions:
         for name in ("timeout_s", "collective_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidOptionError(f"{name}({getattr(self, name)}) must be > 0")
+        if self.device not in DEVICES:
+            raise InvalidOptionError(
+                f"device {self.device!r} is not supported; allowed: {', '.join(DEVICES)}"
+            )
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise InvalidOptionError(
+                f"backend {self.backend!r} is not supported; allowed: {', '.join(BACKENDS)}"
+            )
+        if self.backend == "nccl" and self.device != "cuda":
+            raise InvalidOptionError(
+                f"backend 'nccl' needs device 'cuda', got device {self.device!r}"
+            )
+
+    @property
+    def resolved_backend(self) -> str:
+        """The process group's backend: as given, else NCCL on CUDA and gloo on the CPU."""
+        if self.backend is not None:
+            return self.backend
+        return "nccl" if self.device == "cuda" else "gloo"
+
+    def check_devices(self) -> None:
+        """Refuse a CUDA run this machine cannot host, before any rank starts.
+
+        Raises:
+            InvalidOptionError: no CUDA device, or fewer GPUs than NCCL ranks (NCCL refuses two
+                ranks on one GPU).
+        """
+        if self.device != "cuda":
+            return
+        if not torch.cuda.is_available():
+            raise InvalidOptionError(
+                "device 'cuda' was asked for but torch sees no CUDA device; use device 'cpu'"
+            )
+        count = torch.cuda.device_count()
+        if self.world_size > 1 and self.resolved_backend == "nccl" and count < self.world_size:
+            raise InvalidOptionError(
+                f"backend 'nccl' needs one GPU per rank: world_size({self.world_size}) > "
+                f"{count} GPU(s) here; use fewer ranks, or backend 'gloo' to share GPUs"
+            )
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -100,6 +146,8 @@ class RunResult:
             "machine": platform.machine(),
             "processor": platform.processor(),
             "threads_per_rank": 1,
+            "device": self.applied.get("device", self.options.device),
+            "backend": self.applied.get("backend"),
             "rank_cores": {str(k): v for k, v in self.rank_cores.items()},
             "iters": self.options.iters,
             "warmup": self.options.warmup,
@@ -119,6 +167,7 @@ class RunResult:
             "world_size": self.options.world_size,
             "bandwidth": self.options.bandwidth or "loopback",
             "network": self.network,
+            "device": self.options.device,
             "iteration_time_ms": {
                 "median": self.median_ms,
                 "p10": _quantile(samples, 0.1),
@@ -158,6 +207,7 @@ def run_training(
         ClusterRunError: a rank failed or hung; every rank has been stopped.
     """
     say = progress or (lambda message: None)
+    options.check_devices()
     say(f"capturing the graph of {spec.label}")
     graph = capture_graph(spec, CaptureOptions(optimizer=_capture_optimizer(options.optimizer)))
     buckets = check_strategy(spec, strategy, options.world_size, graph)
@@ -171,6 +221,8 @@ def run_training(
         "optimizer": options.optimizer,
         "dropout": options.dropout,
         "collective_timeout_s": options.collective_timeout_s,
+        "device": options.device,
+        "backend": options.resolved_backend,
     }
     with tempfile.TemporaryDirectory(prefix="ddlsim-run-") as tmp:
         config_path = Path(tmp) / "config.json"

@@ -13,12 +13,13 @@ class SingleTrainer:
 
     def __init__(self, ctx: RankContext, model: nn.Module) -> None:
         self.model = model
+        self.device = ctx.device
         self.batches = split_batch(ctx.global_batch, ctx.strategy.parallel.micro_batches)
         self.optimizer = ctx.make_optimizer(model.parameters())
 
     def step(self) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device)
         for batch in self.batches:
             loss = local_loss(self.model, batch) / len(self.batches)
             loss.backward()

@@ -330,7 +330,7 @@ class TensorParallelTrainer:
 
     def step(self) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.ctx.device)
         for batch in self.batches:
             loss = local_loss(self.model, batch) / len(self.batches)
             loss.backward()

@@ -29,7 +29,9 @@ from executor.plan import build_trainer
 from profiler.cluster import die_with_parent, report_placement
 
 
-def _context(config: dict[str, Any], rank: int, world_size: int) -> RankContext:
+def _context(
+    config: dict[str, Any], rank: int, world_size: int, device: torch.device
+) -> RankContext:
     spec = ModelSpec.from_dict(config["spec"])
     strategy = Strategy.from_dict(config["strategy"])
     plan = strategy.parallel
@@ -38,7 +40,9 @@ def _context(config: dict[str, Any], rank: int, world_size: int) -> RankContext:
     if world_size > 1:
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+        mesh = init_device_mesh(
+            device.type, (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp")
+        )
     with torch.device("meta"):
         shape_model = build_model(spec)
     return RankContext(
@@ -50,29 +54,50 @@ def _context(config: dict[str, Any], rank: int, world_size: int) -> RankContext:
         spec=spec,
         strategy=strategy,
         seed=int(config["seed"]),
-        device=torch.device("cpu"),
-        global_batch=make_batch(spec, shape_model, seed=int(config["seed"])),
+        device=device,
+        global_batch=make_batch(spec, shape_model, seed=int(config["seed"]), device=device),
         mesh=mesh,
         optimizer=str(config["optimizer"]),
         dropout=bool(config["dropout"]),
     )
 
 
-def _peak_memory_bytes() -> int:
-    # ru_maxrss is in KiB on Linux: the resident peak of this rank's process.
+def _peak_memory_bytes(device: torch.device) -> int:
+    """The peak of this rank's device memory: tensors allocated on its GPU, or on the CPU the
+    resident set of its process (``ru_maxrss``, KiB on Linux)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _rank_device(kind: str, rank: int) -> torch.device:
+    """This rank's device: the CPU, or GPU ``rank`` of this machine (every emulated host is this
+    machine; ranks beyond its GPU count share them round-robin, which only gloo allows)."""
+    if kind != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _synchronize(device: torch.device) -> None:
+    # CUDA work is asynchronous: a step's time ends when its kernels have.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def run_rank(config: dict[str, Any], output: Path) -> None:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     torch.set_num_threads(1)
+    device = _rank_device(str(config.get("device", "cpu")), rank)
     if world_size > 1:
         dist.init_process_group(
-            "gloo", timeout=timedelta(seconds=float(config["collective_timeout_s"]))
+            str(config.get("backend", "gloo")),
+            timeout=timedelta(seconds=float(config["collective_timeout_s"])),
         )
     report_placement()
-    ctx = _context(config, rank, world_size)
+    ctx = _context(config, rank, world_size, device)
     buckets = [
         Bucket(index=i, params=tuple(b["params"]), grad_bytes=int(b["grad_bytes"]))
         for i, b in enumerate(config["buckets"])
@@ -87,8 +112,10 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
     times_ms: list[float] = []
     shares: list[torch.Tensor] = []
     for index in range(warmup + iters):
+        _synchronize(device)
         start = time.perf_counter()
         shares.append(trainer.step())
+        _synchronize(device)
         times_ms.append((time.perf_counter() - start) * 1e3)
         if rank == 0:
             done = (
@@ -98,10 +125,11 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
             )
             print(f"{done}: {times_ms[-1]:.1f} ms on rank 0", flush=True)
     trainer.finish()
-    losses = torch.stack([s.detach().float().reshape(()) for s in shares])
-    times = torch.tensor(times_ms, dtype=torch.float64)
+    # NCCL reduces device tensors only; gloo takes either.
+    losses = torch.stack([s.detach().float().reshape(()).to(device) for s in shares])
+    times = torch.tensor(times_ms, dtype=torch.float64, device=device)
     gathered: list[Any] = [None] * world_size
-    mine = {"peak_memory_bytes": _peak_memory_bytes(), "applied": trainer.applied()}
+    mine = {"peak_memory_bytes": _peak_memory_bytes(device), "applied": trainer.applied()}
     if world_size > 1:
         dist.all_reduce(losses)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
@@ -113,6 +141,10 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
         others = [g["applied"] for g in gathered[1:] if g["applied"] != applied]
         if others:
             applied["per_rank"] = [g["applied"] for g in gathered]
+        applied["device"] = (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        )
+        applied["backend"] = dist.get_backend() if world_size > 1 else None
         applied["compiled"] = list(ctx.strategy.op_fusion.compiled)
         if applied["compiled"]:
             from torch._dynamo.utils import counters
@@ -120,9 +152,9 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
             # Graphs dynamo really compiled on rank 0: proof the blocks ran compiled.
             applied["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
         result = {
-            "warmup_ms": times.tolist()[:warmup],
-            "samples_ms": times.tolist()[warmup:],
-            "losses": losses.tolist(),
+            "warmup_ms": times.cpu().tolist()[:warmup],
+            "samples_ms": times.cpu().tolist()[warmup:],
+            "losses": losses.cpu().tolist(),
             "peak_memory_bytes": [int(g["peak_memory_bytes"]) for g in gathered],
             "applied": applied,
         }

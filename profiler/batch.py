@@ -84,6 +84,8 @@ KINDS: dict[str, frozenset[str]] = {
             "warmup",
             "seed",
             "optimizer",
+            "device",
+            "backend",
         }
     ),
 }

@@ -592,6 +592,11 @@ class EmulatedCluster:
                 PLACEMENT_ENV: str(launch_dir / f"placement{rank}.json"),
             }
         )
+        if self.network == "netns":
+            # Emulated hosts share one machine: keep NCCL off its same-host paths (GPU peer
+            # access, shared memory, InfiniBand) so that its traffic crosses the shaped link.
+            rank_env.update({"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"})
+            rank_env.update({"NCCL_IB_DISABLE": "1"})
         with (
             open(launch_dir / f"rank{rank}.stdout", "wb") as stdout,
             open(launch_dir / f"rank{rank}.stderr", "wb") as stderr,

@@ -38,17 +38,11 @@ from typing import Any
 
 import torch
 
+from data.comm_model import COLLECTIVES, bus_factor
 from data.errors import InvalidOptionError
 from data.specs.cluster import BACKENDS, parse_bandwidth_gbps
 from profiler.cluster import EmulatedCluster
 
-COLLECTIVES: tuple[str, ...] = (
-    "all_reduce",
-    "reduce_scatter",
-    "all_gather",
-    "broadcast",
-    "sendrecv",
-)
 WORKER_MODULE = "profiler._collective_worker"
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -169,27 +163,6 @@ class CollectiveProfile:
 
 def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
-
-
-def bus_factor(collective: str, world_size: int) -> float:
-    """nccl-tests' busbw factor of ``collective`` on ``world_size`` ranks.
-
-    Raises:
-        InvalidOptionError: for an unknown collective.
-    """
-    n = world_size
-    factors = {
-        "all_reduce": 2 * (n - 1) / n,
-        "reduce_scatter": (n - 1) / n,
-        "all_gather": (n - 1) / n,
-        "broadcast": 1.0,
-        "sendrecv": 1.0,
-    }
-    if collective not in factors:
-        raise InvalidOptionError(
-            f"collective {collective!r} is not supported; allowed: {', '.join(COLLECTIVES)}"
-        )
-    return factors[collective]
 
 
 def default_sizes() -> list[int]:

@@ -15,7 +15,9 @@ A node's time on the CPU is the time from the end of the previous node to its ow
 overhead, the Python between ops and the composite ops that wrap it (``aten::linear`` around
 ``aten::addmm``) are paid by the node they lead to, and the nodes of an iteration add up to the
 iteration. The optimizer step is shared among the optimizer nodes by parameter bytes. On CUDA a
-node's time is the device time of its kernels.
+node's time is the device time of its kernels, and the optimizer nodes share the device time of
+the kernels launched after the last graph op; the sum of node times is then the busy time of the
+device, which falls short of the iteration where the host cannot launch kernels fast enough.
 """
 
 import dataclasses
@@ -30,6 +32,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -123,9 +126,16 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _main_events(events: Sequence[FunctionEvent], thread: int) -> list[FunctionEvent]:
+def _host_events(events: Sequence[FunctionEvent]) -> list[FunctionEvent]:
+    """The host-side events of every thread in start order (outer before inner).
+
+    Every thread, because on CUDA the autograd engine runs backward on a thread of its own
+    while the training thread waits (on the CPU backward runs on the training thread). With
+    CUDA the profiler also lists each ``record_function`` range a second time, as a
+    device-side annotation over the kernels it launched; only the host-side one is kept.
+    """
     return sorted(
-        (e for e in events if e.thread == thread),
+        (e for e in events if e.device_type == DeviceType.CPU),
         key=lambda e: (e.time_range.start, -e.time_range.end),
     )
 
@@ -359,8 +369,7 @@ def _attribute(
 ) -> tuple[dict[int, list[float]], list[float], float]:
     """Per-node durations (ms) of each profiled iteration, the iterations' own durations, and
     the fraction of profiled events matched to the mapping pass."""
-    thread = next(e.thread for e in mapping_events if e.name == _ITERATION)
-    mapped = _main_events(mapping_events, thread)
+    mapped = _host_events(mapping_events)
     (map_start, map_end), *_ = _iterations(mapped)
     reference, labels = _mapping_reference(mapped, map_start, map_end)
     optimizer_nodes = graph.nodes_of("optimizer")
@@ -371,7 +380,7 @@ def _attribute(
     matched_total = 0
     seen_total = 0
     for events in profiled:
-        timeline = _main_events(events, next(e.thread for e in events if e.name == _ITERATION))
+        timeline = _host_events(events)
         ((start, end),) = _iterations(timeline)
         ops = _ops_between(timeline, start, end)
         match = _align(reference, [e.name for e in ops])
@@ -390,17 +399,32 @@ def _attribute(
                 node_device[node] = node_device.get(node, 0.0) + event.device_time_total
             node_end[node] = max(covered or 0.0, event.time_range.end)
         durations: dict[int, float] = {}
+        last_end = max(node_end.values(), default=start)
         if device == "cuda":
             durations = {node: us / 1e3 for node, us in node_device.items()}
+            # The optimizer step: the kernels launched after the last graph op.
+            tail_ms = _outermost_device_us(ops, last_end) / 1e3
         else:
             previous = start
             for node, finished in sorted(node_end.items(), key=lambda kv: kv[1]):
                 durations[node] = (finished - previous) / 1e3
                 previous = finished
-            tail_ms = (end - previous) / 1e3
-            for opt_node in optimizer_nodes:
-                durations[opt_node.id] = tail_ms * opt_node.param_bytes / optimizer_bytes
+            tail_ms = (end - last_end) / 1e3
+        for opt_node in optimizer_nodes:
+            durations[opt_node.id] = tail_ms * opt_node.param_bytes / optimizer_bytes
         for node, ms in durations.items():
             per_node.setdefault(node, []).append(ms)
         iteration_ms.append((end - start) / 1e3)
     return per_node, iteration_ms, matched_total / max(seen_total, 1)
+
+
+def _outermost_device_us(ops: Sequence[FunctionEvent], after: float) -> float:
+    """Device time (us) of the kernels launched by host events starting at or after ``after``,
+    each counted once (through its outermost event)."""
+    total = 0.0
+    covered = after
+    for event in ops:
+        if event.time_range.start >= covered:
+            total += event.device_time_total
+            covered = event.time_range.end
+    return total

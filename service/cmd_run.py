@@ -64,16 +64,18 @@ def run_executor_job(job: Job) -> Callable[[Any], None]:
         warmup=int(settings.pop("warmup", 2)),
         seed=int(settings.pop("seed", 0)),
         optimizer=str(settings.pop("optimizer", "adamw")),
+        device=str(settings.pop("device", "cpu")),
+        backend=None if (backend := settings.pop("backend", None)) is None else str(backend),
     )
     result = run_training(spec, strategy, options)
 
     def write(session: Any) -> None:
-        _add_result(session, result)
+        add_result(session, result)
 
     return write
 
 
-def _add_result(session: Any, result: RunResult) -> int:
+def add_result(session: Any, result: RunResult) -> int:
     add_graph(session, graph=result.graph)
     add_strategy(session, strategy=result.strategy)
     return add_measurement(session, measurement=measurement_record(result))
@@ -92,6 +94,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         seed=args.seed,
         optimizer=args.optimizer,
         dropout=args.dropout,
+        device=args.device,
+        backend=args.backend,
         timeout_s=args.timeout,
         collective_timeout_s=min(args.timeout, args.collective_timeout),
     )
@@ -104,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_RUN_FAILED
         # One transaction: the graph, the strategy and the measurement land together or not.
         with store.transaction() as session:
-            measurement_id = _add_result(session, result)
+            measurement_id = add_result(session, result)
     payload: dict[str, Any] = {**result.to_json(), "id": measurement_id, "db": store.url}
     if args.json:
         emit_json(payload)
@@ -117,7 +121,8 @@ def _print_summary(result: RunResult, measurement_id: int, url: str) -> None:
     times = result.to_json()["iteration_time_ms"]
     applied = result.applied
     print(
-        f"{result.model} on {result.options.world_size} rank(s), "
+        f"{result.model} on {result.options.world_size} rank(s) "
+        f"({applied.get('device', result.options.device)}), "
         f"{result.options.bandwidth or 'loopback'} ({result.network})\n"
         f"  iteration   {times['median']:.1f} ms median (p10 {times['p10']:.1f}, "
         f"p90 {times['p90']:.1f}) over {len(result.samples_ms)} iterations\n"
@@ -154,6 +159,15 @@ def register(sub: Any) -> None:
         "--bandwidth",
         help="run on an emulated cluster with this link rate per host (1gbit, 100mbit, 10gbit, "
         "none); without it the ranks share loopback",
+    )
+    run.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, or cuda: rank r on GPU r of this machine (default: cpu)",
+    )
+    run.add_argument(
+        "--backend",
+        help="process-group backend: gloo or nccl (default: nccl on cuda, gloo on cpu)",
     )
     run.add_argument("--iters", type=positive_int, default=10)
     run.add_argument("--warmup", type=int, default=2)

@@ -142,11 +142,15 @@ def test_batch_runs_executor_jobs(capsys: pytest.CaptureFixture[str], tmp_path: 
         "  - {kind: run, model: mlp, batch_size: 8, world_size: 2, iters: 2, warmup: 0,\n"
         "     strategy: {tensor_fusion: {bucket_cap_mb: 1, implementation: hooks}}}\n"
         "  - {kind: run, model: mlp, world_size: 2, strategy: {parallel: {dp: 3}}}\n"
+        "  - {kind: run, model: mlp, world_size: 2, device: cpu, backend: nccl}\n"
     )
     assert main(["profile", "batch", str(path), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert len(out["done"]) == 1
-    assert "dp(3) * tp(1) * pp(1) != world_size(2)" in out["failed"][0]["error"]
+    errors = " | ".join(job["error"] for job in out["failed"])
+    assert len(out["failed"]) == 2
+    assert "backend 'nccl' needs device 'cuda', got device 'cpu'" in errors
+    assert "dp(3) * tp(1) * pp(1) != world_size(2)" in errors
     with Store.open() as store:
         (stored,) = store.measurements()
     assert stored.world_size == 2 and len(stored.iteration_time_ms) == 2
