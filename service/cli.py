@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from data.errors import DdlsimError, one_line
-from service import cmd_graph, cmd_profile, cmd_run, cmd_specs
+from service import cmd_graph, cmd_predict, cmd_profile, cmd_run, cmd_simulator, cmd_specs
 
 EXIT_BAD_INPUT = 2
 
@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_graph.register(sub)
     cmd_profile.register(sub)
     cmd_run.register(sub)
+    cmd_predict.register(sub)
+    cmd_simulator.register(sub)
     return parser
 
 

@@ -1,0 +1,144 @@
+"""``ddlsim predict MODEL --strategy S --world-size N``: the simulator's iteration time, stored."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from data.graph.format import IterationGraph
+from data.specs.cluster import parse_bandwidth_gbps
+from data.specs.model import ModelSpec
+from data.specs.strategy import Strategy
+from data.store import (
+    KernelProfileRecord,
+    Store,
+    add_graph,
+    add_kernel_profile,
+    add_prediction,
+    add_strategy,
+)
+from data.zoo import resolve_model
+from profiler.batch import kernel_record
+from profiler.capture import CaptureOptions, capture_graph
+from profiler.kernels import profile_kernels
+from service.output import emit_json, positive_int, progress
+from simulator.costs import rank_spec
+from simulator.predict import Prediction, predict
+
+
+def kernel_profile_for(
+    store: Store, spec: ModelSpec, *, optimizer: str, iters: int
+) -> tuple[IterationGraph, KernelProfileRecord, bool]:
+    """The graph of ``spec`` (default strategy) and its newest CPU kernel profile; profiles it
+    (one rank, one thread) and stores the profile when there is none. The flag says whether it
+    was profiled now."""
+    capture = CaptureOptions(optimizer="sgd" if optimizer == "sgd" else "adamw")
+    graph = capture_graph(spec, capture)
+    stored = [p for p in store.kernel_profiles(graph_hash=graph.graph_hash) if p.device == "cpu"]
+    if stored:
+        return graph, stored[-1], False
+    progress(
+        f"no kernel profile of {spec.label} at batch {spec.inputs.batch_size} yet: "
+        f"profiling it on one rank ({iters} iterations)"
+    )
+    _, profile = profile_kernels(spec, iters=iters, graph=graph, progress=progress)
+    record = kernel_record(profile)
+    with store.transaction() as session:
+        add_graph(session, graph=graph)
+        profile_id = add_kernel_profile(session, profile=record)
+    stored = [p for p in store.kernel_profiles(graph_hash=graph.graph_hash) if p.id == profile_id]
+    return graph, stored[0], True
+
+
+def normalized_bandwidth(text: str | None) -> str:
+    """The link as the store names it: a lower-case rate, or ``none`` for an unshaped one."""
+    if text is None:
+        return "none"
+    return "none" if parse_bandwidth_gbps(text) is None else text.strip().lower()
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    spec = resolve_model(args.model).with_inputs(
+        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
+    )
+    strategy = Strategy.parse(args.strategy) if args.strategy else Strategy()
+    bandwidth = normalized_bandwidth(args.bandwidth)
+    rank = rank_spec(spec, strategy, args.world_size)
+    with Store.open(args.db) as store:
+        profiled, profile, profiled_now = kernel_profile_for(
+            store, rank, optimizer=args.optimizer, iters=args.profile_iters
+        )
+        capture = CaptureOptions(
+            strategy=strategy, optimizer="sgd" if args.optimizer == "sgd" else "adamw"
+        )
+        graph = capture_graph(rank, capture)
+        prediction = predict(
+            graph,
+            profiled=profiled,
+            node_ms=profile.node_ms,
+            collective_profiles=store.collective_profiles(backend="gloo"),
+            world_size=args.world_size,
+            bandwidth=bandwidth,
+        )
+        with store.transaction() as session:
+            add_graph(session, graph=graph)
+            add_strategy(session, strategy=strategy)
+            prediction_id = add_prediction(session, prediction=prediction.record())
+    if args.trace:
+        Path(args.trace).write_text(json.dumps(prediction.result.chrome_trace()), "utf-8")
+    payload = {
+        **prediction.to_json(),
+        "model": spec.label,
+        "rank_batch_size": rank.inputs.batch_size,
+        "kernel_profile": {"id": profile.id, "profiled_now": profiled_now},
+        "id": prediction_id,
+        "db": store.url,
+    }
+    if args.json:
+        emit_json(payload)
+    else:
+        _print_summary(prediction, payload)
+    return 0
+
+
+def _print_summary(prediction: Prediction, payload: dict[str, Any]) -> None:
+    parts = prediction.result.breakdown()
+    print(
+        f"{payload['model']} on {prediction.world_size} rank(s), {prediction.bandwidth}: "
+        f"{prediction.iteration_time_ms:.1f} ms per iteration ({prediction.simulator_version})\n"
+        f"  compute       {parts['compute_ms']:.1f} ms\n"
+        f"  exposed comm  {parts['exposed_comm_ms']:.1f} ms "
+        f"(of {parts['comm_ms']:.1f} ms communicating)\n"
+        f"  collectives   "
+        + "; ".join(f"{op}: {src}" for op, src in payload["collective_models"].items())
+        + f"\n  stored        prediction {payload['id']} in {payload['db']}",
+        file=sys.stdout,
+    )
+
+
+def register(sub: Any) -> None:
+    cmd = sub.add_parser(
+        "predict", help="predict a strategy's iteration time with the simulator (replay)"
+    )
+    cmd.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
+    cmd.add_argument("--strategy", help="strategy JSON or file (default: PyTorch DDP's defaults)")
+    cmd.add_argument("--world-size", type=positive_int, default=1)
+    cmd.add_argument(
+        "--bandwidth",
+        help="link rate per host (1gbit, 100mbit, none); collective fits of this link are used",
+    )
+    cmd.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
+    cmd.add_argument("--batch-size", type=positive_int, help="global batch size")
+    cmd.add_argument("--seq-len", type=positive_int)
+    cmd.add_argument("--image-size", type=positive_int)
+    cmd.add_argument(
+        "--profile-iters",
+        type=positive_int,
+        default=10,
+        help="iterations of the kernel profile taken when none is stored",
+    )
+    cmd.add_argument("--trace", help="write the replayed timeline here (Chrome trace JSON)")
+    cmd.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    cmd.add_argument("--json", action="store_true", help="print JSON")
+    cmd.set_defaults(handler=cmd_predict)

@@ -1,0 +1,205 @@
+"""``ddlsim simulator validate``: predict strategies, run them for real, compare.
+
+For any model spec: the links are profiled (gloo collectives on the emulated cluster) and the
+rank's micro-batch kernel-profiled unless the store has both; then K diverse strategies (DDP's
+defaults first) run through the executor and through the simulator, and the first one runs a
+second time to show the measurement noise the errors should be read against.
+"""
+
+import argparse
+import statistics
+from typing import Any
+
+from data.errors import InvalidOptionError
+from data.specs.model import ModelSpec
+from data.specs.strategy import Strategy
+from data.store import Store, add_collective_profile, add_graph, add_prediction
+from data.zoo import resolve_model
+from executor.run import RunOptions, run_training
+from profiler.batch import collective_records
+from profiler.capture import CaptureOptions, capture_graph
+from profiler.cluster import ClusterRunError, remove_stale_namespaces
+from profiler.collectives import profile_collectives
+from service.cmd_predict import kernel_profile_for, normalized_bandwidth
+from service.cmd_run import add_result
+from service.output import emit_json, positive_int, progress
+from simulator.costs import rank_spec
+from simulator.evaluate import accuracy
+from simulator.predict import predict
+
+# Diverse on purpose: DDP's own buckets, the executor's hooks at several granularities, DeAR,
+# gradient accumulation. ``validate --strategies K`` takes the first K that fit the batch.
+CANDIDATES: tuple[dict[str, Any], ...] = (
+    {},
+    {"tensor_fusion": {"bucket_caps_mb": [65536], "implementation": "hooks"}},
+    {"tensor_fusion": {"bucket_cap_mb": 1, "implementation": "hooks"}},
+    {"tensor_fusion": {"bucket_cap_mb": 4, "dear": True}},
+    {"tensor_fusion": {"bucket_cap_mb": 4, "implementation": "hooks"}},
+    {"parallel": {"micro_batches": 2}},
+    {"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}},
+    {"tensor_fusion": {"bucket_cap_mb": 0.25, "implementation": "hooks"}},
+    {"tensor_fusion": {"bucket_caps_mb": [1, 4]}},
+    {"tensor_fusion": {"bucket_caps_mb": [65536], "dear": True}},
+)
+# Collective sizes for the link profile: 4 KiB to 64 MiB in powers of 4.
+LINK_SIZES = [4096 * 4**i for i in range(9)]
+LINK_COLLECTIVES = ("all_reduce", "sendrecv")
+
+
+def strategies_for(spec: ModelSpec, world_size: int, count: int) -> list[Strategy]:
+    """The first ``count`` candidates whose micro-batches divide the global batch."""
+    chosen = []
+    for raw in CANDIDATES:
+        strategy = Strategy.from_dict(raw)
+        plan = strategy.parallel
+        if spec.inputs.batch_size % (plan.resolve_dp(world_size) * plan.micro_batches):
+            continue
+        chosen.append(strategy)
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+def _link_profiles(store: Store, world_size: int, bandwidth: str) -> None:
+    """Profile the link's collectives unless the store has fits of both for it."""
+    have = {
+        p.collective
+        for p in store.collective_profiles(
+            backend="gloo", world_size=world_size, bandwidth=bandwidth
+        )
+    }
+    if set(LINK_COLLECTIVES) <= have:
+        return
+    progress(f"no collective profile of {world_size} ranks at {bandwidth} yet: profiling it")
+    profile = profile_collectives(
+        world_size=world_size,
+        bandwidth=bandwidth,
+        sizes=LINK_SIZES,
+        collectives=LINK_COLLECTIVES,
+        progress=progress,
+    )
+    with store.transaction() as session:
+        for record in collective_records(profile):
+            add_collective_profile(session, profile=record)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    spec = resolve_model(args.model).with_inputs(
+        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
+    )
+    bandwidth = normalized_bandwidth(args.bandwidth)
+    strategies = strategies_for(spec, args.world_size, args.strategies)
+    if not strategies:
+        raise InvalidOptionError(
+            f"batch_size({spec.inputs.batch_size}) does not split evenly over "
+            f"world_size({args.world_size}) ranks; no strategy can run"
+        )
+    if len(strategies) < args.strategies:
+        progress(f"only {len(strategies)} candidate strategies fit batch {spec.inputs.batch_size}")
+    remove_stale_namespaces()
+    rows: list[dict[str, Any]] = []
+    options = RunOptions(
+        world_size=args.world_size, bandwidth=bandwidth, iters=args.iters, warmup=args.warmup
+    )
+    with Store.open(args.db) as store:
+        if args.world_size > 1:
+            _link_profiles(store, args.world_size, bandwidth)
+        profiles = store.collective_profiles(backend="gloo")
+        first_ms: float | None = None
+        repeat_ms: float | None = None
+        for index, strategy in enumerate([*strategies, strategies[0]]):
+            rank = rank_spec(spec, strategy, args.world_size)
+            profiled, kernel, _ = kernel_profile_for(
+                store, rank, optimizer="adamw", iters=args.profile_iters
+            )
+            graph = capture_graph(rank, CaptureOptions(strategy=strategy))
+            predicted = predict(
+                graph,
+                profiled=profiled,
+                node_ms=kernel.node_ms,
+                collective_profiles=profiles,
+                world_size=args.world_size,
+                bandwidth=bandwidth,
+            )
+            label = strategy.to_json()
+            progress(f"running {index + 1}/{len(strategies) + 1}: {label}")
+            try:
+                measured = run_training(spec, strategy, options)
+            except ClusterRunError as exc:
+                progress(f"run failed, left out: {exc}")
+                continue
+            with store.transaction() as session:
+                add_result(session, measured)
+                add_graph(session, graph=predicted.graph)
+                add_prediction(session, prediction=predicted.record())
+            if index == 0:
+                first_ms = measured.median_ms
+            if index == len(strategies):
+                repeat_ms = measured.median_ms
+                continue
+            rows.append(
+                {
+                    "strategy": strategy.to_dict(),
+                    "predicted_ms": predicted.iteration_time_ms,
+                    "measured_ms": measured.median_ms,
+                    "breakdown": predicted.result.breakdown(),
+                }
+            )
+    payload: dict[str, Any] = {
+        "model": spec.label,
+        "world_size": args.world_size,
+        "bandwidth": bandwidth,
+        "simulator_version": predicted.simulator_version,
+        "rows": rows,
+    }
+    if len(rows) >= 2:
+        payload.update(
+            accuracy([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]).to_json()
+        )
+    payload["noise_mape"] = (
+        abs(repeat_ms - first_ms) / statistics.fmean([repeat_ms, first_ms])
+        if repeat_ms is not None and first_ms is not None
+        else None
+    )
+    if args.json:
+        emit_json(payload)
+    else:
+        _print_table(payload)
+    return 0
+
+
+def _print_table(payload: dict[str, Any]) -> None:
+    print(
+        f"{payload['model']}, {payload['world_size']} ranks, {payload['bandwidth']} "
+        f"({payload['simulator_version']})"
+    )
+    for row in payload["rows"]:
+        error = row["predicted_ms"] / row["measured_ms"] - 1
+        print(
+            f"  {row['predicted_ms']:9.1f} ms predicted {row['measured_ms']:9.1f} ms measured "
+            f"{error:+7.1%}  {Strategy.from_dict(row['strategy']).to_json()}"
+        )
+    for key in ("mape", "p90_ape", "kendall_tau", "pair_accuracy", "noise_mape"):
+        value = payload.get(key)
+        print(f"  {key:<14}{'-' if value is None else f'{value:.3f}'}")
+
+
+def register(sub: Any) -> None:
+    simulator = sub.add_parser("simulator", help="check the simulator against real runs")
+    commands = simulator.add_subparsers(dest="simulator_command", required=True)
+    validate = commands.add_parser(
+        "validate", help="predict and run K strategies of a model, and compare"
+    )
+    validate.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
+    validate.add_argument("--world-size", type=positive_int, default=2)
+    validate.add_argument("--bandwidth", default="1gbit", help="link rate per host, or none")
+    validate.add_argument("--strategies", type=positive_int, default=6)
+    validate.add_argument("--iters", type=positive_int, default=6)
+    validate.add_argument("--warmup", type=int, default=2)
+    validate.add_argument("--profile-iters", type=positive_int, default=10)
+    validate.add_argument("--batch-size", type=positive_int, help="global batch size")
+    validate.add_argument("--seq-len", type=positive_int)
+    validate.add_argument("--image-size", type=positive_int)
+    validate.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    validate.add_argument("--json", action="store_true", help="print JSON")
+    validate.set_defaults(handler=cmd_validate)

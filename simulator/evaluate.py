@@ -1,0 +1,75 @@
+"""How well predicted iteration times match measured ones: error and ranking metrics.
+
+Search trusts a simulator for its ranking more than for its absolute times, so besides the
+absolute percentage error the metrics ask whether strategies come out in the right order:
+Kendall's tau over all pairs, and ``pair_accuracy`` over the pairs whose measured times differ
+by more than ``PAIR_MARGIN`` (closer pairs are within measurement noise and not counted).
+"""
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from data.errors import InvalidOptionError
+
+PAIR_MARGIN = 0.05
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Accuracy:
+    mape: float
+    p90_ape: float
+    kendall_tau: float
+    pair_accuracy: float | None
+    pairs_counted: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def accuracy(predicted: Sequence[float], measured: Sequence[float]) -> Accuracy:
+    """Errors of ``predicted`` against ``measured`` (same order, same units, all positive).
+
+    ``pair_accuracy`` is ``None`` when no pair differs by more than the margin.
+
+    Raises:
+        InvalidOptionError: lengths differ, fewer than two values, or a measured time <= 0.
+    """
+    if len(predicted) != len(measured) or len(measured) < 2:
+        raise InvalidOptionError(
+            f"need two or more paired times, got {len(predicted)} predicted and "
+            f"{len(measured)} measured"
+        )
+    if min(measured) <= 0:
+        raise InvalidOptionError(f"measured times must be > 0, got {min(measured)}")
+    errors = sorted(abs(p - m) / m for p, m in zip(predicted, measured, strict=True))
+    concordant = discordant = 0
+    right = counted = 0
+    n = len(measured)
+    for i in range(n):
+        for j in range(i + 1, n):
+            dm = measured[i] - measured[j]
+            dp = predicted[i] - predicted[j]
+            if dm * dp > 0:
+                concordant += 1
+            elif dm * dp < 0:
+                discordant += 1
+            if abs(dm) > PAIR_MARGIN * min(measured[i], measured[j]):
+                counted += 1
+                right += dm * dp > 0
+    pairs = n * (n - 1) // 2
+    return Accuracy(
+        mape=statistics.fmean(errors),
+        p90_ape=_quantile(errors, 0.9),
+        kendall_tau=(concordant - discordant) / pairs,
+        pair_accuracy=right / counted if counted else None,
+        pairs_counted=counted,
+    )
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)

@@ -1,0 +1,108 @@
+"""``predict``: the iteration time of a strategy, from a captured graph and stored profiles.
+
+The caller (``ddlsim predict``) captures the graph with the strategy at the rank's micro-batch
+(:func:`simulator.costs.rank_spec`) and finds a kernel profile of the same model at that
+micro-batch; this module moves the profile's times onto the graph, models the collectives and
+replays the iteration.
+"""
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from data.graph.format import IterationGraph
+from data.specs.cluster import parse_bandwidth_gbps
+from data.store import CollectiveProfileRecord, PredictionRecord, strategy_hash
+from simulator.costs import comm_models, uses_ring
+from simulator.replay import ReplayResult, replay, transfer_durations
+
+SIMULATOR_VERSION = "replay-1"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """A predicted iteration and what it was computed from."""
+
+    graph: IterationGraph
+    world_size: int
+    bandwidth: str
+    backend: str
+    result: ReplayResult
+    comm_sources: Mapping[str, str]
+    simulator_version: str = SIMULATOR_VERSION
+
+    @property
+    def iteration_time_ms(self) -> float:
+        return self.result.iteration_time_ms
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.graph.model.label,
+            "strategy": self.graph.strategy.to_dict(),
+            "world_size": self.world_size,
+            "bandwidth": self.bandwidth,
+            "backend": self.backend,
+            "iteration_time_ms": self.result.iteration_time_ms,
+            "breakdown": self.result.breakdown(),
+            "collective_models": dict(self.comm_sources),
+            "simulator_version": self.simulator_version,
+        }
+
+    def record(self) -> PredictionRecord:
+        return PredictionRecord(
+            model=self.graph.model.label,
+            graph_hash=self.graph.graph_hash,
+            strategy_hash=strategy_hash(self.graph.strategy),
+            cluster={
+                "world_size": self.world_size,
+                "bandwidth": self.bandwidth,
+                "backend": self.backend,
+            },
+            iteration_time_ms=self.result.iteration_time_ms,
+            breakdown=self.result.breakdown(),
+            simulator_version=self.simulator_version,
+        )
+
+
+def predict(
+    graph: IterationGraph,
+    *,
+    profiled: IterationGraph,
+    node_ms: Mapping[int, float],
+    collective_profiles: Sequence[CollectiveProfileRecord],
+    world_size: int,
+    bandwidth: str,
+    backend: str = "gloo",
+) -> Prediction:
+    """Replay ``graph`` (captured with its strategy at the rank's micro-batch).
+
+    Args:
+        profiled: the graph the kernel profile ``node_ms`` timed (same model and micro-batch,
+            any strategy).
+        collective_profiles: stored fits; those of ``backend`` over the data-parallel ranks on
+            ``bandwidth`` are used, the link's nominal rate where none matches.
+        bandwidth: the link as ``ddlsim`` names it (``1gbit``, ``none`` for unshaped).
+
+    Raises:
+        InvalidOptionError: the profiled graph is of another model or inputs.
+        UnsupportedPlanError: a plan the replay does not schedule yet.
+        InvalidStrategyError: ``dp * tp * pp != world_size``.
+    """
+    dp = graph.strategy.parallel.resolve_dp(world_size)
+    models = comm_models(
+        [p for p in collective_profiles if p.backend == backend],
+        world_size=dp,
+        bandwidth=bandwidth,
+        bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
+        ring=uses_ring(graph.strategy, backend),
+    )
+    durations = transfer_durations(profiled, node_ms, graph)
+    result = replay(graph, durations, models.models)
+    return Prediction(
+        graph=graph,
+        world_size=world_size,
+        bandwidth=bandwidth,
+        backend=backend,
+        result=result,
+        comm_sources=models.sources,
+    )

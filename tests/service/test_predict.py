@@ -1,0 +1,109 @@
+"""``ddlsim predict``: profiles once, replays, stores the prediction."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data.specs.strategy import Strategy
+from data.store import CollectiveProfileRecord, Store
+from service.cli import main
+from service.cmd_simulator import CANDIDATES
+
+
+def _predict(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main(["predict", "mlp", "--batch-size", "16", "--profile-iters", "2", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_predict_profiles_once_then_reuses_the_profile(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    trace = tmp_path / "replay.json"
+    first = _predict(capsys, "--world-size", "2", "--bandwidth", "1gbit", "--json")
+    assert first["kernel_profile"]["profiled_now"] is True
+    assert first["rank_batch_size"] == 8
+    assert first["simulator_version"] == "replay-1"
+    parts = first["breakdown"]
+    assert first["iteration_time_ms"] == pytest.approx(
+        parts["compute_ms"] + parts["exposed_comm_ms"]
+    )
+    assert parts["exposed_comm_ms"] > 0  # 1 Gbit/s with no overlap left at the end
+    dear = json.dumps({"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}})
+    second = _predict(
+        capsys,
+        "--world-size",
+        "2",
+        "--bandwidth",
+        "1gbit",
+        "--strategy",
+        dear,
+        "--trace",
+        str(trace),
+        "--json",
+    )
+    assert second["kernel_profile"] == {"id": first["kernel_profile"]["id"], "profiled_now": False}
+    assert second["collective_models"]["reduce_scatter"].startswith("line rate 1 Gb/s")
+    names = {e["name"] for e in json.loads(trace.read_text())["traceEvents"]}
+    assert any(name.startswith("all_gather") for name in names)
+    with Store.open() as store:
+        stored = store.predictions()
+    assert [p.iteration_time_ms for p in stored] == [
+        first["iteration_time_ms"],
+        second["iteration_time_ms"],
+    ]
+
+
+def test_one_rank_predicts_pure_compute(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _predict(capsys, "--json")
+    assert out["breakdown"]["exposed_comm_ms"] == pytest.approx(0.0)
+
+
+def test_bad_strategy_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["predict", "mlp", "--world-size", "2", "--strategy", '{"parallel": {"dp": 3}}'])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "dp(3) * tp(1) * pp(1) != world_size(2)" in err
+
+
+def test_unsupported_plan_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(
+        ["predict", "mlp", "--world-size", "2", "--strategy", '{"parallel": {"fsdp": true}}']
+    )
+    assert code == 2
+    assert "the replay schedules data parallelism only" in capsys.readouterr().err
+
+
+def test_validate_runs_predicts_and_scores(capsys: pytest.CaptureFixture[str]) -> None:
+    # Fits of the unshaped link are stored first, so the command does not profile the link.
+    with Store.open() as store:
+        for collective in ("all_reduce", "sendrecv"):
+            store.save_collective_profile(
+                profile=CollectiveProfileRecord(
+                    collective=collective,
+                    backend="gloo",
+                    world_size=2,
+                    bandwidth="none",
+                    network="netns",
+                    alpha_us=100.0,
+                    busbw_gbps=5.0,
+                    r2=1.0,
+                    samples=[],
+                    rank_cores={},
+                    env={},
+                )
+            )
+    args = ["simulator", "validate", "mlp", "--batch-size", "16", "--bandwidth", "none"]
+    args += ["--strategies", "2", "--iters", "2", "--warmup", "1", "--profile-iters", "2"]
+    assert main([*args, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [row["strategy"] for row in out["rows"]] == [
+        Strategy().to_dict(),
+        Strategy.from_dict(CANDIDATES[1]).to_dict(),
+    ]
+    assert all(row["predicted_ms"] > 0 and row["measured_ms"] > 0 for row in out["rows"])
+    assert out["mape"] >= 0 and -1 <= out["kendall_tau"] <= 1
+    assert out["noise_mape"] is not None and out["noise_mape"] >= 0
+    with Store.open() as store:
+        assert len(store.measurements()) == 3 and len(store.predictions()) == 3
+        assert len(store.collective_profiles()) == 2  # nothing profiled again

@@ -1,0 +1,37 @@
+"""Accuracy metrics on values worked out by hand."""
+
+import pytest
+
+from data.errors import InvalidOptionError
+from simulator.evaluate import accuracy
+
+
+def test_perfect_prediction() -> None:
+    result = accuracy([10.0, 20.0, 30.0], [10.0, 20.0, 30.0])
+    assert (result.mape, result.p90_ape, result.kendall_tau) == (0.0, 0.0, 1.0)
+    assert result.pair_accuracy == 1.0 and result.pairs_counted == 3
+
+
+def test_errors_and_a_swapped_pair() -> None:
+    # Errors of 10 %, 0 % and 20 %; every pair keeps its order.
+    result = accuracy([11.0, 20.0, 24.0], [10.0, 20.0, 30.0])
+    assert result.mape == pytest.approx(0.1)
+    assert result.p90_ape == pytest.approx(0.18)  # between 10 % and 20 % at 0.9 of the way
+    assert result.kendall_tau == 1.0
+    swapped = accuracy([20.0, 10.0, 30.0], [10.0, 20.0, 30.0])
+    assert swapped.kendall_tau == pytest.approx(1 / 3)  # 2 concordant, 1 discordant
+    assert swapped.pair_accuracy == pytest.approx(2 / 3)
+
+
+def test_close_pairs_are_not_counted() -> None:
+    # 100 and 103 differ by 3 %: within noise, so the swap does not count against the ranking.
+    result = accuracy([103.0, 100.0, 200.0], [100.0, 103.0, 200.0])
+    assert result.pairs_counted == 2 and result.pair_accuracy == 1.0
+    assert accuracy([1.0, 1.0], [100.0, 101.0]).pair_accuracy is None
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(InvalidOptionError, match="need two or more paired times"):
+        accuracy([1.0], [1.0])
+    with pytest.raises(InvalidOptionError, match="measured times must be > 0"):
+        accuracy([1.0, 2.0], [0.0, 2.0])
