@@ -26,35 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from data.models import build_model
+from data.models import repeated_blocks
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.zoo import ZOO
 from executor.run import RunOptions, RunResult, run_training
 from profiler.cluster import ClusterRunError
 from profiler.kernels import profile_kernels
-
-
-def repeated_blocks(spec: ModelSpec) -> list[str]:
-    """Module paths of the model's repeated blocks: the items of every outermost
-    ``nn.ModuleList`` (T5 has two, encoder and decoder), else of its longest ``nn.Sequential``."""
-    with torch.device("meta"):
-        model = build_model(spec)
-    for kind in (nn.ModuleList, nn.Sequential):
-        found: list[tuple[str, nn.Module]] = []
-        for name, module in model.named_modules():
-            inside = any(name.startswith(f"{outer}.") for outer, _ in found)
-            if name and isinstance(module, kind) and not inside:
-                found.append((name, module))
-        if kind is nn.Sequential and found:
-            found = [max(found, key=lambda item: len(list(item[1].children())))]
-        if found:
-            return [
-                f"{name}.{child}" for name, module in found for child, _ in module.named_children()
-            ]
-    return []
 
 
 def _run(spec: ModelSpec, strategy: Strategy, args: argparse.Namespace) -> RunResult:

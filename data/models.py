@@ -331,3 +331,23 @@ def training_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.
 def count_parameters(model: nn.Module) -> int:
     """Number of distinct parameter elements (tied weights counted once)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def repeated_blocks(spec: ModelSpec) -> list[str]:
+    """Module paths of the model's repeated blocks: the items of every outermost
+    ``nn.ModuleList`` (T5 has two, encoder and decoder), else of its longest ``nn.Sequential``."""
+    with torch.device("meta"):
+        model = build_model(spec)
+    for kind in (nn.ModuleList, nn.Sequential):
+        found: list[tuple[str, nn.Module]] = []
+        for name, module in model.named_modules():
+            inside = any(name.startswith(f"{outer}.") for outer, _ in found)
+            if name and isinstance(module, kind) and not inside:
+                found.append((name, module))
+        if kind is nn.Sequential and found:
+            found = [max(found, key=lambda item: len(list(item[1].children())))]
+        if found:
+            return [
+                f"{name}.{child}" for name, module in found for child, _ in module.named_children()
+            ]
+    return []

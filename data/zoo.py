@@ -31,6 +31,7 @@ _GPT2_VOCAB = 50257
 _LLAMA_VOCAB = 32000
 _T5_VOCAB = 32128
 _BERT_VOCAB = 30522
+_OPT_VOCAB = 50272
 
 ZOO: dict[str, ModelSpec] = {
     spec.label: spec
@@ -203,6 +204,57 @@ ZOO: dict[str, ModelSpec] = {
             },
             batch_size=8,
             seq_len=128,
+        ),
+        # OPT: Zhang et al. 2022 (opt-125m) and a test-scale one; ReLU MLPs, learned positions.
+        _entry(
+            "opt-tiny",
+            "opt",
+            "OPTForCausalLM",
+            {
+                "hidden_size": 128,
+                "word_embed_proj_dim": 128,
+                "ffn_dim": 512,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "vocab_size": 8192,
+                "max_position_embeddings": 256,
+            },
+            batch_size=4,
+            seq_len=64,
+        ),
+        _entry(
+            "opt-125m",
+            "opt",
+            "OPTForCausalLM",
+            {
+                "hidden_size": 768,
+                "word_embed_proj_dim": 768,
+                "ffn_dim": 3072,
+                "num_hidden_layers": 12,
+                "num_attention_heads": 12,
+                "vocab_size": _OPT_VOCAB,
+                "max_position_embeddings": 2048,
+            },
+            batch_size=4,
+            seq_len=128,
+        ),
+        # ConvNeXt: Liu et al. 2022 (ConvNeXt-T) and the atto size of ConvNeXt V2 (Woo et al.
+        # 2023) on the same block: depthwise 7x7 convolutions, LayerNorm, inverted bottlenecks.
+        _entry(
+            "convnext-atto",
+            "convnext",
+            "ConvNextForImageClassification",
+            {"depths": [2, 2, 6, 2], "hidden_sizes": [40, 80, 160, 320], "num_labels": 1000},
+            batch_size=8,
+            image_size=224,
+        ),
+        _entry(
+            "convnext-tiny",
+            "convnext",
+            "ConvNextForImageClassification",
+            {"depths": [3, 3, 9, 3], "hidden_sizes": [96, 192, 384, 768], "num_labels": 1000},
+            batch_size=8,
+            image_size=224,
         ),
     ]
 }

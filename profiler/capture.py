@@ -21,7 +21,7 @@ import difflib
 import logging
 import platform
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,19 +31,19 @@ from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from data.errors import InvalidModelSpecError, InvalidOptionError, InvalidStrategyError, one_line
-from data.graph.format import GraphNode, IterationGraph, ParamInfo, Phase, TensorMeta
+from data.graph.annotate import (
+    OPTIMIZERS,
+    Optimizer,
+    PendingNode,
+    assemble,
+    pending,
+)
+from data.graph.format import IterationGraph, ParamInfo, Phase, TensorMeta
 from data.models import check_model_spec, import_transformers, training_loss
 from data.specs.model import ModelSpec
-from data.specs.strategy import Bucket, Strategy
+from data.specs.strategy import Strategy
 from profiler.fake import fake_model
 from profiler.flops import register_missing_flop_formulas
-
-Optimizer = Literal["sgd", "adamw"]
-OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
-
-# Per parameter element, fp32: FLOPs of one step and how many parameter-sized tensors it reads
-# and writes (SGD with momentum: p, grad, buffer; AdamW: p, grad, exp_avg, exp_avg_sq).
-_OPTIMIZER_COST: dict[str, tuple[int, int, int]] = {"sgd": (3, 3, 2), "adamw": (12, 4, 3)}
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -60,20 +60,6 @@ class CaptureOptions:
             raise InvalidOptionError(
                 f"optimizer {self.optimizer!r} is not supported; allowed: {', '.join(OPTIMIZERS)}"
             )
-
-
-@dataclasses.dataclass(slots=True)
-class _Recorded:
-    """A node before final numbering: its id is still -1, and ``deps`` and ``forward_ref`` are
-    indices into the recorder's list, renumbered once collectives are placed."""
-
-    node: GraphNode
-    deps: list[int]
-    forward_ref: int | None = None
-
-
-def _pending(deps: list[int], forward_ref: int | None = None, **fields: Any) -> _Recorded:
-    return _Recorded(node=GraphNode(id=-1, **fields), deps=deps, forward_ref=forward_ref)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -107,7 +93,7 @@ class _Recorder(TorchDispatchMode):
 
     def __init__(self, module_of_param: dict[int, str]) -> None:
         super().__init__()
-        self.nodes: list[_Recorded] = []
+        self.nodes: list[PendingNode] = []
         self.phase: Phase = "forward"
         self.module_stack: list[str] = [""]
         self._producer: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
@@ -149,7 +135,7 @@ class _Recorder(TorchDispatchMode):
             else 0
         )
         self.nodes.append(
-            _pending(
+            pending(
                 deps,
                 forward_ref,
                 kind="compute",
@@ -191,7 +177,7 @@ class _Recorder(TorchDispatchMode):
         producer = self._producer.get(param.grad) if param.grad is not None else None
         nbytes = param.numel() * param.element_size()
         self.nodes.append(
-            _pending(
+            pending(
                 [producer if producer is not None else len(self.nodes) - 1],
                 kind="grad_ready",
                 phase="backward",
@@ -316,115 +302,18 @@ def capture_graph(spec: ModelSpec, options: CaptureOptions | None = None) -> Ite
         finally:
             for handle in handles:
                 handle.remove()
-    sizes = {p.name: p.nbytes for p in params}
-    buckets = options.strategy.tensor_fusion.assign([(name, sizes[name]) for name, _ in ready])
-    nodes = _place_collectives(recorder.nodes, dict(ready), buckets, options.strategy)
-    _append_optimizer(nodes, buckets, sizes, options.optimizer)
-    return _finish(spec, options, params, nodes)
-
-
-def _place_collectives(
-    recorded: list[_Recorded],
-    ready_node: dict[str, int],
-    buckets: list[Bucket],
-    strategy: Strategy,
-) -> list[_Recorded]:
-    """Insert each bucket's collective right after its last gradient becomes ready.
-
-    DeAR splits it into a reduce-scatter there and an all-gather after backward (it overlaps
-    with the next iteration's forward); FSDP reduce-scatters gradients. Returns nodes in the new
-    order with dependencies renumbered.
-    """
-    plan = strategy.tensor_fusion
-    first_op = "reduce_scatter" if plan.dear or strategy.parallel.fsdp else "all_reduce"
-    launch_after: dict[int, list[_Recorded]] = {}
-    for bucket in buckets:
-        deps = sorted(ready_node[name] for name in bucket.params)
-        launch_after.setdefault(deps[-1], []).append(_collective(first_op, bucket, deps))
-    order: list[_Recorded] = []
-    new_index: dict[int, int] = {}
-    for old, rec in enumerate(recorded):
-        new_index[old] = len(order)
-        order.append(rec)
-        order.extend(launch_after.get(old, []))
-    for rec in order:
-        rec.deps = [new_index[d] for d in rec.deps]
-        if rec.forward_ref is not None:
-            rec.forward_ref = new_index[rec.forward_ref]
-    if plan.dear:
-        scatter_index = {
-            rec.node.bucket: i for i, rec in enumerate(order) if rec.node.kind == "comm"
-        }
-        order.extend(
-            _collective("all_gather", bucket, [scatter_index[bucket.index]]) for bucket in buckets
-        )
-    return order
-
-
-def _collective(op: str, bucket: Bucket, deps: list[int]) -> _Recorded:
-    return _pending(
-        deps,
-        kind="comm",
-        phase="comm",
-        op=op,
-        module="",
-        params=bucket.params,
-        grad_bytes=bucket.grad_bytes,
-        bucket=bucket.index,
-    )
-
-
-def _append_optimizer(
-    recorded: list[_Recorded], buckets: list[Bucket], sizes: dict[str, int], optimizer: str
-) -> None:
-    """One optimizer-step node per parameter, after the collective that delivers its gradient."""
-    flops_per_elem, reads, writes = _OPTIMIZER_COST[optimizer]
-    delivering: dict[int, int] = {}
-    for index, rec in enumerate(recorded):
-        if rec.node.kind == "comm" and rec.node.bucket is not None:
-            delivering[rec.node.bucket] = index  # the last collective of a bucket wins
-    for bucket in buckets:
-        for name in bucket.params:
-            nbytes = sizes[name]
-            recorded.append(
-                _pending(
-                    [delivering[bucket.index]],
-                    kind="optimizer",
-                    phase="optimizer",
-                    op=f"optimizer.{optimizer}",
-                    module=name.rpartition(".")[0],
-                    flops=flops_per_elem * (nbytes // 4),
-                    bytes_read=reads * nbytes,
-                    bytes_written=writes * nbytes,
-                    param=name,
-                    params=(name,),
-                    param_bytes=nbytes,
-                    grad_bytes=nbytes,
-                    bucket=bucket.index,
-                )
-            )
-
-
-def _finish(
-    spec: ModelSpec,
-    options: CaptureOptions,
-    params: list[ParamInfo],
-    recorded: list[_Recorded],
-) -> IterationGraph:
-    nodes: list[GraphNode] = []
-    edges: list[tuple[int, int]] = []
-    for index, rec in enumerate(recorded):
-        edges.extend((dep, index) for dep in sorted(set(rec.deps)))
-        nodes.append(dataclasses.replace(rec.node, id=index, forward_id=rec.forward_ref))
     env = {"torch": torch.__version__, "python": platform.python_version()}
     if spec.source == "transformers":
         env["transformers"] = import_transformers().__version__
-    return IterationGraph(
+    return assemble(
         model=spec,
         strategy=options.strategy,
         optimizer=options.optimizer,
-        params=tuple(params),
-        nodes=tuple(nodes),
-        edges=tuple(edges),
+        params=params,
+        recorded=recorder.nodes,
+        ready=dict(ready),
         env=env,
     )
+
+
+__all__ = ["OPTIMIZERS", "CaptureOptions", "Optimizer", "capture_graph"]

@@ -23,7 +23,7 @@ def test_zoo_covers_families_and_sizes() -> None:
         families[spec.family] = families.get(spec.family, 0) + 1
     transformers_families = {f for f, n in families.items() if f != "reference" and n >= 2}
     assert {"gpt2", "bert", "vit", "resnet"} <= transformers_families
-    assert len(transformers_families) >= 6
+    assert len(transformers_families) >= 8
     assert {"MLP", "VGG"} <= {s.cls for s in ZOO.values() if s.source == "reference"}
 
 
@@ -49,6 +49,9 @@ def test_every_entry_builds_with_its_inputs(name: str) -> None:
         ("resnet-18", 11.7e6),
         ("resnet-50", 25.6e6),
         ("t5-small", 60.5e6),
+        ("opt-125m", 125.2e6),
+        ("convnext-tiny", 28.6e6),
+        ("convnext-atto", 3.7e6),
     ],
 )
 def test_standard_sizes(name: str, parameters: float) -> None:

@@ -8,6 +8,7 @@ import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
 from data.errors import InvalidModelSpecError, InvalidOptionError, InvalidStrategyError
+from data.graph.annotate import with_strategy
 from data.graph.format import IterationGraph
 from data.models import build_model, make_batch, training_loss
 from data.specs.model import ModelSpec
@@ -257,6 +258,34 @@ def test_explicit_buckets_and_dear(zoo_graph: GraphOf) -> None:
         assert graph.nodes[scatter].op == "reduce_scatter"
         assert graph.nodes[scatter].bucket == gather.bucket
     assert graph.strategy == strategy
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {},
+        {"tensor_fusion": {"bucket_cap_mb": 0.1, "dear": True}},
+        {"tensor_fusion": {"bucket_caps_mb": [65536], "implementation": "hooks"}},
+        {"parallel": {"fsdp": True}},
+    ],
+)
+@pytest.mark.parametrize("name", ["gpt2-tiny", "mlp"])
+def test_with_strategy_equals_a_new_capture(
+    name: str, raw: dict[str, Any], zoo_graph: GraphOf
+) -> None:
+    strategy = Strategy.from_dict(raw)
+    captured = capture_graph(ZOO[name], CaptureOptions(strategy=strategy))
+    moved = with_strategy(zoo_graph(name), strategy)
+    assert moved.graph_hash == captured.graph_hash
+    assert moved.strategy == strategy
+    # and back again: the default strategy's graph from the moved one
+    assert with_strategy(moved, Strategy()).graph_hash == zoo_graph(name).graph_hash
+
+
+def test_with_strategy_refuses_bad_buckets(zoo_graph: GraphOf) -> None:
+    strategy = Strategy(tensor_fusion=TensorFusionPlan(buckets=(("body.0.weight",),)))
+    with pytest.raises(InvalidStrategyError, match="miss 5 gradient"):
+        with_strategy(zoo_graph("mlp"), strategy)
 
 
 def test_bad_buckets_are_refused() -> None:
