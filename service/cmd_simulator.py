@@ -20,6 +20,7 @@ from profiler.batch import collective_records
 from profiler.capture import CaptureOptions, capture_graph
 from profiler.cluster import ClusterRunError, remove_stale_namespaces
 from profiler.collectives import profile_collectives
+from service import cmd_dataset
 from service.cmd_predict import kernel_profile_for, normalized_bandwidth
 from service.cmd_run import add_result
 from service.output import emit_json, positive_int, progress
@@ -203,3 +204,4 @@ def register(sub: Any) -> None:
     validate.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
     validate.add_argument("--json", action="store_true", help="print JSON")
     validate.set_defaults(handler=cmd_validate)
+    cmd_dataset.register(commands)

@@ -1,0 +1,461 @@
+"""The simulator's measured dataset: what it holds, the batch file that measures it, its file.
+
+Generation is an ordinary batch (``ddlsim profile batch``), so it resumes where it stopped and
+runs on any machine: :func:`plan_jobs` lists the link profiles (gloo collectives of every world
+size and link rate), the kernel profiles (one rank, every micro-batch a rank will run) and the
+executor runs (every model under several strategies on every cluster setting, DDP's defaults
+in each group, and a repeat of it in half of them to measure the noise). Runs come last and
+round-robin over models and settings, so a batch cut short still covers every model evenly.
+
+:func:`export_dataset` reads what a store holds into one compressed JSON file, self-contained:
+the graphs the kernel profiles timed, their per-node times, the collective fits, and every run
+(model, strategy, world size, link, iteration samples). :func:`load_dataset` reads it back.
+"""
+
+import dataclasses
+import gzip
+import json
+import random
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from data.errors import InvalidOptionError
+from data.graph.format import IterationGraph
+from data.specs.model import ModelSpec
+from data.specs.strategy import Strategy
+from data.zoo import ZOO
+
+DATASET_FORMAT = 1
+
+# Two sizes of each of eight families, at inputs that keep one run to seconds on two cores.
+_SMALL_TEXT = {"batch_size": 8, "seq_len": 64}
+_SMALL_IMAGE = {"batch_size": 8, "image_size": 64}
+
+
+def _variant(base: str, name: str, config: Mapping[str, Any], **inputs: int) -> ModelSpec:
+    spec = ZOO[base]
+    return dataclasses.replace(spec, name=name, config={**spec.config, **config}).with_inputs(
+        **inputs
+    )
+
+
+def dataset_models() -> list[ModelSpec]:
+    """The models of the dataset: two sizes of each of eight families."""
+    return [
+        ZOO["gpt2-tiny"].with_inputs(**_SMALL_TEXT),
+        _variant("gpt2-tiny", "gpt2-mini", {"n_layer": 4, "n_embd": 256}, **_SMALL_TEXT),
+        ZOO["bert-tiny"].with_inputs(**_SMALL_TEXT),
+        _variant(
+            "bert-tiny",
+            "bert-mini",
+            {
+                "num_hidden_layers": 4,
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "intermediate_size": 1024,
+            },
+            **_SMALL_TEXT,
+        ),
+        _variant("llama-tiny", "llama-tiny-8k", {"vocab_size": 8192}, **_SMALL_TEXT),
+        _variant(
+            "llama-tiny",
+            "llama-mini",
+            {
+                "num_hidden_layers": 4,
+                "hidden_size": 320,
+                "intermediate_size": 864,
+                "num_attention_heads": 5,
+                "num_key_value_heads": 5,
+                "vocab_size": 8192,
+            },
+            **_SMALL_TEXT,
+        ),
+        _variant("t5-tiny", "t5-tiny-8k", {"vocab_size": 8192}, **_SMALL_TEXT),
+        _variant(
+            "t5-tiny",
+            "t5-mini",
+            {
+                "num_layers": 3,
+                "d_model": 256,
+                "d_ff": 1024,
+                "d_kv": 32,
+                "num_heads": 8,
+                "vocab_size": 8192,
+            },
+            **_SMALL_TEXT,
+        ),
+        ZOO["opt-tiny"].with_inputs(**_SMALL_TEXT),
+        _variant(
+            "opt-tiny",
+            "opt-mini",
+            {
+                "num_hidden_layers": 4,
+                "hidden_size": 256,
+                "word_embed_proj_dim": 256,
+                "ffn_dim": 1024,
+            },
+            **_SMALL_TEXT,
+        ),
+        _variant("vit-tiny", "vit-tiny-64", {"num_labels": 100}, **_SMALL_IMAGE),
+        _variant(
+            "vit-tiny",
+            "vit-mini-64",
+            {
+                "num_hidden_layers": 4,
+                "hidden_size": 256,
+                "num_attention_heads": 4,
+                "intermediate_size": 1024,
+                "num_labels": 100,
+            },
+            **_SMALL_IMAGE,
+        ),
+        _variant("resnet-18", "resnet-18-64", {"num_labels": 100}, **_SMALL_IMAGE),
+        _variant(
+            "resnet-18",
+            "resnet-10-64",
+            {"depths": [1, 1, 1, 1], "num_labels": 100},
+            **_SMALL_IMAGE,
+        ),
+        _variant("convnext-atto", "convnext-atto-64", {"num_labels": 100}, **_SMALL_IMAGE),
+        _variant(
+            "convnext-atto",
+            "convnext-mini-64",
+            {"depths": [1, 1, 3, 1], "hidden_sizes": [32, 64, 128, 256], "num_labels": 100},
+            **_SMALL_IMAGE,
+        ),
+    ]
+
+
+# (world size, link) of every run group: both world sizes at 1 Gbit/s and unshaped.
+SETTINGS: tuple[tuple[int, str], ...] = ((2, "1gbit"), (2, "none"), (4, "1gbit"), (4, "none"))
+LINK_SIZES: tuple[int, ...] = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
+LINK_COLLECTIVES: tuple[str, ...] = ("all_reduce", "sendrecv")
+
+
+def strategy_pool(
+    grad_order: Sequence[str], blocks: Sequence[str], *, seed: int = 0
+) -> list[Strategy]:
+    """Twenty data-parallel strategies besides DDP's defaults, for a model whose gradients
+    become ready in ``grad_order`` and whose repeated blocks are ``blocks``: DDP's own bucket
+    caps, the executor's hook buckets (caps, one bucket, a random contiguous partition, a
+    non-contiguous grouping), DeAR, gradient accumulation, and compiled blocks with several of
+    these."""
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(grad_order)), k=min(2, len(grad_order) - 1)))
+    contiguous = [
+        list(grad_order[a:b]) for a, b in zip([0, *cuts], [*cuts, len(grad_order)], strict=True)
+    ]
+    interleaved = [list(grad_order[0::2]), list(grad_order[1::2])]
+    half = list(blocks[: max(1, len(blocks) // 2)])
+    raw: list[dict[str, Any]] = [
+        {"tensor_fusion": {"bucket_cap_mb": 1}},
+        {"tensor_fusion": {"bucket_cap_mb": 4}},
+        {"tensor_fusion": {"bucket_caps_mb": [0.5, 2, 8]}},
+        {"tensor_fusion": {"bucket_caps_mb": [65536], "implementation": "hooks"}},
+        {"tensor_fusion": {"bucket_cap_mb": 0.25, "implementation": "hooks"}},
+        {"tensor_fusion": {"bucket_cap_mb": 1, "implementation": "hooks"}},
+        {"tensor_fusion": {"bucket_cap_mb": 4, "implementation": "hooks"}},
+        {"tensor_fusion": {"buckets": contiguous}},
+        {"tensor_fusion": {"buckets": [b for b in interleaved if b]}},
+        {"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}},
+        {"tensor_fusion": {"bucket_cap_mb": 4, "dear": True}},
+        {"tensor_fusion": {"bucket_caps_mb": [65536], "dear": True}},
+        {"parallel": {"micro_batches": 2}},
+        {
+            "parallel": {"micro_batches": 2},
+            "tensor_fusion": {"bucket_cap_mb": 1, "implementation": "hooks"},
+        },
+        {"parallel": {"micro_batches": 2}, "tensor_fusion": {"bucket_cap_mb": 4, "dear": True}},
+        {"tensor_fusion": {"bucket_cap_mb": 0.5}},
+        {"op_fusion": {"compiled": list(blocks)}},
+        {
+            "op_fusion": {"compiled": list(blocks)},
+            "tensor_fusion": {"bucket_cap_mb": 1, "implementation": "hooks"},
+        },
+        {"op_fusion": {"compiled": half}, "tensor_fusion": {"bucket_cap_mb": 4}},
+        {
+            "op_fusion": {"compiled": list(blocks)},
+            "tensor_fusion": {"bucket_cap_mb": 4, "dear": True},
+        },
+    ]
+    if not blocks:
+        raw = [r for r in raw if "op_fusion" not in r]
+    return [Strategy.from_dict(r) for r in raw]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class PlanOptions:
+    """How much to measure: strategies per (model, setting) group besides DDP's defaults, and
+    the executor's iterations per run."""
+
+    per_group: int = 4
+    iters: int = 5
+    warmup: int = 2
+    kernel_iters: int = 15
+
+    def __post_init__(self) -> None:
+        if self.per_group < 1 or self.iters < 1 or self.warmup < 1 or self.kernel_iters < 1:
+            raise InvalidOptionError(
+                f"per_group({self.per_group}), iters({self.iters}), warmup({self.warmup}) and "
+                f"kernel_iters({self.kernel_iters}) must all be >= 1"
+            )
+
+
+def plan_jobs(
+    models: Sequence[ModelSpec],
+    pools: Mapping[str, Sequence[Strategy]],
+    settings: Sequence[tuple[int, str]] = SETTINGS,
+    options: PlanOptions | None = None,
+) -> list[dict[str, Any]]:
+    """The batch jobs that measure the dataset (a ``jobs:`` list for ``ddlsim profile batch``).
+
+    Group ``(model, setting)`` runs DDP's defaults and ``per_group`` strategies of the model's
+    pool, taken in turn so that a model's groups together use as much of its pool as they can;
+    odd groups run DDP's defaults once more with another seed (the repeat measures noise).
+    """
+    options = options or PlanOptions()
+    jobs: list[dict[str, Any]] = []
+    for world_size, bandwidth in dict.fromkeys(settings):
+        jobs.append(
+            {
+                "kind": "collectives",
+                "world_size": world_size,
+                "bandwidth": bandwidth,
+                "sizes": list(LINK_SIZES),
+                "collectives": list(LINK_COLLECTIVES),
+            }
+        )
+    rank_batches: dict[str, set[int]] = {}
+    groups: list[tuple[ModelSpec, int, str, list[Strategy]]] = []
+    for model_index, spec in enumerate(models):
+        pool = list(pools[spec.label])
+        for setting_index, (world_size, bandwidth) in enumerate(settings):
+            start = (setting_index + model_index) * options.per_group
+            chosen = [pool[(start + k) % len(pool)] for k in range(options.per_group)]
+            fitting = [
+                s for s in [Strategy(), *chosen] if _rank_batch(spec, s, world_size) is not None
+            ]
+            for strategy in fitting:
+                rank_batches.setdefault(spec.label, set()).add(
+                    int(_rank_batch(spec, strategy, world_size) or 0)
+                )
+            groups.append((spec, world_size, bandwidth, fitting))
+    by_label = {spec.label: spec for spec in models}
+    for label, batches in rank_batches.items():
+        for batch in sorted(batches, reverse=True):
+            jobs.append(
+                {
+                    "kind": "kernels",
+                    "model": by_label[label].to_dict(),
+                    "batch_size": batch,
+                    "iters": options.kernel_iters,
+                }
+            )
+    run = {"iters": options.iters, "warmup": options.warmup}
+    depth = max(len(g[3]) for g in groups)
+    for slot in range(depth):
+        for spec, world_size, bandwidth, strategies in groups:
+            if slot < len(strategies):
+                jobs.append(_run_job(spec, strategies[slot], world_size, bandwidth, run, seed=0))
+    for index, (spec, world_size, bandwidth, _) in enumerate(groups):
+        if index % 2:
+            jobs.append(_run_job(spec, Strategy(), world_size, bandwidth, run, seed=1))
+    return jobs
+
+
+def _rank_batch(spec: ModelSpec, strategy: Strategy, world_size: int) -> int | None:
+    parts = strategy.parallel.resolve_dp(world_size) * strategy.parallel.micro_batches
+    batch = spec.inputs.batch_size
+    return batch // parts if batch % parts == 0 else None
+
+
+def _run_job(
+    spec: ModelSpec,
+    strategy: Strategy,
+    world_size: int,
+    bandwidth: str,
+    run: Mapping[str, int],
+    *,
+    seed: int,
+) -> dict[str, Any]:
+    return {
+        "kind": "run",
+        "model": spec.to_dict(),
+        "strategy": strategy.to_dict(),
+        "world_size": world_size,
+        "bandwidth": bandwidth,
+        "seed": seed,
+        **run,
+    }
+
+
+# -- the file ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class KernelEntry:
+    """A kernel profile: the graph it timed (default strategy, the rank's micro-batch) and the
+    median time of each node (ms)."""
+
+    graph: IterationGraph
+    node_ms: dict[int, float]
+    iteration_time_ms: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LinkFit:
+    """A collective's fitted latency-bandwidth model on one cluster setting."""
+
+    collective: str
+    world_size: int
+    bandwidth: str
+    alpha_us: float
+    busbw_gbps: float
+    r2: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RunEntry:
+    """One executor run: each iteration's time (slowest rank) after warm-up."""
+
+    model: ModelSpec
+    strategy: Strategy
+    world_size: int
+    bandwidth: str
+    samples_ms: tuple[float, ...]
+    seed: int
+    created_at: str
+
+    @property
+    def measured_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def family(self) -> str:
+        return self.model.family or self.model.label
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Dataset:
+    """Runs and everything needed to replay and featurize them."""
+
+    runs: tuple[RunEntry, ...]
+    kernels: dict[tuple[str, int], KernelEntry]  # (model label, rank batch size)
+    links: tuple[LinkFit, ...]
+    meta: dict[str, Any]
+
+    @property
+    def families(self) -> list[str]:
+        return sorted({r.family for r in self.runs})
+
+    def kernel_for(self, spec: ModelSpec) -> KernelEntry | None:
+        return self.kernels.get((spec.label, spec.inputs.batch_size))
+
+    def select(
+        self, *, families: Iterable[str] | None = None, exclude: Iterable[str] = ()
+    ) -> "Dataset":
+        keep = set(families) if families is not None else None
+        drop = set(exclude)
+        runs = tuple(
+            r for r in self.runs if (keep is None or r.family in keep) and r.family not in drop
+        )
+        return dataclasses.replace(self, runs=runs)
+
+
+def export_dataset(store: Any, out: Path, *, meta: Mapping[str, Any]) -> dict[str, int]:
+    """Write what ``store`` holds (CPU kernel profiles, collective fits, measurements) to
+    ``out`` (gzip JSON). Returns counts of what was written."""
+    kernels = []
+    for profile in store.kernel_profiles():
+        if profile.device != "cpu":
+            continue
+        graph = store.load_graph(graph_hash=profile.graph_hash)
+        kernels.append(
+            {
+                "graph": graph.to_dict(),
+                "node_ms": {str(k): v for k, v in sorted(profile.node_ms.items())},
+                "iteration_time_ms": profile.iteration_time_ms,
+            }
+        )
+    links = [
+        {
+            "collective": p.collective,
+            "world_size": p.world_size,
+            "bandwidth": p.bandwidth,
+            "alpha_us": p.alpha_us,
+            "busbw_gbps": p.busbw_gbps,
+            "r2": p.r2,
+        }
+        for p in store.collective_profiles()
+    ]
+    runs = []
+    for m in store.measurements():
+        graph = store.load_graph(graph_hash=m.graph_hash)
+        runs.append(
+            {
+                "model": graph.model.to_dict(),
+                "strategy": store.load_strategy(strategy_hash=m.strategy_hash).to_dict(),
+                "world_size": m.world_size,
+                "bandwidth": m.bandwidth,
+                "network": m.network,
+                "samples_ms": list(m.iteration_time_ms),
+                "peak_memory_bytes": list(m.peak_memory_bytes),
+                "seed": int(m.env.get("seed", 0)),
+                "rank_cores": m.env.get("rank_cores", {}),
+                "created_at": m.created_at.isoformat() if m.created_at else "",
+            }
+        )
+    payload = {
+        "format": DATASET_FORMAT,
+        "meta": dict(meta),
+        "kernels": kernels,
+        "links": links,
+        "runs": runs,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump(payload, f, separators=(",", ":"))
+    tmp.replace(out)
+    return {"kernels": len(kernels), "links": len(links), "runs": len(runs)}
+
+
+def load_dataset(path: Path) -> Dataset:
+    """Read a dataset file.
+
+    Raises:
+        InvalidOptionError: the file is missing, not a dataset, or of another format.
+    """
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError, EOFError) as exc:
+        raise InvalidOptionError(f"dataset {path} cannot be read: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("format") != DATASET_FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise InvalidOptionError(f"dataset {path} has format {found!r}; allowed: {DATASET_FORMAT}")
+    kernels: dict[tuple[str, int], KernelEntry] = {}
+    for entry in raw["kernels"]:
+        graph = IterationGraph.from_dict(entry["graph"])
+        key = (graph.model.label, graph.model.inputs.batch_size)
+        kernels[key] = KernelEntry(
+            graph=graph,
+            node_ms={int(k): float(v) for k, v in entry["node_ms"].items()},
+            iteration_time_ms=float(entry["iteration_time_ms"]),
+        )
+    links = tuple(LinkFit(**entry) for entry in raw["links"])
+    runs = tuple(
+        RunEntry(
+            model=ModelSpec.from_dict(r["model"]),
+            strategy=Strategy.from_dict(r["strategy"]),
+            world_size=int(r["world_size"]),
+            bandwidth=str(r["bandwidth"]),
+            samples_ms=tuple(float(x) for x in r["samples_ms"]),
+            seed=int(r.get("seed", 0)),
+            created_at=str(r.get("created_at", "")),
+        )
+        for r in raw["runs"]
+    )
+    return Dataset(runs=runs, kernels=kernels, links=links, meta=dict(raw.get("meta", {})))

@@ -1,0 +1,177 @@
+"""The dataset's plan (which jobs, in which order) and its file (export, load)."""
+
+import gzip
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from data.errors import InvalidOptionError
+from data.graph.annotate import with_strategy
+from data.graph.format import IterationGraph
+from data.models import repeated_blocks
+from data.specs.strategy import Strategy
+from data.store import (
+    CollectiveProfileRecord,
+    KernelProfileRecord,
+    MeasurementRecord,
+    Store,
+    add_graph,
+    add_strategy,
+    strategy_hash,
+)
+from data.zoo import ZOO
+from simulator.dataset import (
+    SETTINGS,
+    PlanOptions,
+    dataset_models,
+    export_dataset,
+    load_dataset,
+    plan_jobs,
+    strategy_pool,
+)
+
+GraphOf = Callable[[str], IterationGraph]
+
+
+def test_dataset_models_cover_eight_families_in_two_sizes() -> None:
+    models = dataset_models()
+    families: dict[str, set[str]] = {}
+    for spec in models:
+        assert spec.family is not None
+        families.setdefault(spec.family, set()).add(spec.label)
+    assert len(families) >= 8
+    assert all(len(labels) == 2 for labels in families.values())
+    assert len({s.label for s in models}) == len(models)
+
+
+def test_strategy_pool_is_twenty_valid_strategies(zoo_graph: GraphOf) -> None:
+    graph: IterationGraph = zoo_graph("gpt2-tiny")
+    pool = strategy_pool(graph.grad_ready_order, repeated_blocks(ZOO["gpt2-tiny"]))
+    assert len(pool) == 20
+    assert len({s.to_json() for s in pool}) == 20
+    assert Strategy() not in pool
+    for strategy in pool:  # every bucket plan partitions the gradients
+        with_strategy(graph, strategy)
+    assert {s.tensor_fusion.dear for s in pool} == {True, False}
+    assert any(s.op_fusion.compiled for s in pool)
+    assert any(s.parallel.micro_batches == 2 for s in pool)
+    assert any(s.tensor_fusion.buckets for s in pool)
+
+
+def _pools(labels: list[str], size: int = 6) -> dict[str, list[Strategy]]:
+    pool = [Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": k + 1}}) for k in range(size)]
+    pool.append(Strategy.from_dict({"parallel": {"micro_batches": 2}}))
+    return {label: pool for label in labels}
+
+
+def test_plan_runs_defaults_in_every_group_round_robin() -> None:
+    models = [ZOO["mlp"].with_inputs(batch_size=8), ZOO["gpt2-tiny"].with_inputs(batch_size=8)]
+    jobs = plan_jobs(models, _pools([m.label for m in models]), options=PlanOptions(per_group=3))
+    kinds = [j["kind"] for j in jobs]
+    # links first, then kernel profiles, then runs
+    assert kinds == sorted(kinds, key=["collectives", "kernels", "run"].index)
+    assert sum(k == "collectives" for k in kinds) == len(SETTINGS)
+    runs = [j for j in jobs if j["kind"] == "run"]
+    first = runs[: len(models) * len(SETTINGS)]
+    assert all(j["strategy"] == Strategy().to_dict() and j["seed"] == 0 for j in first)
+    groups = len(models) * len(SETTINGS)
+    repeats = [j for j in runs if j["seed"] == 1]
+    assert len(repeats) == groups // 2
+    assert len(runs) == groups * 4 + len(repeats)
+    # kernel profiles at every rank micro-batch: 8/2, 8/4, and with two micro-batches 8/8
+    batches = {(j["model"]["name"], j["batch_size"]) for j in jobs if j["kind"] == "kernels"}
+    assert {b for name, b in batches if name == "mlp"} <= {4, 2, 1}
+    assert ("mlp", 4) in batches and ("mlp", 2) in batches
+
+
+def test_plan_leaves_out_strategies_the_batch_cannot_split() -> None:
+    spec = ZOO["mlp"].with_inputs(batch_size=4)
+    pool = [Strategy.from_dict({"parallel": {"micro_batches": 4}})]
+    jobs = plan_jobs([spec], {spec.label: pool}, settings=[(2, "1gbit")])
+    runs = [j for j in jobs if j["kind"] == "run"]
+    assert [j["strategy"] for j in runs] == [Strategy().to_dict()]
+
+
+def test_plan_options_are_checked() -> None:
+    with pytest.raises(InvalidOptionError, match=r"per_group\(0\)"):
+        PlanOptions(per_group=0)
+
+
+def test_export_and_load_round_trip(tmp_path: Path, zoo_graph: GraphOf) -> None:
+    graph: IterationGraph = zoo_graph("mlp")
+    strategy = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}})
+    store = Store.open(f"sqlite:///{tmp_path / 'd.db'}")
+    compute = [n.id for n in graph.nodes if n.kind in ("compute", "optimizer")]
+    with store.transaction() as session:
+        add_graph(session, graph=graph)
+        add_strategy(session, strategy=strategy)
+    store.save_kernel_profile(
+        profile=KernelProfileRecord(
+            graph_hash=graph.graph_hash,
+            model=graph.model.label,
+            device="cpu",
+            device_name="test",
+            iters=3,
+            iteration_time_ms=10.0,
+            attributed_ms=9.0,
+            coverage=0.9,
+            node_ms={i: 0.1 for i in compute},
+            trace_path=None,
+            env={},
+        )
+    )
+    store.save_collective_profile(
+        profile=CollectiveProfileRecord(
+            collective="all_reduce",
+            backend="gloo",
+            world_size=2,
+            bandwidth="1gbit",
+            network="netns",
+            alpha_us=100.0,
+            busbw_gbps=0.9,
+            r2=0.99,
+            samples=[],
+            rank_cores={0: [0], 1: [1]},
+            env={},
+        )
+    )
+    store.save_measurement(
+        measurement=MeasurementRecord(
+            model=graph.model.label,
+            graph_hash=graph.graph_hash,
+            strategy_hash=strategy_hash(strategy),
+            world_size=2,
+            bandwidth="1gbit",
+            network="netns",
+            iteration_time_ms=[12.0, 11.0, 13.0],
+            peak_memory_bytes=[1, 2],
+            applied={},
+            env={"seed": 1, "rank_cores": {"0": [0], "1": [1]}},
+        )
+    )
+    out = tmp_path / "d.json.gz"
+    counts = export_dataset(store, out, meta={"note": "test"})
+    store.close()
+    assert counts == {"kernels": 1, "links": 1, "runs": 1}
+    dataset = load_dataset(out)
+    (run,) = dataset.runs
+    assert run.strategy == strategy and run.model == graph.model
+    assert run.measured_ms == 12.0 and run.seed == 1 and run.world_size == 2
+    entry = dataset.kernel_for(graph.model)
+    assert entry is not None and entry.graph.graph_hash == graph.graph_hash
+    assert entry.node_ms == {i: 0.1 for i in compute}
+    assert dataset.links[0].busbw_gbps == 0.9
+    assert dataset.meta == {"note": "test"}
+    assert dataset.select(exclude=[run.family]).runs == ()
+
+
+def test_load_refuses_other_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json.gz"
+    with gzip.open(bad, "wt") as f:
+        json.dump({"format": 99}, f)
+    with pytest.raises(InvalidOptionError, match="format 99"):
+        load_dataset(bad)
+    with pytest.raises(InvalidOptionError, match="cannot be read"):
+        load_dataset(tmp_path / "missing.json.gz")
