@@ -10,17 +10,32 @@ rate, and the caller is told which.
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Protocol
 
 from data.comm_model import AlphaBeta
 from data.errors import InvalidStrategyError
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
-from data.store import CollectiveProfileRecord
 
 # The rate assumed for an unshaped link without a measured fit: this machine's raw TCP between
 # namespaces (DESIGN.md: 11.7 Gb/s), rounded down.
 UNSHAPED_GBPS = 10.0
 REPLAY_OPS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+class LinkFitLike(Protocol):
+    """A fitted collective on one link: a stored profile or a dataset's fit."""
+
+    @property
+    def collective(self) -> str: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def bandwidth(self) -> str: ...
+    @property
+    def alpha_us(self) -> float: ...
+    @property
+    def busbw_gbps(self) -> float: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,7 +76,7 @@ def uses_ring(strategy: Strategy, backend: str) -> bool:
 
 
 def comm_models(
-    profiles: Sequence[CollectiveProfileRecord],
+    profiles: Sequence[LinkFitLike],
     *,
     world_size: int,
     bandwidth: str,
@@ -76,7 +91,7 @@ def comm_models(
     modelled from the send/recv fit. Collectives without a fit run at the link's nominal rate
     (``UNSHAPED_GBPS`` for an unshaped link) with no latency.
     """
-    newest: dict[str, CollectiveProfileRecord] = {}
+    newest: dict[str, LinkFitLike] = {}
     for profile in profiles:
         if profile.world_size == world_size and profile.bandwidth == bandwidth:
             newest[profile.collective] = profile  # oldest first: later ones replace
@@ -98,5 +113,6 @@ def comm_models(
             alpha_us=max(0.0, alpha_us),
             busbw_gbps=record.busbw_gbps,
         )
-        sources[op] = f"{fitted} profile {record.id}"
+        name = getattr(record, "id", None)
+        sources[op] = f"{fitted} profile {name}" if name is not None else f"{fitted} fit"
     return CommModels(models=models, sources=sources)

@@ -1,0 +1,204 @@
+"""The learned cost model: a message-passing encoder over the rank's graph and a strategy head.
+
+The encoder (GINE layers over data-dependency and program-order edges, as DisCo's GNN reads
+HLO) gives every node an embedding. Two heads read them:
+
+- the duration head predicts each op's time (log1p µs) from its embedding, trained on the
+  kernel profiles with some durations hidden from the input: it prices ops never profiled;
+- the strategy head reads one strategy as a set of bucket tokens (each with the mean
+  embedding of its gradients' nodes), the mean embedding of the compiled blocks' nodes and of
+  the whole graph, and global features (the replay's time and breakdown, the link, the plan),
+  and predicts ``log(measured / replayed)``: the correction of the replay.
+
+A model's graph is encoded once; any number of strategies are then priced by the head alone,
+which is what makes batched evaluation fast.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch_geometric.data import Batch
+from torch_geometric.nn import GINEConv
+from torch_geometric.utils import scatter
+
+from data.errors import InvalidOptionError
+from simulator.features import (
+    BUCKET_FEATURES,
+    EDGE_TYPES,
+    GLOBAL_FEATURES,
+    NODE_FEATURES,
+    StrategySample,
+)
+
+DURATION_COLUMN = NODE_FEATURES.index("log1p_duration_us")
+KNOWN_COLUMN = NODE_FEATURES.index("duration_known")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CostModelConfig:
+    """Sizes of the cost model."""
+
+    hidden: int = 64
+    layers: int = 4
+
+    def __post_init__(self) -> None:
+        if self.hidden < 4 or self.layers < 1:
+            raise InvalidOptionError(
+                f"hidden({self.hidden}) must be >= 4 and layers({self.layers}) >= 1"
+            )
+
+
+def _mlp(inputs: int, hidden: int, outputs: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, outputs))
+
+
+class IterationCostModel(nn.Module):
+    """Encoder, duration head and strategy head (see the module docstring)."""
+
+    def __init__(self, config: CostModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden
+        self.node_in = nn.Sequential(
+            nn.LayerNorm(len(NODE_FEATURES)), _mlp(len(NODE_FEATURES), h, h)
+        )
+        self.convs = nn.ModuleList(
+            GINEConv(_mlp(h, h, h), edge_dim=len(EDGE_TYPES)) for _ in range(config.layers)
+        )
+        self.norms = nn.ModuleList(nn.LayerNorm(h) for _ in range(config.layers))
+        self.duration_head = _mlp(h, h, 1)
+        self.bucket_in = _mlp(len(BUCKET_FEATURES) + h, h, h)
+        self.global_norm = nn.LayerNorm(len(GLOBAL_FEATURES))
+        self.head = nn.Sequential(
+            nn.Linear(4 * h + 2 * len(GLOBAL_FEATURES), h),
+            nn.ReLU(),
+            nn.Linear(h, h),
+            nn.ReLU(),
+            nn.Linear(h, 1),
+        )
+
+    def encode(
+        self, graphs: Batch, hide: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Node embeddings and predicted durations; ``hide`` masks rows' profiled durations.
+
+        Shapes:
+            graphs.x: ``[num_nodes, len(NODE_FEATURES)]``; hide: ``[num_nodes]`` bool;
+            returns ``[num_nodes, hidden]`` and ``[num_nodes]`` (log1p µs).
+        """
+        x = graphs.x
+        if hide is not None:
+            x = x.clone()
+            x[hide, DURATION_COLUMN] = 0.0
+            x[hide, KNOWN_COLUMN] = 0.0
+        h = self.node_in(x)
+        for conv, norm in zip(self.convs, self.norms, strict=True):
+            h = norm(h + torch.relu(conv(h, graphs.edge_index, graphs.edge_attr)))
+        return h, self.duration_head(h).squeeze(-1)
+
+    def corrections(
+        self,
+        h: torch.Tensor,
+        graphs: Batch,
+        model_index: dict[str, int],
+        samples: Sequence[StrategySample],
+    ) -> torch.Tensor:
+        """``log(measured / replayed)`` predicted for each sample (its model among ``graphs``).
+
+        Shapes:
+            h: ``[num_nodes, hidden]``; returns ``[num_samples]``.
+        """
+        ptr = graphs.ptr
+        pooled_graph = scatter(h, graphs.batch, dim=0, dim_size=graphs.num_graphs, reduce="mean")
+        token_rows: list[int] = []
+        token_of_row: list[int] = []
+        bucket_of_sample: list[int] = []
+        compiled_rows: list[int] = []
+        compiled_of: list[int] = []
+        which = []
+        tokens = []
+        for s, sample in enumerate(samples):
+            m = model_index[sample.model_key]
+            which.append(m)
+            offset = int(ptr[m])
+            base = len(bucket_of_sample)
+            for b, rows in enumerate(sample.bucket_rows):
+                token_rows += [offset + r for r in rows]
+                token_of_row += [base + b] * len(rows)
+            bucket_of_sample += [s] * sample.buckets.shape[0]
+            tokens.append(sample.buckets)
+            compiled_rows += [offset + r for r in sample.compiled_rows]
+            compiled_of += [s] * len(sample.compiled_rows)
+        n = len(samples)
+        hidden = h.shape[1]
+        num_tokens = len(bucket_of_sample)
+        token_h = (
+            scatter(
+                h[torch.tensor(token_rows, dtype=torch.long)],
+                torch.tensor(token_of_row, dtype=torch.long),
+                dim=0,
+                dim_size=num_tokens,
+                reduce="mean",
+            )
+            if token_rows
+            else h.new_zeros(num_tokens, hidden)
+        )
+        token_in = torch.cat([torch.cat(tokens) if tokens else h.new_zeros(0, 6), token_h], dim=1)
+        token_out = self.bucket_in(token_in)
+        owner = torch.tensor(bucket_of_sample, dtype=torch.long)
+        bucket_sum = scatter(token_out, owner, dim=0, dim_size=n, reduce="sum") / 16.0
+        bucket_mean = scatter(token_out, owner, dim=0, dim_size=n, reduce="mean")
+        if compiled_rows:
+            compiled = scatter(
+                h[torch.tensor(compiled_rows, dtype=torch.long)],
+                torch.tensor(compiled_of, dtype=torch.long),
+                dim=0,
+                dim_size=n,
+                reduce="mean",
+            )
+        else:
+            compiled = h.new_zeros(n, hidden)
+        raw_globals = torch.stack([s.globals for s in samples])
+        features = torch.cat(
+            [
+                bucket_sum,
+                bucket_mean,
+                compiled,
+                pooled_graph[torch.tensor(which, dtype=torch.long)],
+                self.global_norm(raw_globals),
+                raw_globals,
+            ],
+            dim=1,
+        )
+        return self.head(features).squeeze(-1)
+
+    def checkpoint(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """What :func:`load_cost_model` reads back: tensors and plain data only."""
+        return {
+            "format": 1,
+            "config": dataclasses.asdict(self.config),
+            "state": self.state_dict(),
+            "meta": meta,
+        }
+
+
+def load_cost_model(raw: dict[str, Any]) -> tuple[IterationCostModel, dict[str, Any]]:
+    """A model from :meth:`IterationCostModel.checkpoint` (as ``torch.load`` with
+    ``weights_only=True`` returns it).
+
+    Raises:
+        InvalidOptionError: another format, or weights that do not fit the model.
+    """
+    if not isinstance(raw, dict) or raw.get("format") != 1:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise InvalidOptionError(f"cost model checkpoint has format {found!r}; allowed: 1")
+    model = IterationCostModel(CostModelConfig(**raw["config"]))
+    try:
+        model.load_state_dict(raw["state"])
+    except RuntimeError as exc:
+        raise InvalidOptionError(f"cost model checkpoint does not fit the model: {exc}") from None
+    model.eval()
+    return model, dict(raw.get("meta", {}))
