@@ -24,6 +24,8 @@ from profiler.capture import CaptureOptions, capture_graph
 from profiler.kernels import profile_kernels
 from service.output import emit_json, positive_int, progress
 from simulator.costs import rank_spec
+from simulator.default import load_default
+from simulator.gnn import IterationCostModel
 from simulator.predict import Prediction, predict
 
 
@@ -49,6 +51,16 @@ def kernel_profile_for(
         profile_id = add_kernel_profile(session, profile=record)
     stored = [p for p in store.kernel_profiles(graph_hash=graph.graph_hash) if p.id == profile_id]
     return graph, stored[0], True
+
+
+def cost_model_for(
+    choice: str | None,
+) -> tuple[IterationCostModel, dict[str, Any]] | None:
+    """``--simulator``: ``replay`` for the replay alone, a checkpoint path, or (unset) the
+    user's trained cost model, else the shipped one."""
+    if choice == "replay":
+        return None
+    return load_default(Path(choice) if choice else None)
 
 
 def normalized_bandwidth(text: str | None) -> str:
@@ -80,6 +92,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             collective_profiles=store.collective_profiles(backend="gloo"),
             world_size=args.world_size,
             bandwidth=bandwidth,
+            cost_model=cost_model_for(args.simulator),
         )
         with store.transaction() as session:
             add_graph(session, graph=graph)
@@ -103,10 +116,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _print_summary(prediction: Prediction, payload: dict[str, Any]) -> None:
-    parts = prediction.result.breakdown()
+    parts = prediction.breakdown()
     print(
         f"{payload['model']} on {prediction.world_size} rank(s), {prediction.bandwidth}: "
         f"{prediction.iteration_time_ms:.1f} ms per iteration ({prediction.simulator_version})\n"
+        f"  replay        {prediction.replay_ms:.1f} ms (predictor: {prediction.predictor})\n"
         f"  compute       {parts['compute_ms']:.1f} ms\n"
         f"  exposed comm  {parts['exposed_comm_ms']:.1f} ms "
         f"(of {parts['comm_ms']:.1f} ms communicating)\n"
@@ -118,9 +132,7 @@ def _print_summary(prediction: Prediction, payload: dict[str, Any]) -> None:
 
 
 def register(sub: Any) -> None:
-    cmd = sub.add_parser(
-        "predict", help="predict a strategy's iteration time with the simulator (replay)"
-    )
+    cmd = sub.add_parser("predict", help="predict a strategy's iteration time with the simulator")
     cmd.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
     cmd.add_argument("--strategy", help="strategy JSON or file (default: PyTorch DDP's defaults)")
     cmd.add_argument("--world-size", type=positive_int, default=1)
@@ -139,6 +151,12 @@ def register(sub: Any) -> None:
         help="iterations of the kernel profile taken when none is stored",
     )
     cmd.add_argument("--trace", help="write the replayed timeline here (Chrome trace JSON)")
+    cmd.add_argument(
+        "--simulator",
+        metavar="replay|CKPT",
+        help="'replay' alone, or a cost-model checkpoint (default: yours if trained, else the "
+        "shipped one)",
+    )
     cmd.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
     cmd.add_argument("--json", action="store_true", help="print JSON")
     cmd.set_defaults(handler=cmd_predict)

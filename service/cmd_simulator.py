@@ -20,8 +20,8 @@ from profiler.batch import collective_records
 from profiler.capture import CaptureOptions, capture_graph
 from profiler.cluster import ClusterRunError, remove_stale_namespaces
 from profiler.collectives import profile_collectives
-from service import cmd_dataset
-from service.cmd_predict import kernel_profile_for, normalized_bandwidth
+from service import cmd_dataset, cmd_train
+from service.cmd_predict import cost_model_for, kernel_profile_for, normalized_bandwidth
 from service.cmd_run import add_result
 from service.output import emit_json, positive_int, progress
 from simulator.costs import rank_spec
@@ -106,6 +106,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if args.world_size > 1:
             _link_profiles(store, args.world_size, bandwidth)
         profiles = store.collective_profiles(backend="gloo")
+        cost_model = cost_model_for(args.simulator)
         first_ms: float | None = None
         repeat_ms: float | None = None
         for index, strategy in enumerate([*strategies, strategies[0]]):
@@ -121,6 +122,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 collective_profiles=profiles,
                 world_size=args.world_size,
                 bandwidth=bandwidth,
+                cost_model=cost_model,
             )
             label = strategy.to_json()
             progress(f"running {index + 1}/{len(strategies) + 1}: {label}")
@@ -143,7 +145,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     "strategy": strategy.to_dict(),
                     "predicted_ms": predicted.iteration_time_ms,
                     "measured_ms": measured.median_ms,
-                    "breakdown": predicted.result.breakdown(),
+                    "replay_ms": predicted.replay_ms,
+                    "breakdown": predicted.breakdown(),
                 }
             )
     payload: dict[str, Any] = {
@@ -186,7 +189,9 @@ def _print_table(payload: dict[str, Any]) -> None:
 
 
 def register(sub: Any) -> None:
-    simulator = sub.add_parser("simulator", help="check the simulator against real runs")
+    simulator = sub.add_parser(
+        "simulator", help="train, evaluate and check the simulator against real runs"
+    )
     commands = simulator.add_subparsers(dest="simulator_command", required=True)
     validate = commands.add_parser(
         "validate", help="predict and run K strategies of a model, and compare"
@@ -201,7 +206,13 @@ def register(sub: Any) -> None:
     validate.add_argument("--batch-size", type=positive_int, help="global batch size")
     validate.add_argument("--seq-len", type=positive_int)
     validate.add_argument("--image-size", type=positive_int)
+    validate.add_argument(
+        "--simulator",
+        metavar="replay|CKPT",
+        help="as for ddlsim predict (default: yours, else the shipped cost model)",
+    )
     validate.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
     validate.add_argument("--json", action="store_true", help="print JSON")
     validate.set_defaults(handler=cmd_validate)
     cmd_dataset.register(commands)
+    cmd_train.register(commands)

@@ -73,3 +73,38 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def grouped_accuracy(
+    predicted: Sequence[float], measured: Sequence[float], groups: Sequence[str]
+) -> Accuracy:
+    """Errors over all rows; ranking only within groups (one model on one cluster), where
+    search compares strategies: ``kendall_tau`` is the mean over groups of two or more rows,
+    ``pair_accuracy`` pools the counted pairs of every group.
+
+    Raises:
+        InvalidOptionError: lengths differ, fewer than two rows, or a measured time <= 0.
+    """
+    overall = accuracy(predicted, measured)
+    if len(groups) != len(measured):
+        raise InvalidOptionError(f"{len(groups)} groups for {len(measured)} rows")
+    members: dict[str, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    taus = []
+    right = counted = 0
+    for rows in members.values():
+        if len(rows) < 2:
+            continue
+        part = accuracy([predicted[i] for i in rows], [measured[i] for i in rows])
+        taus.append(part.kendall_tau)
+        if part.pair_accuracy is not None:
+            right += round(part.pair_accuracy * part.pairs_counted)
+            counted += part.pairs_counted
+    return Accuracy(
+        mape=overall.mape,
+        p90_ape=overall.p90_ape,
+        kendall_tau=statistics.fmean(taus) if taus else float("nan"),
+        pair_accuracy=right / counted if counted else None,
+        pairs_counted=counted,
+    )

@@ -14,9 +14,14 @@ from data.graph.format import IterationGraph
 from data.specs.cluster import parse_bandwidth_gbps
 from data.store import CollectiveProfileRecord, PredictionRecord, strategy_hash
 from simulator.costs import comm_models, uses_ring
+from simulator.fast import DataParallelReplay
+from simulator.features import model_graph, strategy_sample
+from simulator.gnn import IterationCostModel
 from simulator.replay import ReplayResult, replay, transfer_durations
+from simulator.train import Predictor, predict_samples
 
 SIMULATOR_VERSION = "replay-1"
+COST_MODEL_VERSION = "gnn-1"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,10 +35,26 @@ class Prediction:
     result: ReplayResult
     comm_sources: Mapping[str, str]
     simulator_version: str = SIMULATOR_VERSION
+    predictor: str = "replay"
+    corrected_ms: float | None = None
 
     @property
     def iteration_time_ms(self) -> float:
+        """The cost model's time where one applied, else the replay's."""
+        return self.corrected_ms if self.corrected_ms is not None else self.replay_ms
+
+    @property
+    def replay_ms(self) -> float:
         return self.result.iteration_time_ms
+
+    def breakdown(self) -> dict[str, float]:
+        """The replay's breakdown, scaled to the predicted time when a cost model corrected it
+        (the replay's own time is kept as ``replay_ms``)."""
+        raw = self.result.breakdown()
+        scale = self.iteration_time_ms / self.replay_ms if self.replay_ms > 0 else 1.0
+        out = {key: value * scale for key, value in raw.items()}
+        out["replay_ms"] = self.replay_ms
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,8 +63,9 @@ class Prediction:
             "world_size": self.world_size,
             "bandwidth": self.bandwidth,
             "backend": self.backend,
-            "iteration_time_ms": self.result.iteration_time_ms,
-            "breakdown": self.result.breakdown(),
+            "iteration_time_ms": self.iteration_time_ms,
+            "breakdown": self.breakdown(),
+            "predictor": self.predictor,
             "collective_models": dict(self.comm_sources),
             "simulator_version": self.simulator_version,
         }
@@ -58,8 +80,8 @@ class Prediction:
                 "bandwidth": self.bandwidth,
                 "backend": self.backend,
             },
-            iteration_time_ms=self.result.iteration_time_ms,
-            breakdown=self.result.breakdown(),
+            iteration_time_ms=self.iteration_time_ms,
+            breakdown=self.breakdown(),
             simulator_version=self.simulator_version,
         )
 
@@ -73,6 +95,7 @@ def predict(
     world_size: int,
     bandwidth: str,
     backend: str = "gloo",
+    cost_model: tuple[IterationCostModel, Mapping[str, Any]] | None = None,
 ) -> Prediction:
     """Replay ``graph`` (captured with its strategy at the rank's micro-batch).
 
@@ -82,6 +105,8 @@ def predict(
         collective_profiles: stored fits; those of ``backend`` over the data-parallel ranks on
             ``bandwidth`` are used, the link's nominal rate where none matches.
         bandwidth: the link as ``ddlsim`` names it (``1gbit``, ``none`` for unshaped).
+        cost_model: a trained model and its meta; its ``predictor`` (``gnn`` or ``blend``)
+            corrects the replay, ``replay`` (or no model) leaves it as it is.
 
     Raises:
         InvalidOptionError: the profiled graph is of another model or inputs.
@@ -98,11 +123,40 @@ def predict(
     )
     durations = transfer_durations(profiled, node_ms, graph)
     result = replay(graph, durations, models.models)
-    return Prediction(
+    prediction = Prediction(
         graph=graph,
         world_size=world_size,
         bandwidth=bandwidth,
         backend=backend,
         result=result,
         comm_sources=models.sources,
+    )
+    if cost_model is None:
+        return prediction
+    model, meta = cost_model
+    predictor = str(meta.get("predictor", "gnn"))
+    if predictor not in ("gnn", "blend"):
+        return prediction
+    summary = DataParallelReplay(profiled, node_ms).summary(
+        graph.strategy, models.models, micro_batches=graph.strategy.parallel.micro_batches
+    )
+    key = profiled.graph_hash
+    sample = strategy_sample(
+        model_key=key,
+        graph=(encoded := model_graph(profiled, node_ms)),
+        strategy=graph.strategy,
+        summary=summary,
+        comm=models.models,
+        dp=dp,
+    )
+    chosen: Predictor = "blend" if predictor == "blend" else "gnn"
+    (corrected,) = predict_samples(model, {key: encoded}, [sample], chosen)
+    # The sample's replay is the closed form of the same schedule; apply its correction to the
+    # full replay's time.
+    corrected *= result.iteration_time_ms / summary.iteration_time_ms
+    return dataclasses.replace(
+        prediction,
+        predictor=predictor,
+        corrected_ms=corrected,
+        simulator_version=f"{COST_MODEL_VERSION}+{SIMULATOR_VERSION}",
     )

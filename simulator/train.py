@@ -31,7 +31,7 @@ from simulator.features import ModelGraph, StrategySample, model_graph, strategy
 from simulator.gnn import CostModelConfig, IterationCostModel, load_cost_model
 
 Predictor = Literal["replay", "gnn", "blend"]
-PREDICTORS: tuple[str, ...] = ("replay", "gnn", "blend")
+PREDICTORS: tuple[Predictor, ...] = ("replay", "gnn", "blend")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -3,7 +3,7 @@
 import pytest
 
 from data.errors import InvalidOptionError
-from simulator.evaluate import accuracy
+from simulator.evaluate import accuracy, grouped_accuracy
 
 
 def test_perfect_prediction() -> None:
@@ -35,3 +35,15 @@ def test_bad_input_is_named() -> None:
         accuracy([1.0], [1.0])
     with pytest.raises(InvalidOptionError, match="measured times must be > 0"):
         accuracy([1.0, 2.0], [0.0, 2.0])
+
+
+def test_grouped_accuracy_ranks_within_groups_only() -> None:
+    # two groups, each ordered right; across groups the order would be wrong
+    predicted = [10.0, 20.0, 1.0, 2.0]
+    measured = [1.0, 2.0, 10.0, 20.0]
+    result = grouped_accuracy(predicted, measured, ["a", "a", "b", "b"])
+    assert result.kendall_tau == 1.0
+    assert result.pair_accuracy == 1.0 and result.pairs_counted == 2
+    assert accuracy(predicted, measured).kendall_tau < 1.0
+    with pytest.raises(InvalidOptionError, match="3 groups for 4 rows"):
+        grouped_accuracy(predicted, measured, ["a", "a", "b"])

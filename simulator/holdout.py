@@ -1,0 +1,142 @@
+"""Held-out evaluation: train without some model families, measure the error on them.
+
+A family held out is one the cost model has never seen (another architecture, not only another
+size), which is the case that matters: users bring their own models. Cross-validation holds
+out each family in turn and pools the rows; the predictor with the lowest pooled error becomes
+the default that ``ddlsim predict`` uses.
+"""
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from data.errors import InvalidOptionError
+from simulator.dataset import Dataset
+from simulator.evaluate import Accuracy, grouped_accuracy
+from simulator.gnn import CostModelConfig, IterationCostModel
+from simulator.train import (
+    PREDICTORS,
+    TrainOptions,
+    build_training_set,
+    duration_error,
+    predict_samples,
+    train_cost_model,
+)
+
+Progress = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HoldoutReport:
+    """Rows (one a held-out run) and the metrics of each predictor on them."""
+
+    holdout: tuple[str, ...]
+    train_runs: int
+    rows: tuple[dict[str, Any], ...]
+    metrics: dict[str, Accuracy]
+    duration_mdape: float
+    train_seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "holdout": list(self.holdout),
+            "train_runs": self.train_runs,
+            "test_runs": len(self.rows),
+            "metrics": {name: m.to_json() for name, m in self.metrics.items()},
+            "duration_mdape": self.duration_mdape,
+            "train_seconds": self.train_seconds,
+            "rows": list(self.rows),
+        }
+
+
+def metrics_of(rows: Sequence[dict[str, Any]]) -> dict[str, Accuracy]:
+    """Each predictor's accuracy on ``rows`` (``measured_ms``, ``<predictor>_ms``, ``group``)."""
+    measured = [r["measured_ms"] for r in rows]
+    groups = [r["group"] for r in rows]
+    return {
+        name: grouped_accuracy([r[f"{name}_ms"] for r in rows], measured, groups)
+        for name in PREDICTORS
+    }
+
+
+def evaluate_holdout(
+    dataset: Dataset,
+    holdout: Sequence[str],
+    *,
+    config: CostModelConfig | None = None,
+    options: TrainOptions | None = None,
+    progress: Progress | None = None,
+) -> tuple[HoldoutReport, IterationCostModel]:
+    """Train on every family but ``holdout``, evaluate on ``holdout``.
+
+    Raises:
+        InvalidOptionError: a held-out family the dataset does not have, or nothing left to
+            train on or to test.
+    """
+    unknown = sorted(set(holdout) - set(dataset.families))
+    if unknown:
+        raise InvalidOptionError(
+            f"family {', '.join(unknown)} is not in the dataset; it has: "
+            f"{', '.join(dataset.families)}"
+        )
+    train = build_training_set(dataset, dataset.select(exclude=holdout).runs)
+    test = build_training_set(dataset, dataset.select(families=holdout).runs)
+    if not train.samples or len(test.samples) < 2:
+        raise InvalidOptionError(
+            f"holding out {', '.join(holdout)} leaves {len(train.samples)} runs to train on "
+            f"and {len(test.samples)} to test"
+        )
+    if progress is not None:
+        progress(
+            f"training without {', '.join(holdout)}: {len(train.samples)} runs, "
+            f"{len(train.graphs)} graphs"
+        )
+    start = time.perf_counter()
+    model = train_cost_model(train, config=config, options=options)
+    seconds = time.perf_counter() - start
+    predictions = {
+        name: predict_samples(model, test.graphs, test.samples, name) for name in PREDICTORS
+    }
+    rows = tuple(
+        {
+            "group": sample.group,
+            "family": sample.family,
+            "model_key": sample.model_key,
+            "measured_ms": float(sample.measured_ms or 0.0),
+            **{f"{name}_ms": predictions[name][i] for name in PREDICTORS},
+        }
+        for i, sample in enumerate(test.samples)
+    )
+    report = HoldoutReport(
+        holdout=tuple(holdout),
+        train_runs=len(train.samples),
+        rows=rows,
+        metrics=metrics_of(rows),
+        duration_mdape=duration_error(model, test.graphs),
+        train_seconds=seconds,
+    )
+    return report, model
+
+
+def cross_validate(
+    dataset: Dataset,
+    *,
+    config: CostModelConfig | None = None,
+    options: TrainOptions | None = None,
+    progress: Progress | None = None,
+) -> tuple[list[HoldoutReport], dict[str, Accuracy]]:
+    """Hold out each family in turn; the reports and the metrics of all folds' rows pooled."""
+    reports = []
+    for family in dataset.families:
+        report, _ = evaluate_holdout(
+            dataset, [family], config=config, options=options, progress=progress
+        )
+        reports.append(report)
+    pooled = [row for report in reports for row in report.rows]
+    return reports, metrics_of(pooled)
+
+
+def best_predictor(metrics: dict[str, Accuracy]) -> str:
+    """The predictor with the lowest mean absolute percentage error."""
+    return min(metrics, key=lambda name: metrics[name].mape)
