@@ -183,7 +183,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     graph, node_ms, what = _bench_graph(dataset)
     strategies = _random_partitions(graph.grad_ready_order, args.strategies, seed=0)
     comm = comm_models_for_link(2, 1.0, alpha_us=300.0)
-    loaded = load_default()
+    loaded = (
+        None
+        if args.simulator == "replay"
+        else load_default(Path(args.simulator) if args.simulator else None)
+    )
     rates: dict[str, list[float]] = {"replay": [], "cost_model": []}
     with intra_op_threads(1):
         for _ in range(args.repeats):
@@ -284,5 +288,10 @@ def register(commands: Any) -> None:
     bench.add_argument("--strategies", type=positive_int, default=2000)
     bench.add_argument("--batch", type=positive_int, default=256)
     bench.add_argument("--repeats", type=positive_int, default=3)
+    bench.add_argument(
+        "--simulator",
+        metavar="replay|CKPT",
+        help="as for ddlsim predict (default: yours, else the shipped cost model)",
+    )
     bench.add_argument("--json", action="store_true", help="print JSON")
     bench.set_defaults(handler=cmd_bench)

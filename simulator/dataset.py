@@ -327,6 +327,7 @@ class RunEntry:
     samples_ms: tuple[float, ...]
     seed: int
     created_at: str
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def measured_ms(self) -> float:
@@ -367,59 +368,90 @@ class Dataset:
 def export_dataset(store: Any, out: Path, *, meta: Mapping[str, Any]) -> dict[str, int]:
     """Write what ``store`` holds (CPU kernel profiles, collective fits, measurements) to
     ``out`` (gzip JSON). Returns counts of what was written."""
-    kernels = []
-    for profile in store.kernel_profiles():
+    kernels: dict[tuple[str, int], KernelEntry] = {}
+    for profile in store.kernel_profiles():  # oldest first: a newer profile replaces
         if profile.device != "cpu":
             continue
         graph = store.load_graph(graph_hash=profile.graph_hash)
-        kernels.append(
-            {
-                "graph": graph.to_dict(),
-                "node_ms": {str(k): v for k, v in sorted(profile.node_ms.items())},
-                "iteration_time_ms": profile.iteration_time_ms,
-            }
+        kernels[(graph.model.label, graph.model.inputs.batch_size)] = KernelEntry(
+            graph=graph,
+            node_ms=dict(profile.node_ms),
+            iteration_time_ms=profile.iteration_time_ms,
         )
-    links = [
-        {
-            "collective": p.collective,
-            "world_size": p.world_size,
-            "bandwidth": p.bandwidth,
-            "alpha_us": p.alpha_us,
-            "busbw_gbps": p.busbw_gbps,
-            "r2": p.r2,
-        }
+    links = tuple(
+        LinkFit(
+            collective=p.collective,
+            world_size=p.world_size,
+            bandwidth=p.bandwidth,
+            alpha_us=p.alpha_us,
+            busbw_gbps=p.busbw_gbps,
+            r2=p.r2,
+        )
         for p in store.collective_profiles()
-    ]
+    )
     runs = []
     for m in store.measurements():
         graph = store.load_graph(graph_hash=m.graph_hash)
         runs.append(
-            {
-                "model": graph.model.to_dict(),
-                "strategy": store.load_strategy(strategy_hash=m.strategy_hash).to_dict(),
-                "world_size": m.world_size,
-                "bandwidth": m.bandwidth,
-                "network": m.network,
-                "samples_ms": list(m.iteration_time_ms),
-                "peak_memory_bytes": list(m.peak_memory_bytes),
-                "seed": int(m.env.get("seed", 0)),
-                "rank_cores": m.env.get("rank_cores", {}),
-                "created_at": m.created_at.isoformat() if m.created_at else "",
-            }
+            RunEntry(
+                model=graph.model,
+                strategy=store.load_strategy(strategy_hash=m.strategy_hash),
+                world_size=m.world_size,
+                bandwidth=m.bandwidth,
+                samples_ms=tuple(m.iteration_time_ms),
+                seed=int(m.env.get("seed", 0)),
+                created_at=m.created_at.isoformat() if m.created_at else "",
+                extra={
+                    "network": m.network,
+                    "peak_memory_bytes": list(m.peak_memory_bytes),
+                    "rank_cores": m.env.get("rank_cores", {}),
+                    "compile_time_s": m.env.get("compile_time_s"),
+                },
+            )
         )
+    dataset = Dataset(runs=tuple(runs), kernels=kernels, links=links, meta=dict(meta))
+    save_dataset(dataset, out)
+    return {"kernels": len(kernels), "links": len(links), "runs": len(runs)}
+
+
+def save_dataset(dataset: Dataset, out: Path) -> None:
+    """Write ``dataset`` to ``out`` (gzip JSON), atomically."""
     payload = {
         "format": DATASET_FORMAT,
-        "meta": dict(meta),
-        "kernels": kernels,
-        "links": links,
-        "runs": runs,
+        "meta": dataset.meta,
+        "kernels": [
+            {
+                "graph": entry.graph.to_dict(),
+                "node_ms": {str(k): v for k, v in sorted(entry.node_ms.items())},
+                "iteration_time_ms": entry.iteration_time_ms,
+            }
+            for entry in dataset.kernels.values()
+        ],
+        "links": [dataclasses.asdict(link) for link in dataset.links],
+        "runs": [
+            {
+                "model": run.model.to_dict(),
+                "strategy": run.strategy.to_dict(),
+                "world_size": run.world_size,
+                "bandwidth": run.bandwidth,
+                "samples_ms": list(run.samples_ms),
+                "seed": run.seed,
+                "created_at": run.created_at,
+                **run.extra,
+            }
+            for run in dataset.runs
+        ],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")
     with gzip.open(tmp, "wt", encoding="utf-8") as f:
         json.dump(payload, f, separators=(",", ":"))
     tmp.replace(out)
-    return {"kernels": len(kernels), "links": len(links), "runs": len(runs)}
+
+
+_RUN_KEYS = frozenset(
+    {"model", "strategy", "world_size", "bandwidth", "samples_ms", "seed", "created_at"}
+)
 
 
 def load_dataset(path: Path) -> Dataset:
@@ -455,6 +487,7 @@ def load_dataset(path: Path) -> Dataset:
             samples_ms=tuple(float(x) for x in r["samples_ms"]),
             seed=int(r.get("seed", 0)),
             created_at=str(r.get("created_at", "")),
+            extra={k: v for k, v in r.items() if k not in _RUN_KEYS},
         )
         for r in raw["runs"]
     )

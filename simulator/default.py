@@ -6,6 +6,7 @@ works right after install. The checkpoint's meta names the predictor held-out ev
 (``replay``, ``gnn`` or ``blend``).
 """
 
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,10 @@ def shipped_dataset() -> Path:
 
 
 def user_checkpoint() -> Path:
-    return Path(platformdirs.user_data_dir("ddlsim")) / "simulator" / "cost_model.pt"
+    """Where ``ddlsim simulator train`` writes: ``$DDLSIM_DATA_DIR`` (else the user's data
+    directory) ``/simulator/cost_model.pt``."""
+    root = os.environ.get("DDLSIM_DATA_DIR") or platformdirs.user_data_dir("ddlsim")
+    return Path(root) / "simulator" / "cost_model.pt"
 
 
 def default_checkpoint() -> Path:

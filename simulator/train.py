@@ -15,6 +15,7 @@ share of profiled durations (the duration head learns to fill them in), and mini
 import contextlib
 import dataclasses
 import math
+import pickle
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -203,7 +204,7 @@ def _train(
         optimizer.step()
         schedule.step()
         if progress is not None:
-            progress(epoch + 1, options.epochs, float(loss))
+            progress(epoch + 1, options.epochs, float(loss.detach()))
     model.eval()
     return model
 
@@ -258,6 +259,6 @@ def load_checkpoint(path: Path) -> tuple[IterationCostModel, dict[str, Any]]:
     """
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as exc:
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise InvalidOptionError(f"cost model checkpoint {path} cannot be read: {exc}") from None
     return load_cost_model(raw)

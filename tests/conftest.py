@@ -17,9 +17,11 @@ _CACHE: dict[str, IterationGraph] = {}
 
 @pytest.fixture(autouse=True)
 def private_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test gets its own SQLite store: nothing reaches the user's data directory."""
+    """Every test gets its own SQLite store and data directory (trained cost models): nothing
+    reaches the user's data directory."""
     url = f"sqlite:///{tmp_path / 'ddlsim-test.db'}"
     monkeypatch.setenv("DDLSIM_DB", url)
+    monkeypatch.setenv("DDLSIM_DATA_DIR", str(tmp_path / "ddlsim-data"))
     return url
 
 

@@ -12,7 +12,10 @@ from service.cmd_simulator import CANDIDATES
 
 
 def _predict(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
-    assert main(["predict", "mlp", "--batch-size", "16", "--profile-iters", "2", *args]) == 0
+    command = ["predict", "mlp", "--batch-size", "16", "--profile-iters", "2", *args]
+    if "--simulator" not in args:
+        command += ["--simulator", "replay"]
+    assert main(command) == 0
     return json.loads(capsys.readouterr().out)
 
 

@@ -1,0 +1,116 @@
+"""``ddlsim simulator train|eval|bench`` and ``predict`` with a trained cost model, on a small
+synthetic dataset (real graphs, known measured times)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from data.zoo import ZOO
+from service.cli import main
+from simulator.dataset import save_dataset
+from simulator.train import PREDICTORS
+from tests.simulator.synthetic import synthetic_dataset, with_truth
+
+
+@pytest.fixture(scope="module")
+def dataset_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("dataset") / "synthetic.json.gz"
+    save_dataset(with_truth(synthetic_dataset([ZOO["mlp"], ZOO["gpt2-tiny"]])), path)
+    return path
+
+
+def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
+    assert main([*args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_train_chooses_a_predictor_and_writes_the_checkpoint(
+    capsys: pytest.CaptureFixture[str], dataset_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "model.pt"
+    args = ["simulator", "train", "--dataset", str(dataset_file), "--epochs", "40"]
+    result = _json(capsys, *args, "--hidden", "16", "--layers", "2", "--out", str(out))
+    assert result["predictor"] in PREDICTORS
+    assert set(result["cross_validation"]) == set(PREDICTORS)
+    assert result["families"] == ["gpt2", "reference"]
+    assert result["runs"] == 24 and out.is_file()
+    # without --out it goes to the user's data directory, which predict then uses
+    _json(capsys, *args, "--hidden", "16", "--layers", "2", "--predictor", "gnn")
+    predicted = _json(
+        capsys,
+        "predict",
+        "mlp",
+        "--world-size",
+        "2",
+        "--bandwidth",
+        "1gbit",
+        "--profile-iters",
+        "2",
+    )
+    assert predicted["predictor"] == "gnn"
+    assert predicted["simulator_version"] == "gnn-1+replay-1"
+    assert predicted["breakdown"]["replay_ms"] > 0
+    parts = predicted["breakdown"]
+    assert predicted["iteration_time_ms"] == pytest.approx(
+        parts["compute_ms"] + parts["exposed_comm_ms"]
+    )
+    replayed = _json(
+        capsys,
+        "predict",
+        "mlp",
+        "--world-size",
+        "2",
+        "--bandwidth",
+        "1gbit",
+        "--simulator",
+        "replay",
+    )
+    assert replayed["iteration_time_ms"] == pytest.approx(parts["replay_ms"])
+    bench = _json(capsys, "simulator", "bench", "--strategies", "40", "--repeats", "1")
+    assert bench["cost_model_evaluations_per_s"] > 0 and bench["replay_evaluations_per_s"] > 0
+    assert bench["num_nodes"] > 100
+
+
+def test_eval_reports_every_predictor_on_the_held_out_family(
+    capsys: pytest.CaptureFixture[str], dataset_file: Path
+) -> None:
+    result = _json(
+        capsys,
+        "simulator",
+        "eval",
+        "--holdout",
+        "gpt2",
+        "--dataset",
+        str(dataset_file),
+        "--epochs",
+        "30",
+        "--hidden",
+        "16",
+        "--layers",
+        "2",
+        "--rows",
+    )
+    assert result["holdout"] == ["gpt2"] and result["test_runs"] == 12
+    assert set(result["metrics"]) == set(PREDICTORS)
+    for metrics in result["metrics"].values():
+        assert metrics["mape"] >= 0 and -1 <= metrics["kendall_tau"] <= 1
+    assert {row["family"] for row in result["rows"]} == {"gpt2"}
+    assert result["default"] == result["metrics"][result["default_predictor"]]
+
+
+def test_bad_input_is_one_line(
+    capsys: pytest.CaptureFixture[str], dataset_file: Path, tmp_path: Path
+) -> None:
+    code = main(["simulator", "eval", "--holdout", "nope", "--dataset", str(dataset_file)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "family nope is not in the dataset; it has: gpt2, reference" in err
+    assert "Traceback" not in err
+    code = main(["simulator", "train", "--dataset", str(tmp_path / "missing.json.gz")])
+    assert code == 2
+    assert "cannot be read" in capsys.readouterr().err
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    code = main(["predict", "mlp", "--simulator", str(tmp_path / "bad.pt")])
+    assert code == 2
+    assert "cost model checkpoint" in capsys.readouterr().err
