@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from profiler.batch import kernel_record
 from profiler.capture import CaptureOptions, capture_graph
 from profiler.kernels import profile_kernels
 from service.output import emit_json, positive_int, progress
-from simulator.costs import rank_spec
+from simulator.costs import compute_scale, rank_spec
 from simulator.default import load_default
 from simulator.gnn import IterationCostModel
 from simulator.predict import Prediction, predict
@@ -63,6 +64,12 @@ def cost_model_for(
     return load_default(Path(choice) if choice else None)
 
 
+def machine_scale(world_size: int) -> float:
+    """Ranks of an emulated cluster all run on this machine: with more ranks than cores, each
+    computes slower than its one-rank profile (one intra-op thread a rank)."""
+    return compute_scale(world_size, len(os.sched_getaffinity(0)))
+
+
 def normalized_bandwidth(text: str | None) -> str:
     """The link as the store names it: a lower-case rate, or ``none`` for an unshaped one."""
     if text is None:
@@ -93,6 +100,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             world_size=args.world_size,
             bandwidth=bandwidth,
             cost_model=cost_model_for(args.simulator),
+            compute_scale=machine_scale(args.world_size),
         )
         with store.transaction() as session:
             add_graph(session, graph=graph)

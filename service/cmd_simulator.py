@@ -21,7 +21,12 @@ from profiler.capture import CaptureOptions, capture_graph
 from profiler.cluster import ClusterRunError, remove_stale_namespaces
 from profiler.collectives import profile_collectives
 from service import cmd_dataset, cmd_train
-from service.cmd_predict import cost_model_for, kernel_profile_for, normalized_bandwidth
+from service.cmd_predict import (
+    cost_model_for,
+    kernel_profile_for,
+    machine_scale,
+    normalized_bandwidth,
+)
 from service.cmd_run import add_result
 from service.output import emit_json, positive_int, progress
 from simulator.costs import rank_spec
@@ -123,6 +128,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 world_size=args.world_size,
                 bandwidth=bandwidth,
                 cost_model=cost_model,
+                compute_scale=machine_scale(args.world_size),
             )
             label = strategy.to_json()
             progress(f"running {index + 1}/{len(strategies) + 1}: {label}")

@@ -9,11 +9,11 @@ rate, and the caller is told which.
 """
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from data.comm_model import AlphaBeta
-from data.errors import InvalidStrategyError
+from data.errors import InvalidOptionError, InvalidStrategyError
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 
@@ -116,3 +116,24 @@ def comm_models(
         name = getattr(record, "id", None)
         sources[op] = f"{fitted} profile {name}" if name is not None else f"{fitted} fit"
     return CommModels(models=models, sources=sources)
+
+
+def compute_scale(ranks_on_machine: int, cores: int) -> float:
+    """How much slower each rank computes than the one-rank kernel profile says, when
+    ``ranks_on_machine`` single-threaded ranks share ``cores`` CPU cores (an emulated cluster
+    on one machine: 4 ranks on 2 cores get half a core each). 1 where every rank has a core
+    (or a GPU) of its own.
+
+    Raises:
+        InvalidOptionError: a count below 1.
+    """
+    if ranks_on_machine < 1 or cores < 1:
+        raise InvalidOptionError(
+            f"ranks_on_machine({ranks_on_machine}) and cores({cores}) must be >= 1"
+        )
+    return max(1.0, ranks_on_machine / cores)
+
+
+def scaled(node_ms: Mapping[int, float], scale: float) -> dict[int, float]:
+    """``node_ms`` with every duration multiplied by ``scale``."""
+    return {node: ms * scale for node, ms in node_ms.items()}

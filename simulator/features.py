@@ -50,6 +50,7 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     "log1p_buckets",
     "compiled_share",
     "log1p_grad_mb",
+    "log2_compute_scale",
 )
 
 
@@ -150,6 +151,7 @@ def strategy_sample(
     measured_ms: float | None = None,
     group: str = "",
     family: str = "",
+    compute_scale: float = 1.0,
 ) -> StrategySample:
     """The tokens and global features of ``strategy`` replayed as ``summary``."""
     iteration = max(summary.iteration_time_ms, 1e-6)
@@ -193,6 +195,7 @@ def strategy_sample(
         math.log1p(len(summary.buckets)),
         compiled_share,
         math.log1p(sum(b.grad_bytes for b in summary.buckets) / 2**20),
+        math.log2(compute_scale),
     ]
     return StrategySample(
         model_key=model_key,

@@ -13,7 +13,7 @@ from typing import Any
 from data.graph.format import IterationGraph
 from data.specs.cluster import parse_bandwidth_gbps
 from data.store import CollectiveProfileRecord, PredictionRecord, strategy_hash
-from simulator.costs import comm_models, uses_ring
+from simulator.costs import comm_models, scaled, uses_ring
 from simulator.fast import DataParallelReplay
 from simulator.features import model_graph, strategy_sample
 from simulator.gnn import IterationCostModel
@@ -37,6 +37,7 @@ class Prediction:
     simulator_version: str = SIMULATOR_VERSION
     predictor: str = "replay"
     corrected_ms: float | None = None
+    compute_scale: float = 1.0
 
     @property
     def iteration_time_ms(self) -> float:
@@ -66,6 +67,7 @@ class Prediction:
             "iteration_time_ms": self.iteration_time_ms,
             "breakdown": self.breakdown(),
             "predictor": self.predictor,
+            "compute_scale": self.compute_scale,
             "collective_models": dict(self.comm_sources),
             "simulator_version": self.simulator_version,
         }
@@ -96,6 +98,7 @@ def predict(
     bandwidth: str,
     backend: str = "gloo",
     cost_model: tuple[IterationCostModel, Mapping[str, Any]] | None = None,
+    compute_scale: float = 1.0,
 ) -> Prediction:
     """Replay ``graph`` (captured with its strategy at the rank's micro-batch).
 
@@ -105,6 +108,8 @@ def predict(
         collective_profiles: stored fits; those of ``backend`` over the data-parallel ranks on
             ``bandwidth`` are used, the link's nominal rate where none matches.
         bandwidth: the link as ``ddlsim`` names it (``1gbit``, ``none`` for unshaped).
+        compute_scale: how much slower a rank computes than the profile (ranks sharing
+            cores, :func:`simulator.costs.compute_scale`).
         cost_model: a trained model and its meta; its ``predictor`` (``gnn`` or ``blend``)
             corrects the replay, ``replay`` (or no model) leaves it as it is.
 
@@ -114,6 +119,7 @@ def predict(
         InvalidStrategyError: ``dp * tp * pp != world_size``.
     """
     dp = graph.strategy.parallel.resolve_dp(world_size)
+    node_ms = scaled(node_ms, compute_scale)
     models = comm_models(
         [p for p in collective_profiles if p.backend == backend],
         world_size=dp,
@@ -130,6 +136,7 @@ def predict(
         backend=backend,
         result=result,
         comm_sources=models.sources,
+        compute_scale=compute_scale,
     )
     if cost_model is None:
         return prediction
@@ -148,6 +155,7 @@ def predict(
         summary=summary,
         comm=models.models,
         dp=dp,
+        compute_scale=compute_scale,
     )
     chosen: Predictor = "blend" if predictor == "blend" else "gnn"
     (corrected,) = predict_samples(model, {key: encoded}, [sample], chosen)

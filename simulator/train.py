@@ -25,7 +25,7 @@ from torch_geometric.data import Batch
 
 from data.errors import InvalidOptionError
 from data.specs.cluster import parse_bandwidth_gbps
-from simulator.costs import comm_models, rank_spec, uses_ring
+from simulator.costs import comm_models, compute_scale, rank_spec, scaled, uses_ring
 from simulator.dataset import Dataset, RunEntry
 from simulator.fast import DataParallelReplay
 from simulator.features import ModelGraph, StrategySample, model_graph, strategy_sample
@@ -91,9 +91,12 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
         if entry is None:
             skipped.append(f"{key}: no kernel profile")
             continue
+        scale = compute_scale(run.world_size, _cores(run))
+        key = f"{key}x{scale:g}"
         if key not in graphs:
-            graphs[key] = model_graph(entry.graph, entry.node_ms)
-            replays[key] = DataParallelReplay(entry.graph, entry.node_ms)
+            node_ms = scaled(entry.node_ms, scale)
+            graphs[key] = model_graph(entry.graph, node_ms)
+            replays[key] = DataParallelReplay(entry.graph, node_ms)
         dp = run.strategy.parallel.resolve_dp(run.world_size)
         models = comm_models(
             list(dataset.links),
@@ -116,9 +119,18 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
                 measured_ms=run.measured_ms,
                 group=f"{run.model.label}|{run.world_size}|{run.bandwidth}",
                 family=run.family,
+                compute_scale=scale,
             )
         )
     return TrainingSet(graphs=graphs, samples=samples, skipped=skipped)
+
+
+def _cores(run: RunEntry) -> int:
+    """The cores the run's ranks shared (the union of their affinities; 2, the machine the
+    dataset was measured on, where a run does not say)."""
+    placement = run.extra.get("rank_cores") or {}
+    cores = {core for listed in placement.values() for core in listed}
+    return len(cores) or 2
 
 
 def _rank_pairs(samples: Sequence[StrategySample]) -> tuple[torch.Tensor, torch.Tensor]:
