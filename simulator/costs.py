@@ -20,7 +20,7 @@ from data.specs.strategy import Strategy
 # The rate assumed for an unshaped link without a measured fit: this machine's raw TCP between
 # namespaces (DESIGN.md: 11.7 Gb/s), rounded down.
 UNSHAPED_GBPS = 10.0
-REPLAY_OPS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather")
+REPLAY_OPS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather", "sendrecv")
 
 
 class LinkFitLike(Protocol):
@@ -100,13 +100,14 @@ def comm_models(
     sources: dict[str, str] = {}
     n = world_size
     for op in REPLAY_OPS:
-        fitted = op if not (ring and op != "all_reduce") else "sendrecv"
+        fitted = "sendrecv" if ring and op in ("reduce_scatter", "all_gather") else op
         record = newest.get(fitted)
         if record is None or not record.busbw_gbps > 0:
             models[op] = AlphaBeta(collective=op, world_size=n, alpha_us=0.0, busbw_gbps=line_gbps)
             sources[op] = f"line rate {line_gbps:g} Gb/s (no {fitted} profile)"
             continue
-        alpha_us = record.alpha_us * (n - 1) if fitted == "sendrecv" else record.alpha_us
+        ring_steps = fitted == "sendrecv" and op != "sendrecv"
+        alpha_us = record.alpha_us * (n - 1) if ring_steps else record.alpha_us
         models[op] = AlphaBeta(
             collective=op,
             world_size=n,

@@ -10,14 +10,20 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
+from data.comm_model import AlphaBeta
 from data.graph.format import IterationGraph
+from data.models import build_model
 from data.specs.cluster import parse_bandwidth_gbps
+from data.stages import block_stack
 from data.store import CollectiveProfileRecord, PredictionRecord, strategy_hash
 from simulator.costs import comm_models, scaled, uses_ring
 from simulator.fast import DataParallelReplay
 from simulator.features import model_graph, strategy_sample
 from simulator.gnn import IterationCostModel
-from simulator.replay import ReplayResult, replay, transfer_durations
+from simulator.pipeline import replay_pipeline, stage_costs
+from simulator.replay import ReplayResult, UnsupportedPlanError, replay, transfer_durations
 from simulator.train import Predictor, predict_samples
 
 SIMULATOR_VERSION = "replay-1"
@@ -128,6 +134,26 @@ def predict(
         ring=uses_ring(graph.strategy, backend),
     )
     durations = transfer_durations(profiled, node_ms, graph)
+    plan = graph.strategy.parallel
+    if plan.pp > 1:
+        result = _replay_pipeline(
+            graph,
+            durations,
+            collective_profiles,
+            models.models,
+            world_size=world_size,
+            bandwidth=bandwidth,
+            backend=backend,
+        )
+        return Prediction(
+            graph=graph,
+            world_size=world_size,
+            bandwidth=bandwidth,
+            backend=backend,
+            result=result,
+            comm_sources=models.sources,
+            compute_scale=compute_scale,
+        )
     result = replay(graph, durations, models.models)
     prediction = Prediction(
         graph=graph,
@@ -167,4 +193,46 @@ def predict(
         predictor=predictor,
         corrected_ms=corrected,
         simulator_version=f"{COST_MODEL_VERSION}+{SIMULATOR_VERSION}",
+    )
+
+
+def _replay_pipeline(
+    graph: IterationGraph,
+    durations: Mapping[int, float],
+    collective_profiles: Sequence[CollectiveProfileRecord],
+    models: Mapping[str, AlphaBeta],
+    *,
+    world_size: int,
+    bandwidth: str,
+    backend: str,
+) -> ReplayResult:
+    """A pipeline plan: stages from the model's block stack, p2p from the send/recv fit of the
+    cluster's links (between two neighbouring stages)."""
+    plan = graph.strategy.parallel
+    if plan.tp > 1 or plan.fsdp:
+        raise UnsupportedPlanError(
+            f"the replay schedules pipelines with data parallelism only; tp({plan.tp}) and "
+            f"fsdp({plan.fsdp}) are not supported with pp({plan.pp})"
+        )
+    with torch.device("meta"):
+        stack = block_stack(build_model(graph.model))
+    if stack is None:
+        raise UnsupportedPlanError(
+            f"{graph.model.label} has no single stack of blocks to cut into pp({plan.pp}) stages"
+        )
+    links = comm_models(
+        [p for p in collective_profiles if p.backend == backend],
+        world_size=world_size,
+        bandwidth=bandwidth,
+        bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
+        ring=False,
+    ).models
+    p2p = dataclasses.replace(links["sendrecv"], world_size=2)
+    costs = stage_costs(graph, durations, stack.blocks, plan.pp)
+    return replay_pipeline(
+        costs,
+        schedule=plan.pp_schedule,
+        micro_batches=plan.micro_batches,
+        p2p=p2p,
+        all_reduce=models["all_reduce"],
     )

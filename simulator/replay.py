@@ -50,7 +50,8 @@ class ReplayResult:
 
     ``compute_ms`` is the compute stream's busy time in that iteration, ``exposed_comm_ms`` the
     rest of the iteration (the compute stream waiting for communication), ``comm_ms`` the comm
-    stream's busy time (overlapped or not); ``bubble_ms`` is pipeline idle time (0 here).
+    stream's busy time (overlapped or not); ``bubble_ms`` is pipeline idle time (0 without a
+    pipeline; see :mod:`simulator.pipeline`, whose streams are one per stage).
     """
 
     iteration_time_ms: float
@@ -70,7 +71,8 @@ class ReplayResult:
 
     def chrome_trace(self) -> dict[str, Any]:
         """The timeline as a Chrome trace (``chrome://tracing``, Perfetto): one thread a stream."""
-        tids = {"compute": 1, "comm": 2}
+        streams = sorted({e.stream for e in self.timeline} | {"compute", "comm"})
+        tids = {stream: i + 1 for i, stream in enumerate(streams)}
         events: list[dict[str, Any]] = [
             {"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": stream}}
             for stream, tid in tids.items()

@@ -9,9 +9,10 @@ import pytest
 from data.errors import InvalidStrategyError
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
+from data.stages import balanced_cuts
 from data.zoo import ZOO
 from executor.context import RankContext
-from executor.pipeline import PipelineTrainer, balanced_cuts, check_pipeline
+from executor.pipeline import PipelineTrainer, check_pipeline
 from executor.plan import check_strategy
 from executor.run import RunOptions, run_training
 from profiler.capture import capture_graph

@@ -110,3 +110,19 @@ def test_validate_runs_predicts_and_scores(capsys: pytest.CaptureFixture[str]) -
     with Store.open() as store:
         assert len(store.measurements()) == 3 and len(store.predictions()) == 3
         assert len(store.collective_profiles()) == 2  # nothing profiled again
+
+
+def test_pipeline_plans_have_bubbles(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = {"parallel": {"pp": 2, "micro_batches": 2, "pp_schedule": "gpipe"}}
+    args = ["--world-size", "2", "--bandwidth", "1gbit", "--strategy", json.dumps(plan), "--json"]
+    out = _predict(capsys, *args)
+    assert out["rank_batch_size"] == 8  # 16 over one data-parallel rank and 2 micro-batches
+    parts = out["breakdown"]
+    assert parts["bubble_ms"] > 0
+    assert out["iteration_time_ms"] == pytest.approx(
+        parts["compute_ms"] + parts["exposed_comm_ms"] + parts["bubble_ms"]
+    )
+    plan["parallel"]["pp_schedule"] = "interleaved_1f1b"
+    code = main(["predict", "mlp", "--world-size", "2", "--strategy", json.dumps(plan)])
+    assert code == 2
+    assert "pp_schedule 'interleaved_1f1b' is not supported yet" in capsys.readouterr().err
