@@ -75,3 +75,15 @@ def balanced_cuts(costs: list[float], parts: int) -> list[tuple[int, int]]:
         ranges.append((start, end))
         end = start
     return ranges[::-1]
+
+
+def default_groups(model: nn.Module) -> list[list[str]]:
+    """FSDP's default groups: one per element of every outermost ``nn.ModuleList``, as
+    torchtitan shards transformer blocks."""
+    groups: list[list[str]] = []
+    outer: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{o}.") for o in outer):
+            outer.append(name)
+            groups.extend([f"{name}.{index}"] for index in range(len(module)))
+    return groups

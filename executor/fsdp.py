@@ -14,18 +14,8 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from data.errors import InvalidStrategyError
+from data.stages import default_groups
 from executor.context import RankContext, local_loss, split_batch
-
-
-def default_groups(model: nn.Module) -> list[list[str]]:
-    """One group per element of every ``nn.ModuleList`` (outermost lists only)."""
-    groups: list[list[str]] = []
-    outer: list[str] = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{o}.") for o in outer):
-            outer.append(name)
-            groups.extend([f"{name}.{index}"] for index in range(len(module)))
-    return groups
 
 
 def check_groups(model: nn.Module, groups: list[list[str]]) -> None:

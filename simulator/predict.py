@@ -16,11 +16,12 @@ from data.comm_model import AlphaBeta
 from data.graph.format import IterationGraph
 from data.models import build_model
 from data.specs.cluster import parse_bandwidth_gbps
-from data.stages import block_stack
+from data.stages import block_stack, default_groups
 from data.store import CollectiveProfileRecord, PredictionRecord, strategy_hash
 from simulator.costs import comm_models, scaled, uses_ring
 from simulator.fast import DataParallelReplay
 from simulator.features import model_graph, strategy_sample
+from simulator.fsdp import replay_fsdp
 from simulator.gnn import IterationCostModel
 from simulator.pipeline import replay_pipeline, stage_costs
 from simulator.replay import ReplayResult, UnsupportedPlanError, replay, transfer_durations
@@ -154,6 +155,17 @@ def predict(
             comm_sources=models.sources,
             compute_scale=compute_scale,
         )
+    if plan.fsdp:
+        result = _replay_fsdp(graph, durations, models.models, dp=dp)
+        return Prediction(
+            graph=graph,
+            world_size=world_size,
+            bandwidth=bandwidth,
+            backend=backend,
+            result=result,
+            comm_sources=models.sources,
+            compute_scale=compute_scale,
+        )
     result = replay(graph, durations, models.models)
     prediction = Prediction(
         graph=graph,
@@ -235,4 +247,34 @@ def _replay_pipeline(
         micro_batches=plan.micro_batches,
         p2p=p2p,
         all_reduce=models["all_reduce"],
+    )
+
+
+def _replay_fsdp(
+    graph: IterationGraph,
+    durations: Mapping[int, float],
+    models: Mapping[str, AlphaBeta],
+    *,
+    dp: int,
+) -> ReplayResult:
+    """An FSDP2 plan: its groups (or the executor's default, one per repeated block)."""
+    plan = graph.strategy.parallel
+    if plan.tp > 1:
+        raise UnsupportedPlanError(
+            f"the replay schedules FSDP with data parallelism only; tp({plan.tp}) is not "
+            "supported with fsdp"
+        )
+    if plan.fsdp_groups is not None:
+        groups = [list(g) for g in plan.fsdp_groups]
+    else:
+        with torch.device("meta"):
+            groups = default_groups(build_model(graph.model))
+    return replay_fsdp(
+        graph,
+        durations,
+        groups,
+        all_gather=models["all_gather"],
+        reduce_scatter=models["reduce_scatter"],
+        dp=dp,
+        micro_batches=plan.micro_batches,
     )

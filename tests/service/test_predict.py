@@ -71,10 +71,32 @@ def test_bad_strategy_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_unsupported_plan_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
-        ["predict", "mlp", "--world-size", "2", "--strategy", '{"parallel": {"fsdp": true}}']
+        ["predict", "gpt2-tiny", "--world-size", "2", "--strategy", '{"parallel": {"tp": 2}}']
     )
     assert code == 2
     assert "the replay schedules data parallelism only" in capsys.readouterr().err
+
+
+def test_fsdp_gathers_and_scatters(capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*extra: str) -> dict:
+        args = ["predict", "gpt2-tiny", "--world-size", "2", "--bandwidth", "1gbit"]
+        assert (
+            main([*args, "--profile-iters", "2", "--simulator", "replay", *extra, "--json"]) == 0
+        )
+        return json.loads(capsys.readouterr().out)
+
+    ddp = run()
+    fsdp = run("--strategy", '{"parallel": {"fsdp": true}}')
+    # the blocks' parameters are gathered before forward and again before backward, and
+    # their gradients reduce-scattered: 1.5x the bytes of an all-reduce (the root, with the
+    # embeddings, is gathered once: 1x)
+    assert fsdp["breakdown"]["comm_ms"] > ddp["breakdown"]["comm_ms"]
+    parts = fsdp["breakdown"]
+    assert fsdp["iteration_time_ms"] == pytest.approx(
+        parts["compute_ms"] + parts["exposed_comm_ms"]
+    )
+    # each rank steps only its shard: the optimizer's share of compute halves
+    assert parts["compute_ms"] < ddp["breakdown"]["compute_ms"]
 
 
 def test_validate_runs_predicts_and_scores(capsys: pytest.CaptureFixture[str]) -> None:
