@@ -45,7 +45,7 @@ def check_strategy(
     fusion = strategy.tensor_fusion
     buckets = fusion.assign(gradient_sizes(graph))
     if plan.tp > 1:
-        from executor.tensor_parallel import check_tensor_parallel
+        from data.tp_plans import check_tensor_parallel
 
         check_tensor_parallel(spec, plan.tp)
     if plan.pp > 1:

@@ -26,9 +26,7 @@ and half of ``k``, so its output rows are first reordered to ``[q_0 k_0 v_0 | q_
 does not change the optimizer's arithmetic.
 """
 
-import dataclasses
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,8 +41,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from data.errors import InvalidStrategyError
-from data.models import build_config, check_model_spec
-from data.specs.model import ModelSpec
+from data.tp_plans import PLANS, TensorParallelPlan, check_tensor_parallel, matches, tp_family
 from executor.context import RankContext, local_loss, split_batch
 
 # Attributes of attention modules that count heads or widths derived from the head count; each is
@@ -73,23 +70,6 @@ _STYLES: dict[str, Callable[[], ParallelStyle]] = {
     # An embedding whose columns are heads (T5's relative position bias): local heads only.
     "head_embedding": ColwiseParallel,
 }
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TensorParallelPlan:
-    """How one model family is split.
-
-    ``modules`` maps a regular expression, matched against the end of a module path (so that it
-    applies under any task head: ``transformer.h.0.attn.c_attn``), to a style name of
-    ``_STYLES``; ``attention`` matches the modules whose head attributes become local;
-    ``divisible`` names the config keys that ``tp`` must divide (``None`` values are skipped).
-    """
-
-    family: str
-    modules: Mapping[str, str]
-    attention: str
-    divisible: tuple[str, ...]
-    prepare: Callable[[nn.Module, int], None] | None = None
 
 
 def conv1d_to_linear(model: nn.Module, tp: int) -> None:
@@ -132,123 +112,8 @@ def interleaved_qkv_rows(rows: int, tp: int) -> torch.Tensor:
     return torch.tensor(order)
 
 
-# Path fragments: a layer index, so that one expression covers every block.
-_N = r"\d+"
-
-PLANS: dict[str, TensorParallelPlan] = {
-    "gpt2": TensorParallelPlan(
-        family="gpt2",
-        modules={
-            r"wte": "vocab_embedding",
-            rf"h\.{_N}\.attn\.c_attn": "colwise",
-            rf"h\.{_N}\.attn\.c_proj": "rowwise",
-            rf"h\.{_N}\.mlp\.c_fc": "colwise",
-            rf"h\.{_N}\.mlp\.c_proj": "rowwise",
-            r"^lm_head": "vocab_head",
-        },
-        attention=rf"h\.{_N}\.attn",
-        divisible=("n_head", "n_inner", "vocab_size"),
-        prepare=conv1d_to_linear,
-    ),
-    "bert": TensorParallelPlan(
-        family="bert",
-        modules={
-            r"embeddings\.word_embeddings": "vocab_embedding",
-            rf"layer\.{_N}\.attention\.self\.(query|key|value)": "colwise",
-            rf"layer\.{_N}\.attention\.output\.dense": "rowwise",
-            rf"layer\.{_N}\.intermediate\.dense": "colwise",
-            rf"layer\.{_N}\.output\.dense": "rowwise",
-            r"^cls\.predictions\.decoder": "vocab_head",
-        },
-        attention=rf"layer\.{_N}\.attention\.self",
-        divisible=("num_attention_heads", "intermediate_size", "vocab_size"),
-    ),
-    "llama": TensorParallelPlan(
-        family="llama",
-        modules={
-            r"embed_tokens": "vocab_embedding",
-            rf"layers\.{_N}\.self_attn\.(q_proj|k_proj|v_proj)": "colwise",
-            rf"layers\.{_N}\.self_attn\.o_proj": "rowwise",
-            rf"layers\.{_N}\.mlp\.(gate_proj|up_proj)": "colwise",
-            rf"layers\.{_N}\.mlp\.down_proj": "rowwise",
-            r"^lm_head": "vocab_head",
-        },
-        attention=rf"layers\.{_N}\.self_attn",
-        divisible=(
-            "num_attention_heads",
-            "num_key_value_heads",
-            "intermediate_size",
-            "vocab_size",
-        ),
-    ),
-    "vit": TensorParallelPlan(
-        family="vit",
-        modules={
-            rf"layers?\.{_N}\.attention\.(q_proj|k_proj|v_proj)": "colwise",
-            rf"layers?\.{_N}\.attention\.o_proj": "rowwise",
-            rf"layers?\.{_N}\.mlp\.fc1": "colwise",
-            rf"layers?\.{_N}\.mlp\.fc2": "rowwise",
-        },
-        attention=rf"layers?\.{_N}\.attention",
-        divisible=("num_attention_heads", "intermediate_size"),
-    ),
-    "t5": TensorParallelPlan(
-        family="t5",
-        modules={
-            r"(^shared|embed_tokens)": "vocab_embedding",
-            rf"block\.{_N}\.layer\.{_N}\.(SelfAttention|EncDecAttention)\.(q|k|v)": "colwise",
-            rf"block\.{_N}\.layer\.{_N}\.(SelfAttention|EncDecAttention)\.o": "rowwise",
-            rf"block\.{_N}\.layer\.{_N}\.(SelfAttention|EncDecAttention)"
-            r"\.relative_attention_bias": "head_embedding",
-            rf"block\.{_N}\.layer\.{_N}\.DenseReluDense\.(wi|wi_0|wi_1)": "colwise",
-            rf"block\.{_N}\.layer\.{_N}\.DenseReluDense\.wo": "rowwise",
-            r"^lm_head": "vocab_head",
-        },
-        attention=rf"block\.{_N}\.layer\.{_N}\.(SelfAttention|EncDecAttention)",
-        divisible=("num_heads", "d_ff", "vocab_size"),
-    ),
-}
-
-
-def _family(spec: ModelSpec) -> str | None:
-    """The model family (transformers ``model_type``) whose plan applies, or ``None``."""
-    if spec.source != "transformers":
-        return None
-    model_type = getattr(check_model_spec(spec).config_cls, "model_type", None)
-    return model_type if model_type in PLANS else None
-
-
-def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
-    """Refuse a model that ``TensorParallelTrainer`` cannot split ``tp`` ways.
-
-    Reads the config only (no model, no process group).
-
-    Raises:
-        InvalidStrategyError: when the model's family has no plan, or a split dimension (heads,
-            intermediate size, vocabulary) is not a multiple of ``tp``; the message names the
-            config key and its value.
-    """
-    family = _family(spec)
-    if family is None:
-        raise InvalidStrategyError(
-            f"{spec.label} ({spec.cls}) has no tensor-parallel plan, so tp({tp}) cannot apply; "
-            f"tensor parallelism supports the families {', '.join(sorted(PLANS))}"
-        )
-    config = build_config(spec)
-    for key in PLANS[family].divisible:
-        value = getattr(config, key, None)
-        if value is None and key == "n_inner":
-            # GPT-2 leaves the MLP width unset to mean four times the embedding width.
-            value = 4 * config.n_embd
-        if isinstance(value, int) and value % tp:
-            raise InvalidStrategyError(
-                f"config.{key}({value}) of {spec.label} is not divisible by tp({tp}): "
-                "each tensor-parallel rank needs an equal share; pick a tp that divides it"
-            )
-
-
-def _matches(pattern: str, path: str) -> bool:
-    return re.search(rf"(^|\.)(?:{pattern})$", path) is not None
+# Model surgery a family needs before its plan applies (see the module docstring).
+PREPARE: dict[str, Callable[[nn.Module, int], None]] = {"gpt2": conv1d_to_linear}
 
 
 def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
@@ -289,16 +154,17 @@ def apply_tensor_parallel(
     model: nn.Module, plan: TensorParallelPlan, mesh: Any, tp: int
 ) -> dict[str, str]:
     """Split ``model`` in place over the 1-D ``mesh``; the style applied to each module path."""
-    if plan.prepare is not None:
-        plan.prepare(model, tp)
+    prepare = PREPARE.get(plan.family)
+    if prepare is not None:
+        prepare(model, tp)
     tied = _tied_groups(model)
     styles: dict[str, str] = {}
     for path, module in model.named_modules():
         for pattern, style in plan.modules.items():
-            if path and _matches(pattern, path):
+            if path and matches(pattern, path):
                 styles[path] = style
                 break
-        if path and _matches(plan.attention, path):
+        if path and matches(plan.attention, path):
             for attribute in _HEAD_ATTRIBUTES:
                 value = getattr(module, attribute, None)
                 if isinstance(value, int) and not isinstance(value, bool):
@@ -318,7 +184,7 @@ class TensorParallelTrainer:
 
     def __init__(self, ctx: RankContext, model: nn.Module) -> None:
         check_tensor_parallel(ctx.spec, ctx.tp)
-        family = _family(ctx.spec)
+        family = tp_family(ctx.spec)
         assert family is not None  # check_tensor_parallel refused the others
         self.ctx = ctx
         self.plan = PLANS[family]

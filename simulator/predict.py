@@ -18,6 +18,7 @@ from data.models import build_model
 from data.specs.cluster import parse_bandwidth_gbps
 from data.stages import block_stack, default_groups
 from data.store import CollectiveProfileRecord, PredictionRecord, strategy_hash
+from data.tp_plans import PLANS, tp_family
 from simulator.costs import comm_models, scaled, uses_ring
 from simulator.fast import DataParallelReplay
 from simulator.features import model_graph, strategy_sample
@@ -25,6 +26,7 @@ from simulator.fsdp import replay_fsdp
 from simulator.gnn import IterationCostModel
 from simulator.pipeline import replay_pipeline, stage_costs
 from simulator.replay import ReplayResult, UnsupportedPlanError, replay, transfer_durations
+from simulator.tensor_parallel import replay_tensor_parallel
 from simulator.train import Predictor, predict_samples
 
 SIMULATOR_VERSION = "replay-1"
@@ -155,8 +157,19 @@ def predict(
             comm_sources=models.sources,
             compute_scale=compute_scale,
         )
-    if plan.fsdp:
-        result = _replay_fsdp(graph, durations, models.models, dp=dp)
+    if plan.fsdp or plan.tp > 1:
+        if plan.fsdp:
+            result = _replay_fsdp(graph, durations, models.models, dp=dp)
+        else:
+            result = _replay_tensor_parallel(
+                graph,
+                durations,
+                collective_profiles,
+                models.models,
+                world_size=world_size,
+                bandwidth=bandwidth,
+                backend=backend,
+            )
         return Prediction(
             graph=graph,
             world_size=world_size,
@@ -276,5 +289,43 @@ def _replay_fsdp(
         all_gather=models["all_gather"],
         reduce_scatter=models["reduce_scatter"],
         dp=dp,
+        micro_batches=plan.micro_batches,
+    )
+
+
+def _replay_tensor_parallel(
+    graph: IterationGraph,
+    durations: Mapping[int, float],
+    collective_profiles: Sequence[CollectiveProfileRecord],
+    models: Mapping[str, AlphaBeta],
+    *,
+    world_size: int,
+    bandwidth: str,
+    backend: str,
+) -> ReplayResult:
+    """A tensor-parallel plan (with data parallelism): the family's split, collectives over the
+    ``tp`` ranks from fits of that many ranks on the link."""
+    plan = graph.strategy.parallel
+    family = tp_family(graph.model)
+    if family is None:
+        raise UnsupportedPlanError(
+            f"{graph.model.label} has no tensor-parallel plan, so tp({plan.tp}) cannot apply"
+        )
+    tp_models = comm_models(
+        [p for p in collective_profiles if p.backend == backend],
+        world_size=plan.tp,
+        bandwidth=bandwidth,
+        bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
+        ring=False,
+    ).models
+    return replay_tensor_parallel(
+        graph,
+        durations,
+        PLANS[family],
+        tp=plan.tp,
+        dp=plan.resolve_dp(world_size),
+        tp_all_reduce=tp_models["all_reduce"],
+        tp_all_gather=tp_models["all_gather"],
+        dp_all_reduce=models["all_reduce"],
         micro_batches=plan.micro_batches,
     )

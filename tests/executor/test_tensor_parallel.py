@@ -12,11 +12,11 @@ from data.errors import InvalidStrategyError
 from data.models import build_model, make_batch
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
+from data.tp_plans import check_tensor_parallel
 from data.zoo import ZOO
 from executor.context import RankContext, disable_dropout, local_loss
 from executor.tensor_parallel import (
     TensorParallelTrainer,
-    check_tensor_parallel,
     conv1d_to_linear,
     interleaved_qkv_rows,
 )

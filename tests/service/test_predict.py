@@ -70,11 +70,22 @@ def test_bad_strategy_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unsupported_plan_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(
-        ["predict", "gpt2-tiny", "--world-size", "2", "--strategy", '{"parallel": {"tp": 2}}']
-    )
+    code = main(["predict", "mlp", "--world-size", "2", "--strategy", '{"parallel": {"tp": 2}}'])
     assert code == 2
-    assert "the replay schedules data parallelism only" in capsys.readouterr().err
+    assert "mlp has no tensor-parallel plan, so tp(2) cannot apply" in capsys.readouterr().err
+
+
+def test_tensor_parallel_collectives_are_exposed(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["predict", "gpt2-tiny", "--world-size", "2", "--bandwidth", "1gbit"]
+    args += ["--profile-iters", "2", "--simulator", "replay", "--json"]
+    assert main([*args, "--strategy", '{"parallel": {"tp": 2}}']) == 0
+    out = json.loads(capsys.readouterr().out)
+    parts = out["breakdown"]
+    assert out["rank_batch_size"] == 4  # one data-parallel rank: the whole batch
+    assert parts["exposed_comm_ms"] == pytest.approx(parts["comm_ms"])  # blocking
+    assert out["iteration_time_ms"] == pytest.approx(
+        parts["compute_ms"] + parts["exposed_comm_ms"]
+    )
 
 
 def test_fsdp_gathers_and_scatters(capsys: pytest.CaptureFixture[str]) -> None:

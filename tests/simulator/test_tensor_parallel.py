@@ -1,0 +1,68 @@
+"""Tensor-parallel replay: which ops split, and the collectives a GPT-2 block costs."""
+
+from collections.abc import Callable
+
+import pytest
+
+from data.comm_model import AlphaBeta
+from data.graph.format import IterationGraph
+from data.tp_plans import PLANS
+from simulator.tensor_parallel import replay_tensor_parallel, sharded_nodes
+
+GraphOf = Callable[[str], IterationGraph]
+
+
+def _latency(op: str, ms: float, world_size: int = 2) -> AlphaBeta:
+    return AlphaBeta(collective=op, world_size=world_size, alpha_us=ms * 1e3, busbw_gbps=1e12)
+
+
+def test_the_split_covers_attention_and_mlp_not_norms(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    sharded = sharded_nodes(graph, PLANS["gpt2"])
+    by_module: dict[str, set[bool]] = {}
+    for node in graph.nodes:
+        if node.kind == "compute" and node.phase == "forward":
+            by_module.setdefault(node.module, set()).add(node.id in sharded)
+    assert by_module["transformer.h.0.attn.c_attn"] == {True}
+    assert by_module["transformer.h.0.mlp.c_proj"] == {True}
+    assert by_module["transformer.h.0.ln_1"] == {False}
+    assert by_module["transformer.ln_f"] == {False}
+    # the attention core between the projections runs on local heads
+    assert True in by_module["transformer.h.0.attn"]
+    backward = [n for n in graph.nodes if n.kind == "compute" and n.phase == "backward"]
+    assert any(n.id in sharded for n in backward)
+
+
+def test_gpt2_collectives_and_halved_compute(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    node_ms = {n.id: 0.1 for n in graph.nodes if n.kind in ("compute", "optimizer")}
+    sharded = sharded_nodes(graph, PLANS["gpt2"])
+    compute = sum(0.1 / (2 if n.id in sharded else 1) for n in graph.nodes if n.kind == "compute")
+    optimizer = 0.1 * len(graph.nodes_of("optimizer")) / 2
+    result = replay_tensor_parallel(
+        graph,
+        node_ms,
+        PLANS["gpt2"],
+        tp=2,
+        dp=1,
+        tp_all_reduce=_latency("all_reduce", 1.0),
+        tp_all_gather=_latency("all_gather", 1.0),
+        dp_all_reduce=_latency("all_reduce", 1.0, world_size=1),
+    )
+    # two blocks: forward all-reduces after attn.c_proj and mlp.c_proj, backward ones after
+    # c_attn and c_fc; the vocabulary-split embedding all-reduces its output, the LM head
+    # all-gathers its logits and all-reduces its input gradient: 4 + 4 + 1 + 1 + 1 = 11
+    assert result.comm_ms == pytest.approx(11.0)
+    assert result.compute_ms == pytest.approx(compute + optimizer)
+    assert result.iteration_time_ms == pytest.approx(compute + optimizer + 11.0)
+    with_dp = replay_tensor_parallel(
+        graph,
+        node_ms,
+        PLANS["gpt2"],
+        tp=2,
+        dp=2,
+        tp_all_reduce=_latency("all_reduce", 1.0),
+        tp_all_gather=_latency("all_gather", 1.0),
+        dp_all_reduce=_latency("all_reduce", 5.0),
+    )
+    assert with_dp.iteration_time_ms == pytest.approx(result.iteration_time_ms + 5.0)
