@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from data.zoo import ZOO
+from service import cmd_dataset
 from service.cli import main
 from simulator.dataset import save_dataset
 from simulator.train import PREDICTORS
@@ -114,3 +115,18 @@ def test_bad_input_is_one_line(
     code = main(["predict", "mlp", "--simulator", str(tmp_path / "bad.pt")])
     assert code == 2
     assert "cost model checkpoint" in capsys.readouterr().err
+
+
+def test_dataset_plan_and_export(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cmd_dataset, "dataset_models", lambda: [ZOO["mlp"], ZOO["gpt2-tiny"]])
+    plan = tmp_path / "plan.yaml"
+    out = _json(capsys, "simulator", "dataset", "plan", "--out", str(plan), "--per-group", "2")
+    assert out["models"] == 2 and out["by_kind"]["collectives"] == 4
+    assert out["by_kind"]["run"] == 2 * 4 * 3 + 4  # groups x (defaults + 2) + repeats
+    assert plan.read_text().startswith("# The simulator's dataset")
+    exported = _json(
+        capsys, "simulator", "dataset", "export", "--out", str(tmp_path / "d.json.gz")
+    )
+    assert (exported["runs"], exported["kernels"], exported["links"]) == (0, 0, 0)

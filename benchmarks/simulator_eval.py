@@ -1,0 +1,99 @@
+"""Held-out accuracy of the simulator on the shipped dataset, one model family held out at a time.
+
+For each family: the cost model is trained on the other families' runs and evaluated on the held
+out one; the table gives, for the replay, the GNN and their blend, the mean and 90th-percentile
+absolute percentage error, Kendall's tau within each (model, cluster) group and the share of
+strategy pairs (measured more than 5 % apart) ordered right; a last row pools every fold's runs.
+Also the duration head's median error on the held-out family's ops (durations hidden), the
+dataset's noise (repeat runs of DDP's defaults) and the training time per fold.
+
+    .venv/bin/python benchmarks/simulator_eval.py [--dataset FILE] [--epochs N] [--out FILE.json]
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from simulator.dataset import Dataset, load_dataset
+from simulator.default import shipped_dataset
+from simulator.evaluate import Accuracy
+from simulator.gnn import CostModelConfig
+from simulator.holdout import cross_validate
+from simulator.train import PREDICTORS, TrainOptions
+
+
+def noise(dataset: Dataset) -> tuple[float, int]:
+    """Median relative difference between a run of DDP's defaults and its repeat (seed 1)."""
+    first: dict[tuple[str, int, str], float] = {}
+    again: dict[tuple[str, int, str], float] = {}
+    for run in dataset.runs:
+        if run.strategy.to_dict() != type(run.strategy)().to_dict():
+            continue
+        key = (run.model.label, run.world_size, run.bandwidth)
+        (again if run.seed == 1 else first)[key] = run.measured_ms
+    pairs = [abs(again[k] - first[k]) / first[k] for k in again if k in first]
+    return (statistics.median(pairs) if pairs else float("nan")), len(pairs)
+
+
+def _cells(m: Accuracy) -> str:
+    pairs = "-" if m.pair_accuracy is None else f"{m.pair_accuracy:.2f}"
+    return f"{m.mape:.3f} | {m.p90_ape:.3f} | {m.kendall_tau:.2f} | {pairs}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dataset", type=Path, default=shipped_dataset())
+    parser.add_argument("--epochs", type=int, default=TrainOptions().epochs)
+    parser.add_argument("--out", type=Path, help="write every fold's rows as JSON here")
+    args = parser.parse_args()
+    dataset = load_dataset(args.dataset)
+    started = time.perf_counter()
+    reports, pooled = cross_validate(
+        dataset,
+        config=CostModelConfig(),
+        options=TrainOptions(epochs=args.epochs),
+        progress=lambda message: print(f"# {message}", flush=True),
+    )
+    elapsed = time.perf_counter() - started
+    spread, repeats = noise(dataset)
+    print(
+        f"# {len(dataset.runs)} runs, {len(dataset.families)} families; torch "
+        f"{torch.__version__}; {platform.machine()}; {elapsed:.0f} s in all"
+    )
+    print(
+        f"# noise: median |repeat - first| / first of DDP's defaults = {spread:.3f} "
+        f"over {repeats} pairs"
+    )
+    header = " | ".join(f"{p} MAPE | {p} p90 | {p} tau | {p} pairs" for p in PREDICTORS)
+    print(f"| held out | runs | {header} | op-time MdAPE | train |")
+    print("|---|---|" + "---|" * (4 * len(PREDICTORS)) + "---|---|")
+    for report in reports:
+        cells = " | ".join(_cells(report.metrics[p]) for p in PREDICTORS)
+        print(
+            f"| {', '.join(report.holdout)} | {len(report.rows)} | {cells} | "
+            f"{report.duration_mdape:.2f} | {report.train_seconds:.0f} s |"
+        )
+    cells = " | ".join(_cells(pooled[p]) for p in PREDICTORS)
+    total = sum(len(r.rows) for r in reports)
+    print(f"| **all folds** | {total} | {cells} | | |")
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {
+                    "folds": [r.to_json() for r in reports],
+                    "pooled": {p: m.to_json() for p, m in pooled.items()},
+                    "noise": spread,
+                },
+                indent=1,
+            ),
+            "utf-8",
+        )
+
+
+if __name__ == "__main__":
+    main()
