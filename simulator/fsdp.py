@@ -84,7 +84,7 @@ def replay_fsdp(
         start = max(comm_free, issued)
         comm_free = start + op.time_us(nbytes.get(group, 0)) / 1e3
         comm_busy += comm_free - start
-        events.append(_event("comm", label, start, comm_free))
+        events.append(Event.span("comm", label, start, comm_free))
         return comm_free
 
     scatter_end = 0.0
@@ -116,7 +116,7 @@ def replay_fsdp(
                             all_gather, nxt, clock, f"all_gather {nxt}"
                         )
                 ms = float(node_ms.get(node.id, 0.0))
-                events.append(_event("compute", node.op, clock, clock + ms))
+                events.append(Event.span("compute", node.op, clock, clock + ms))
                 clock += ms
                 busy += ms
                 ends_group = i + 1 == len(nodes) or member[nodes[i + 1].id] != g
@@ -129,7 +129,7 @@ def replay_fsdp(
     optimizer_ms = sum(
         float(node_ms.get(n.id, 0.0)) for n in graph.nodes if n.kind == "optimizer"
     ) / max(dp, 1)
-    events.append(_event("compute", "optimizer (shard)", step, step + optimizer_ms))
+    events.append(Event.span("compute", "optimizer (shard)", step, step + optimizer_ms))
     iteration = step + optimizer_ms
     compute_ms = busy + optimizer_ms
     return ReplayResult(
@@ -139,10 +139,4 @@ def replay_fsdp(
         comm_ms=comm_busy,
         bubble_ms=0.0,
         timeline=tuple(sorted(events, key=lambda e: (e.start_ms, e.stream))),
-    )
-
-
-def _event(stream: str, name: str, start: float, end: float) -> Event:
-    return Event(
-        node=-1, iteration=0, micro_batch=0, stream=stream, name=name, start_ms=start, end_ms=end
     )

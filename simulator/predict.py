@@ -138,8 +138,9 @@ def predict(
     )
     durations = transfer_durations(profiled, node_ms, graph)
     plan = graph.strategy.parallel
-    if plan.pp > 1:
-        result = _replay_pipeline(
+    if plan.pp > 1 or (plan.tp > 1 and not plan.fsdp):
+        replay_plan = _replay_pipeline if plan.pp > 1 else _replay_tensor_parallel
+        result = replay_plan(
             graph,
             durations,
             collective_profiles,
@@ -148,38 +149,10 @@ def predict(
             bandwidth=bandwidth,
             backend=backend,
         )
-        return Prediction(
-            graph=graph,
-            world_size=world_size,
-            bandwidth=bandwidth,
-            backend=backend,
-            result=result,
-            comm_sources=models.sources,
-            compute_scale=compute_scale,
-        )
-    if plan.fsdp or plan.tp > 1:
-        if plan.fsdp:
-            result = _replay_fsdp(graph, durations, models.models, dp=dp)
-        else:
-            result = _replay_tensor_parallel(
-                graph,
-                durations,
-                collective_profiles,
-                models.models,
-                world_size=world_size,
-                bandwidth=bandwidth,
-                backend=backend,
-            )
-        return Prediction(
-            graph=graph,
-            world_size=world_size,
-            bandwidth=bandwidth,
-            backend=backend,
-            result=result,
-            comm_sources=models.sources,
-            compute_scale=compute_scale,
-        )
-    result = replay(graph, durations, models.models)
+    elif plan.fsdp:
+        result = _replay_fsdp(graph, durations, models.models, dp=dp)
+    else:
+        result = replay(graph, durations, models.models)
     prediction = Prediction(
         graph=graph,
         world_size=world_size,
@@ -189,7 +162,8 @@ def predict(
         comm_sources=models.sources,
         compute_scale=compute_scale,
     )
-    if cost_model is None:
+    data_parallel = plan.pp == 1 and plan.tp == 1 and not plan.fsdp
+    if cost_model is None or not data_parallel:  # the cost model knows data parallelism only
         return prediction
     model, meta = cost_model
     predictor = str(meta.get("predictor", "gnn"))

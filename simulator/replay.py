@@ -43,6 +43,19 @@ class Event:
     start_ms: float
     end_ms: float
 
+    @classmethod
+    def span(cls, stream: str, name: str, start_ms: float, end_ms: float) -> "Event":
+        """An event not tied to one graph node (a stage's step, a group's collective)."""
+        return cls(
+            node=-1,
+            iteration=0,
+            micro_batch=0,
+            stream=stream,
+            name=name,
+            start_ms=start_ms,
+            end_ms=end_ms,
+        )
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ReplayResult:

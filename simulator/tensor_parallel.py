@@ -124,21 +124,21 @@ def replay_tensor_parallel(
             if node.kind != "compute":
                 continue
             ms = float(node_ms.get(node.id, 0.0)) / (tp if node.id in sharded else 1)
-            events.append(_event("compute", node.op, clock, clock + ms))
+            events.append(Event.span("compute", node.op, clock, clock + ms))
             clock += ms
             compute += ms
             for label, comm_ms in after.get(node.id, []):
-                events.append(_event("comm", label, clock, clock + comm_ms))
+                events.append(Event.span("comm", label, clock, clock + comm_ms))
                 clock += comm_ms
                 comm += comm_ms
     sync = dp_all_reduce.time_us(graph.grad_bytes // tp) / 1e3 if dp > 1 else 0.0
     if sync:
-        events.append(_event("comm", "data-parallel all_reduce", clock, clock + sync))
+        events.append(Event.span("comm", "data-parallel all_reduce", clock, clock + sync))
     clock += sync
     optimizer = (
         sum(float(node_ms.get(n.id, 0.0)) for n in graph.nodes if n.kind == "optimizer") / tp
     )
-    events.append(_event("compute", "optimizer (shard)", clock, clock + optimizer))
+    events.append(Event.span("compute", "optimizer (shard)", clock, clock + optimizer))
     return ReplayResult(
         iteration_time_ms=clock + optimizer,
         compute_ms=compute + optimizer,
@@ -146,10 +146,4 @@ def replay_tensor_parallel(
         comm_ms=comm + sync,
         bubble_ms=0.0,
         timeline=tuple(events),
-    )
-
-
-def _event(stream: str, name: str, start: float, end: float) -> Event:
-    return Event(
-        node=-1, iteration=0, micro_batch=0, stream=stream, name=name, start_ms=start, end_ms=end
     )
