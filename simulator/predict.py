@@ -29,7 +29,8 @@ from simulator.replay import ReplayResult, UnsupportedPlanError, replay, transfe
 from simulator.tensor_parallel import replay_tensor_parallel
 from simulator.train import Predictor, predict_samples
 
-SIMULATOR_VERSION = "replay-1"
+# 2: compute scaled for ranks sharing cores; FSDP, tensor and pipeline plans.
+SIMULATOR_VERSION = "replay-2"
 COST_MODEL_VERSION = "gnn-1"
 
 

@@ -50,7 +50,7 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
         "2",
     )
     assert predicted["predictor"] == "gnn"
-    assert predicted["simulator_version"] == "gnn-1+replay-1"
+    assert predicted["simulator_version"] == "gnn-1+replay-2"
     assert predicted["breakdown"]["replay_ms"] > 0
     parts = predicted["breakdown"]
     assert predicted["iteration_time_ms"] == pytest.approx(
