@@ -102,11 +102,16 @@ def _compile_blocks(ctx: RankContext, model: Any) -> None:
     The bound ``forward`` is compiled rather than the module (``Module.compile`` compiles
     ``_call_impl``, which dynamo skips for ``torch.nn``'s own modules such as ``nn.Linear``, so
     they would run eager; ``torch.compile(module)`` would rename every parameter under
-    ``_orig_mod``). Module hooks stay outside the compiled region.
+    ``_orig_mod``). Module hooks stay outside the compiled region. Shapes are static: blocks of
+    one class at several shapes (ConvNeXt's stages) would otherwise make dynamo recompile with
+    dynamic shapes, which inductor (torch 2.13) fails to lower for ConvNeXt ("cannot determine
+    truth value of Relational"); each shape gets a graph of its own instead.
     """
     for path in ctx.strategy.op_fusion.compiled:
         module = model.get_submodule(path)
-        module.forward = torch.compile(module.forward, backend=ctx.strategy.op_fusion.backend)
+        module.forward = torch.compile(
+            module.forward, backend=ctx.strategy.op_fusion.backend, dynamic=False
+        )
 
 
 def _check_compiled_blocks(spec: ModelSpec, strategy: Strategy) -> None:

@@ -39,10 +39,12 @@ KNOWN_COLUMN = NODE_FEATURES.index("duration_known")
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class CostModelConfig:
-    """Sizes of the cost model."""
+    """Sizes of the cost model. The defaults keep an epoch over the shipped dataset (45 graphs,
+    40k nodes) near 0.2 s on one core: held-out cross-validation, eight trainings, fits in the
+    ten minutes ``ddlsim simulator train`` may take."""
 
-    hidden: int = 64
-    layers: int = 4
+    hidden: int = 32
+    layers: int = 3
 
     def __post_init__(self) -> None:
         if self.hidden < 4 or self.layers < 1:

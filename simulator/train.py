@@ -39,7 +39,7 @@ PREDICTORS: tuple[Predictor, ...] = ("replay", "gnn", "blend")
 class TrainOptions:
     """Optimisation settings."""
 
-    epochs: int = 300
+    epochs: int = 200
     learning_rate: float = 3e-3
     weight_decay: float = 1e-4
     rank_weight: float = 0.5
