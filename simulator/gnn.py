@@ -148,7 +148,9 @@ class IterationCostModel(nn.Module):
             if token_rows
             else h.new_zeros(num_tokens, hidden)
         )
-        token_in = torch.cat([torch.cat(tokens) if tokens else h.new_zeros(0, 6), token_h], dim=1)
+        token_in = torch.cat(
+            [torch.cat(tokens) if tokens else h.new_zeros(0, len(BUCKET_FEATURES)), token_h], dim=1
+        )
         token_out = self.bucket_in(token_in)
         owner = torch.tensor(bucket_of_sample, dtype=torch.long)
         bucket_sum = scatter(token_out, owner, dim=0, dim_size=n, reduce="sum") / 16.0

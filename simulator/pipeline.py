@@ -135,15 +135,7 @@ def _last_output_bytes(graph: IterationGraph, ids: list[int]) -> int:
     if not ids:
         return 0
     node: GraphNode = graph.nodes[max(ids)]
-    return sum(_nbytes(t.shape, t.dtype) for t in node.outputs[:1])
-
-
-def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    size = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8}.get(dtype, 4)
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count * size
+    return sum(t.nbytes for t in node.outputs[:1])
 
 
 def schedule_order(

@@ -220,13 +220,7 @@ def _replay_pipeline(
         raise UnsupportedPlanError(
             f"{graph.model.label} has no single stack of blocks to cut into pp({plan.pp}) stages"
         )
-    links = comm_models(
-        [p for p in collective_profiles if p.backend == backend],
-        world_size=world_size,
-        bandwidth=bandwidth,
-        bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
-        ring=False,
-    ).models
+    links = _link_models(collective_profiles, backend, world_size, bandwidth)
     p2p = dataclasses.replace(links["sendrecv"], world_size=2)
     costs = stage_costs(graph, durations, stack.blocks, plan.pp)
     return replay_pipeline(
@@ -286,13 +280,7 @@ def _replay_tensor_parallel(
         raise UnsupportedPlanError(
             f"{graph.model.label} has no tensor-parallel plan, so tp({plan.tp}) cannot apply"
         )
-    tp_models = comm_models(
-        [p for p in collective_profiles if p.backend == backend],
-        world_size=plan.tp,
-        bandwidth=bandwidth,
-        bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
-        ring=False,
-    ).models
+    tp_models = _link_models(collective_profiles, backend, plan.tp, bandwidth)
     return replay_tensor_parallel(
         graph,
         durations,
@@ -304,3 +292,16 @@ def _replay_tensor_parallel(
         dp_all_reduce=models["all_reduce"],
         micro_batches=plan.micro_batches,
     )
+
+
+def _link_models(
+    profiles: Sequence[CollectiveProfileRecord], backend: str, ranks: int, bandwidth: str
+) -> dict[str, AlphaBeta]:
+    """Collective models over ``ranks`` ranks of the link (no DeAR ring)."""
+    return comm_models(
+        [p for p in profiles if p.backend == backend],
+        world_size=ranks,
+        bandwidth=bandwidth,
+        bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
+        ring=False,
+    ).models

@@ -34,14 +34,7 @@ def _style(plan: TensorParallelPlan, module: str) -> tuple[str, str] | None:
 
 
 def _bytes(node: GraphNode) -> int:
-    sizes = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-    total = 0
-    for meta in node.outputs[:1]:
-        count = 1
-        for dim in meta.shape:
-            count *= dim
-        total += count * sizes.get(meta.dtype, 4)
-    return total
+    return sum(t.nbytes for t in node.outputs[:1])
 
 
 def sharded_nodes(graph: IterationGraph, plan: TensorParallelPlan) -> set[int]:

@@ -23,6 +23,7 @@ NodeKind = Literal["compute", "grad_ready", "comm", "optimizer"]
 Phase = Literal["forward", "backward", "comm", "optimizer"]
 NODE_KINDS: tuple[str, ...] = get_args(NodeKind)
 PHASES: tuple[str, ...] = get_args(Phase)
+_DTYPE_BYTES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2}
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +32,14 @@ class TensorMeta:
 
     shape: tuple[int, ...]
     dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of a dense tensor of this shape and dtype (4 per element for unknown dtypes)."""
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * _DTYPE_BYTES.get(self.dtype, 4)
 
     def to_json(self) -> list[Any]:
         return [list(self.shape), self.dtype]
