@@ -1,6 +1,7 @@
 """``ddlsim run``: real ranks, stored results, clear failures, nothing left behind."""
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -11,23 +12,45 @@ from data.specs.strategy import Strategy
 from data.store import Store
 from data.zoo import ZOO
 from executor.run import RunOptions, run_training
-from profiler.cluster import ClusterRunError
+from profiler.cluster import NAMESPACE_PREFIX, ClusterRunError
 from service.cli import main
 
 MLP = ZOO["mlp"].with_inputs(batch_size=16)
 MLP_JSON = json.dumps(MLP.to_dict())
 
 
+OWNER_ENV = "DDLSIM_TEST_OWNER"
+
+
+@pytest.fixture(autouse=True)
+def _mark_our_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks inherit the environment: the mark tells this test's processes from those that
+    another test worker runs at the same time, even after an orphan is re-parented."""
+    monkeypatch.setenv(OWNER_ENV, str(os.getpid()))
+
+
 def _netns() -> list[str]:
+    """This process's namespaces (their names carry the launcher's pid)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
-    return sorted(line.split()[0] for line in out.stdout.splitlines() if line.strip())
+    names = (line.split()[0] for line in out.stdout.splitlines() if line.strip())
+    return sorted(name for name in names if name.startswith(f"{NAMESPACE_PREFIX}{os.getpid()}-"))
 
 
 def _ddlsim_ranks() -> list[str]:
+    """Live rank processes started by this test process."""
     out = subprocess.run(
         ["pgrep", "-f", "executor.worker"], check=False, capture_output=True, text=True
     )
-    return out.stdout.split()
+    mark = f"{OWNER_ENV}={os.getpid()}".encode()
+    ours = []
+    for pid in out.stdout.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if mark in environ.split(b"\0"):
+            ours.append(pid)
+    return ours
 
 
 def test_run_prints_and_stores_a_measurement(capsys: pytest.CaptureFixture[str]) -> None:
