@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from data.errors import InvalidOptionError
+from data.errors import InvalidOptionError, InvalidStrategyError
 from data.graph.format import IterationGraph
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
@@ -132,6 +132,8 @@ def dataset_models() -> list[ModelSpec]:
 SETTINGS: tuple[tuple[int, str], ...] = ((2, "1gbit"), (2, "none"), (4, "1gbit"), (4, "none"))
 LINK_SIZES: tuple[int, ...] = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
 LINK_COLLECTIVES: tuple[str, ...] = ("all_reduce", "sendrecv")
+# FSDP and tensor parallelism also gather and reduce-scatter.
+PARALLEL_COLLECTIVES: tuple[str, ...] = (*LINK_COLLECTIVES, "all_gather", "reduce_scatter")
 
 
 def strategy_pool(
@@ -185,6 +187,24 @@ def strategy_pool(
     return [Strategy.from_dict(r) for r in raw]
 
 
+def parallel_pool() -> list[Strategy]:
+    """Parallel plans for the dataset (before any model or world size rules some out): FSDP2
+    with and without gradient accumulation, tensor parallelism over 2 and 4 ranks, GPipe and
+    1F1B pipelines over 2 stages, and 1F1B over 4. On 4 ranks, the 2-way plans run with 2-way
+    data parallelism beside them."""
+    raw: list[dict[str, Any]] = [
+        {"parallel": {"fsdp": True}},
+        {"parallel": {"tp": 2}},
+        {"parallel": {"pp": 2, "micro_batches": 2, "pp_schedule": "gpipe"}},
+        {"parallel": {"fsdp": True, "micro_batches": 2}},
+        {"parallel": {"pp": 2, "micro_batches": 4, "pp_schedule": "1f1b"}},
+        {"parallel": {"tp": 4}},
+        {"parallel": {"pp": 4, "micro_batches": 4, "pp_schedule": "1f1b"}},
+        {"parallel": {"tp": 2, "micro_batches": 2}},
+    ]
+    return [Strategy.from_dict(r) for r in raw]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class PlanOptions:
     """How much to measure: strategies per (model, setting) group besides DDP's defaults, and
@@ -194,6 +214,7 @@ class PlanOptions:
     iters: int = 5
     warmup: int = 2
     kernel_iters: int = 15
+    collectives: tuple[str, ...] = LINK_COLLECTIVES
 
     def __post_init__(self) -> None:
         if self.per_group < 1 or self.iters < 1 or self.warmup < 1 or self.kernel_iters < 1:
@@ -224,7 +245,7 @@ def plan_jobs(
                 "world_size": world_size,
                 "bandwidth": bandwidth,
                 "sizes": list(LINK_SIZES),
-                "collectives": list(LINK_COLLECTIVES),
+                "collectives": list(options.collectives),
             }
         )
     rank_batches: dict[str, set[int]] = {}
@@ -266,7 +287,10 @@ def plan_jobs(
 
 
 def _rank_batch(spec: ModelSpec, strategy: Strategy, world_size: int) -> int | None:
-    parts = strategy.parallel.resolve_dp(world_size) * strategy.parallel.micro_batches
+    try:
+        parts = strategy.parallel.resolve_dp(world_size) * strategy.parallel.micro_batches
+    except InvalidStrategyError:  # the plan needs more (or other) ranks than the setting has
+        return None
     batch = spec.inputs.batch_size
     return batch // parts if batch % parts == 0 else None
 

@@ -19,7 +19,7 @@ from data.comm_model import AlphaBeta
 from data.graph.annotate import with_strategy
 from data.graph.format import IterationGraph
 from data.specs.strategy import Bucket, Strategy
-from simulator.replay import replay, transfer_durations
+from simulator.replay import ReplayResult, replay, transfer_durations
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,12 +43,25 @@ class ReplaySummary:
     exposed_comm_ms: float
     comm_ms: float
     buckets: tuple[BucketTiming, ...]
+    bubble_ms: float = 0.0
+
+    @classmethod
+    def of(cls, result: ReplayResult) -> "ReplaySummary":
+        """A full replay's times (no bucket timings: FSDP, tensor and pipeline plans)."""
+        return cls(
+            iteration_time_ms=result.iteration_time_ms,
+            compute_ms=result.compute_ms,
+            exposed_comm_ms=result.exposed_comm_ms,
+            comm_ms=result.comm_ms,
+            buckets=(),
+            bubble_ms=result.bubble_ms,
+        )
 
     def breakdown(self) -> dict[str, float]:
         return {
             "compute_ms": self.compute_ms,
             "exposed_comm_ms": self.exposed_comm_ms,
-            "bubble_ms": 0.0,
+            "bubble_ms": self.bubble_ms,
             "comm_ms": self.comm_ms,
         }
 

@@ -8,8 +8,10 @@ which may be missing (``known`` = 0): the encoder then has to estimate it from t
 neighbours, which is how durations of ops never profiled are predicted. :func:`strategy_sample`
 turns one (strategy, cluster) into bucket tokens (bytes, when the replay has the bucket ready,
 starting and finished), the rows of the graph nodes each bucket and each compiled block covers,
-and global features, among them the replay's own iteration time and breakdown: the learned
-model corrects the replay rather than starting from nothing.
+and global features, among them the replay's own iteration time and breakdown and the parallel
+plan (tensor and pipeline degrees, FSDP, the pipeline's schedule and bubble): the learned model
+corrects the replay rather than starting from nothing. FSDP, tensor and pipeline plans have no
+bucket tokens; their replay's breakdown and the plan say what the head needs.
 """
 
 import dataclasses
@@ -51,6 +53,11 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     "compiled_share",
     "log1p_grad_mb",
     "log2_compute_scale",
+    "bubble_share",
+    "log2_tp",
+    "log2_pp",
+    "fsdp",
+    "schedule_1f1b",
 )
 
 
@@ -179,6 +186,7 @@ def strategy_sample(
     total_compute = sum(graph.compute_ms_of_row) or 1.0
     compiled_share = sum(graph.compute_ms_of_row[i] for i in compiled_rows) / total_compute
     fusion = strategy.tensor_fusion
+    plan = strategy.parallel
     hooks = fusion.buckets is not None or fusion.dear or fusion.implementation == "hooks"
     all_reduce = comm["all_reduce"]
     globals_ = [
@@ -189,13 +197,18 @@ def strategy_sample(
         math.log2(dp),
         math.log1p(all_reduce.busbw_gbps),
         math.log1p(all_reduce.alpha_us / 1e3),
-        float(strategy.parallel.micro_batches),
+        float(plan.micro_batches),
         float(fusion.dear),
         float(hooks),
         math.log1p(len(summary.buckets)),
         compiled_share,
         math.log1p(sum(b.grad_bytes for b in summary.buckets) / 2**20),
         math.log2(compute_scale),
+        summary.bubble_ms / iteration,
+        math.log2(plan.tp),
+        math.log2(plan.pp),
+        float(plan.fsdp),
+        float(plan.pp > 1 and plan.pp_schedule == "1f1b"),
     ]
     return StrategySample(
         model_key=model_key,

@@ -33,6 +33,8 @@ from simulator.features import (
     StrategySample,
 )
 
+# 2: plan features (tensor and pipeline degrees, FSDP, schedule, bubble) among the globals.
+CHECKPOINT_FORMAT = 2
 DURATION_COLUMN = NODE_FEATURES.index("log1p_duration_us")
 KNOWN_COLUMN = NODE_FEATURES.index("duration_known")
 
@@ -182,7 +184,7 @@ class IterationCostModel(nn.Module):
     def checkpoint(self, meta: dict[str, Any]) -> dict[str, Any]:
         """What :func:`load_cost_model` reads back: tensors and plain data only."""
         return {
-            "format": 1,
+            "format": CHECKPOINT_FORMAT,
             "config": dataclasses.asdict(self.config),
             "state": self.state_dict(),
             "meta": meta,
@@ -196,9 +198,12 @@ def load_cost_model(raw: dict[str, Any]) -> tuple[IterationCostModel, dict[str, 
     Raises:
         InvalidOptionError: another format, or weights that do not fit the model.
     """
-    if not isinstance(raw, dict) or raw.get("format") != 1:
+    if not isinstance(raw, dict) or raw.get("format") != CHECKPOINT_FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        raise InvalidOptionError(f"cost model checkpoint has format {found!r}; allowed: 1")
+        raise InvalidOptionError(
+            f"cost model checkpoint has format {found!r}; allowed: {CHECKPOINT_FORMAT} "
+            "(retrain it with `ddlsim simulator train`)"
+        )
     model = IterationCostModel(CostModelConfig(**raw["config"]))
     try:
         model.load_state_dict(raw["state"])

@@ -16,20 +16,25 @@ import contextlib
 import dataclasses
 import math
 import pickle
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch_geometric.data import Batch
 
-from data.errors import InvalidOptionError
+from data.comm_model import AlphaBeta
+from data.errors import InvalidOptionError, InvalidStrategyError
+from data.graph.annotate import with_strategy
+from data.graph.format import IterationGraph
 from data.specs.cluster import parse_bandwidth_gbps
 from simulator.costs import comm_models, compute_scale, rank_spec, scaled, uses_ring
 from simulator.dataset import Dataset, RunEntry
-from simulator.fast import DataParallelReplay
+from simulator.fast import DataParallelReplay, ReplaySummary
 from simulator.features import ModelGraph, StrategySample, model_graph, strategy_sample
 from simulator.gnn import CostModelConfig, IterationCostModel, load_cost_model
+from simulator.plans import is_data_parallel, replay_parallel_plan
+from simulator.replay import UnsupportedPlanError, transfer_durations
 
 Predictor = Literal["replay", "gnn", "blend"]
 PREDICTORS: tuple[Predictor, ...] = ("replay", "gnn", "blend")
@@ -105,9 +110,16 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
             bandwidth_gbps=parse_bandwidth_gbps(run.bandwidth),
             ring=uses_ring(run.strategy, "gloo"),
         ).models
-        summary = replays[key].summary(
-            run.strategy, models, micro_batches=run.strategy.parallel.micro_batches
-        )
+        if is_data_parallel(run.strategy.parallel):
+            summary = replays[key].summary(
+                run.strategy, models, micro_batches=run.strategy.parallel.micro_batches
+            )
+        else:
+            try:
+                summary = _plan_summary(dataset, run, entry.graph, replays[key].node_ms, models)
+            except (UnsupportedPlanError, InvalidStrategyError) as exc:
+                skipped.append(f"{key} {run.strategy.to_json()}: {exc}")
+                continue
         samples.append(
             strategy_sample(
                 model_key=key,
@@ -123,6 +135,26 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
             )
         )
     return TrainingSet(graphs=graphs, samples=samples, skipped=skipped)
+
+
+def _plan_summary(
+    dataset: Dataset,
+    run: RunEntry,
+    profiled: IterationGraph,
+    node_ms: Mapping[int, float],
+    models: Mapping[str, AlphaBeta],
+) -> ReplaySummary:
+    """The full replay of a run's FSDP, tensor or pipeline plan."""
+    graph = with_strategy(profiled, run.strategy)
+    result = replay_parallel_plan(
+        graph,
+        transfer_durations(profiled, node_ms, graph),
+        list(dataset.links),
+        models,
+        world_size=run.world_size,
+        bandwidth=run.bandwidth,
+    )
+    return ReplaySummary.of(result)
 
 
 def _cores(run: RunEntry) -> int:

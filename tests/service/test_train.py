@@ -5,7 +5,9 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+from data.specs.strategy import Strategy
 from data.zoo import ZOO
 from service import cmd_dataset
 from service.cli import main
@@ -126,6 +128,29 @@ def test_dataset_plan_and_export(
     assert out["models"] == 2 and out["by_kind"]["collectives"] == 4
     assert out["by_kind"]["run"] == 2 * 4 * 3 + 4  # groups x (defaults + 2) + repeats
     assert plan.read_text().startswith("# The simulator's dataset")
+    # parallel plans: the mlp has no tensor-parallel plan (FSDP and pipelines it has)
+    parallel = tmp_path / "parallel.yaml"
+    out = _json(
+        capsys, "simulator", "dataset", "plan", "--plans", "parallel", "--out", str(parallel)
+    )
+    jobs = yaml.safe_load(parallel.read_text())["jobs"]
+    links = [j for j in jobs if j["kind"] == "collectives"]
+    assert all("all_gather" in j["collectives"] for j in links)
+    plans = {
+        (j["model"]["name"], json.dumps(j["strategy"]["parallel"], sort_keys=True))
+        for j in jobs
+        if j["kind"] == "run"
+    }
+    mlp = {
+        Strategy.from_dict({"parallel": json.loads(p)}).parallel for m, p in plans if m == "mlp"
+    }
+    assert all(p.tp == 1 for p in mlp) and any(p.fsdp for p in mlp)
+    gpt2 = {
+        Strategy.from_dict({"parallel": json.loads(p)}).parallel
+        for m, p in plans
+        if m == "gpt2-tiny"
+    }
+    assert any(p.tp > 1 for p in gpt2) and any(p.pp > 1 for p in gpt2)
     exported = _json(
         capsys, "simulator", "dataset", "export", "--out", str(tmp_path / "d.json.gz")
     )

@@ -1,6 +1,6 @@
 """A synthetic dataset for the cost model's tests: real graphs, durations that follow the
-ops' work, and measured times that differ from the replay in a known way (DeAR 50 % slower,
-which the replay does not model)."""
+ops' work, and measured times that differ from the replay in a known way (DeAR 50 % slower and
+FSDP 30 % slower, which the replay does not model)."""
 
 from typing import Any
 
@@ -19,6 +19,14 @@ STRATEGIES: list[dict[str, Any]] = [
     {"tensor_fusion": {"bucket_cap_mb": 0.5, "dear": True}},
     {"tensor_fusion": {"bucket_caps_mb": [65536], "dear": True}},
 ]
+# Parallel plans, for models with blocks to shard, split and pipeline (all at the rank batch
+# of two-way data parallelism, the one kernel profile the dataset has).
+PLAN_STRATEGIES: list[dict[str, Any]] = [
+    {"parallel": {"fsdp": True}},
+    {"parallel": {"tp": 2, "micro_batches": 2}},
+    {"parallel": {"pp": 2, "micro_batches": 2, "pp_schedule": "gpipe"}},
+    {"parallel": {"pp": 2, "micro_batches": 2, "pp_schedule": "1f1b"}},
+]
 
 
 def _durations(graph: IterationGraph) -> dict[int, float]:
@@ -30,7 +38,9 @@ def _durations(graph: IterationGraph) -> dict[int, float]:
     }
 
 
-def synthetic_dataset(specs: list[ModelSpec]) -> Dataset:
+def synthetic_dataset(specs: list[ModelSpec], *, plans: tuple[str, ...] = ()) -> Dataset:
+    """Runs of every spec under ``STRATEGIES``, and of the specs labelled in ``plans`` under
+    ``PLAN_STRATEGIES`` too."""
     kernels = {}
     runs = []
     links = tuple(
@@ -45,7 +55,7 @@ def synthetic_dataset(specs: list[ModelSpec]) -> Dataset:
             graph=graph, node_ms=_durations(graph), iteration_time_ms=1.0
         )
         for bandwidth in ("1gbit", "none"):
-            for raw in STRATEGIES:
+            for raw in STRATEGIES + (PLAN_STRATEGIES if spec.label in plans else []):
                 runs.append(
                     RunEntry(
                         model=spec,
@@ -61,11 +71,13 @@ def synthetic_dataset(specs: list[ModelSpec]) -> Dataset:
 
 
 def with_truth(dataset: Dataset) -> Dataset:
-    """Measured = replay, slowed by 50 % under DeAR (what the replay misses on this CPU)."""
+    """Measured = replay, slowed by 50 % under DeAR and 30 % under FSDP (what the replay
+    misses on this CPU)."""
     data = build_training_set(dataset)
     runs = []
     for run, sample in zip(dataset.runs, data.samples, strict=True):
         slowdown = 1.5 if run.strategy.tensor_fusion.dear else 1.0
+        slowdown *= 1.3 if run.strategy.parallel.fsdp else 1.0
         runs.append(
             RunEntry(
                 model=run.model,

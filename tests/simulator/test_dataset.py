@@ -23,11 +23,13 @@ from data.store import (
 )
 from data.zoo import ZOO
 from simulator.dataset import (
+    PARALLEL_COLLECTIVES,
     SETTINGS,
     PlanOptions,
     dataset_models,
     export_dataset,
     load_dataset,
+    parallel_pool,
     plan_jobs,
     strategy_pool,
 )
@@ -175,3 +177,22 @@ def test_load_refuses_other_files(tmp_path: Path) -> None:
         load_dataset(bad)
     with pytest.raises(InvalidOptionError, match="cannot be read"):
         load_dataset(tmp_path / "missing.json.gz")
+
+
+def test_plan_runs_parallel_plans_where_the_world_size_allows() -> None:
+    spec = ZOO["gpt2-tiny"].with_inputs(batch_size=8)
+    pool = [s for s in parallel_pool() if s.parallel.tp in (1, 4) and s.parallel.pp == 1]
+    options = PlanOptions(per_group=len(pool), collectives=PARALLEL_COLLECTIVES)
+    jobs = plan_jobs([spec], {spec.label: pool}, options=options)
+    links = [j for j in jobs if j["kind"] == "collectives"]
+    assert all(set(j["collectives"]) == set(PARALLEL_COLLECTIVES) for j in links)
+    tp4 = {
+        j["world_size"]
+        for j in jobs
+        if j["kind"] == "run" and j["strategy"]["parallel"]["tp"] == 4
+    }
+    assert tp4 == {4}  # four-way tensor parallelism needs four ranks
+    fsdp = {
+        j["world_size"] for j in jobs if j["kind"] == "run" and j["strategy"]["parallel"]["fsdp"]
+    }
+    assert fsdp == {2, 4}
