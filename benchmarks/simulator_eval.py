@@ -1,9 +1,11 @@
 """Held-out accuracy of the simulator on the shipped dataset, one model family held out at a time.
 
 For each family: the cost model is trained on the other families' runs and evaluated on the held
-out one; the table gives, for the replay, the GNN and their blend, the mean and 90th-percentile
+out one; the tables give, for the replay, the GNN and their blend, the mean and 90th-percentile
 absolute percentage error, Kendall's tau within each (model, cluster) group and the share of
-strategy pairs (measured more than 5 % apart) ordered right; a last row pools every fold's runs.
+strategy pairs (measured more than 5 % apart) ordered right; a last row pools every fold's runs,
+and a second table splits the pooled runs by strategy kind (buckets, DeAR, compiled blocks, FSDP,
+tensor parallel, pipelines).
 Also the duration head's median error on the held-out family's ops (durations hidden), the
 dataset's noise (repeat runs of DDP's defaults) and the training time per fold.
 
@@ -23,7 +25,7 @@ from simulator.dataset import Dataset, load_dataset
 from simulator.default import shipped_dataset
 from simulator.evaluate import Accuracy
 from simulator.gnn import CostModelConfig
-from simulator.holdout import cross_validate
+from simulator.holdout import cross_validate, metrics_by_kind
 from simulator.train import PREDICTORS, TrainOptions
 
 
@@ -81,6 +83,13 @@ def main() -> None:
     cells = " | ".join(_cells(pooled[p]) for p in PREDICTORS)
     total = sum(len(r.rows) for r in reports)
     print(f"| **all folds** | {total} | {cells} | | |")
+    rows = [row for report in reports for row in report.rows]
+    print("\nAll folds' runs by strategy kind (MAPE | p90 | tau | pairs):\n")
+    print(f"| kind | runs | {header} |")
+    print("|---|---|" + "---|" * (4 * len(PREDICTORS)))
+    for kind, metrics in metrics_by_kind(rows).items():
+        count = sum(row["kind"] == kind for row in rows)
+        print(f"| {kind} | {count} | {' | '.join(_cells(metrics[p]) for p in PREDICTORS)} |")
     if args.out:
         args.out.write_text(
             json.dumps(

@@ -5,6 +5,7 @@ The file lists jobs, a cross product of jobs, or both::
 
     jobs:
       - {kind: kernels, model: bert-tiny, iters: 5}
+      - {kind: fusion, model: bert-tiny, blocks: [bert.encoder.layer.0]}
       - {kind: collectives, world_size: 2, bandwidth: 1gbit, sizes: [1MiB, 16MiB]}
       - {kind: run, model: gpt2-tiny, world_size: 2, bandwidth: 1gbit,
          strategy: {tensor_fusion: {dear: true}}}
@@ -31,15 +32,19 @@ import torch
 
 from data.errors import DdlsimError, InvalidOptionError, one_line
 from data.specs._serde import check_keys, load_json_or_file
+from data.specs.model import ModelSpec
 from data.store import (
     CollectiveProfileRecord,
+    FusionProfileRecord,
     KernelProfileRecord,
     add_collective_profile,
+    add_fusion_profile,
     add_graph,
     add_kernel_profile,
 )
 from data.zoo import resolve_model
 from profiler.collectives import CollectiveProfile, parse_sizes, profile_collectives
+from profiler.fusion import FusionProfile, profile_fusion
 from profiler.kernels import KernelProfile, profile_kernels
 
 KINDS: dict[str, frozenset[str]] = {
@@ -54,6 +59,20 @@ KINDS: dict[str, frozenset[str]] = {
             "warmup",
             "device",
             "optimizer",
+            "threads",
+        }
+    ),
+    # Blocks timed alone, eager and compiled (profiler.fusion).
+    "fusion": frozenset(
+        {
+            "kind",
+            "model",
+            "batch_size",
+            "seq_len",
+            "image_size",
+            "blocks",
+            "iters",
+            "warmup",
             "threads",
         }
     ),
@@ -136,8 +155,8 @@ def _job(raw: Mapping[str, Any], where: str) -> Job:
             f"{where}.kind {kind!r} is not a job kind; allowed: {', '.join(KINDS)}"
         )
     check_keys(raw, set(KINDS[kind]), where, InvalidBatchError)
-    if kind in ("kernels", "run") and "model" not in raw:
-        raise InvalidBatchError(f"{where} (kernels) needs 'model'")
+    if kind in ("kernels", "fusion", "run") and "model" not in raw:
+        raise InvalidBatchError(f"{where} ({kind}) needs 'model'")
     if kind == "collectives" and "world_size" not in raw:
         raise InvalidBatchError(f"{where} (collectives) needs 'world_size'")
     settings = {k: v for k, v in raw.items() if k != "kind"}
@@ -238,16 +257,21 @@ def kernel_record(profile: KernelProfile) -> KernelProfileRecord:
     )
 
 
-def run_kernel_job(job: Job, *, trace_dir: Path | None = None) -> Callable[[Any], None]:
-    """Profile one model; the returned callback stores its graph and profile."""
-    settings = dict(job.settings)
+def _job_model(settings: dict[str, Any]) -> ModelSpec:
+    """The job's model at its inputs (the keys are taken out of ``settings``)."""
     model = settings.pop("model")
     spec = resolve_model(json.dumps(model) if isinstance(model, Mapping) else str(model))
-    spec = spec.with_inputs(
+    return spec.with_inputs(
         batch_size=settings.pop("batch_size", None),
         seq_len=settings.pop("seq_len", None),
         image_size=settings.pop("image_size", None),
     )
+
+
+def run_kernel_job(job: Job, *, trace_dir: Path | None = None) -> Callable[[Any], None]:
+    """Profile one model; the returned callback stores its graph and profile."""
+    settings = dict(job.settings)
+    spec = _job_model(settings)
     graph, profile = profile_kernels(
         spec,
         iters=int(settings.pop("iters", 20)),
@@ -261,6 +285,39 @@ def run_kernel_job(job: Job, *, trace_dir: Path | None = None) -> Callable[[Any]
     def write(session: Any) -> None:
         add_graph(session, graph=graph)
         add_kernel_profile(session, profile=kernel_record(profile))
+
+    return write
+
+
+def fusion_record(profile: FusionProfile) -> FusionProfileRecord:
+    """The store's record of a fusion profile."""
+    return FusionProfileRecord(
+        graph_hash=profile.graph_hash,
+        model=profile.model,
+        device=profile.device,
+        backend=profile.backend,
+        iters=profile.iters,
+        blocks=[dataclasses.asdict(block) for block in profile.blocks],
+        env=dict(profile.env),
+    )
+
+
+def run_fusion_job(job: Job) -> Callable[[Any], None]:
+    """Time a model's blocks eager and compiled; the callback stores the graph and profile."""
+    settings = dict(job.settings)
+    spec = _job_model(settings)
+    blocks = settings.pop("blocks", None)
+    graph, profile = profile_fusion(
+        spec,
+        None if blocks is None else [str(b) for b in _list(blocks, "blocks")],
+        iters=int(settings.pop("iters", 10)),
+        warmup=int(settings.pop("warmup", 2)),
+        threads=int(settings.pop("threads", 1)),
+    )
+
+    def write(session: Any) -> None:
+        add_graph(session, graph=graph)
+        add_fusion_profile(session, profile=fusion_record(profile))
 
     return write
 

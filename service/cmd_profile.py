@@ -1,4 +1,5 @@
-"""``ddlsim profile kernels|collectives|batch``: measure models and links, store the results."""
+"""``ddlsim profile kernels|fusion|collectives|batch``: measure models, compiled blocks and
+links; store the results."""
 
 import argparse
 import functools
@@ -7,19 +8,28 @@ from typing import Any
 
 from tqdm import tqdm
 
-from data.store import Store, add_collective_profile, add_graph, add_kernel_profile
+from data.store import (
+    Store,
+    add_collective_profile,
+    add_fusion_profile,
+    add_graph,
+    add_kernel_profile,
+)
 from data.zoo import resolve_model
 from profiler.batch import (
     JobRunner,
     collective_records,
+    fusion_record,
     kernel_record,
     parse_batch,
     run_batch,
     run_collective_job,
+    run_fusion_job,
     run_kernel_job,
 )
 from profiler.cluster import remove_stale_namespaces
 from profiler.collectives import COLLECTIVES, parse_sizes, profile_collectives
+from profiler.fusion import profile_fusion
 from profiler.kernels import DEVICES, profile_kernels
 from service.cmd_run import run_executor_job
 from service.output import emit_json, positive_int, progress
@@ -56,6 +66,36 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         )
         if profile.trace_path:
             print(f"  trace        {profile.trace_path} (open in Perfetto)")
+    return 0
+
+
+def cmd_fusion(args: argparse.Namespace) -> int:
+    spec = resolve_model(args.model).with_inputs(
+        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
+    )
+    with Store.open(args.db) as store:
+        graph, profile = profile_fusion(
+            spec,
+            args.blocks,
+            iters=args.iters,
+            warmup=args.warmup,
+            threads=args.threads,
+            progress=progress,
+        )
+        with store.transaction() as session:
+            add_graph(session, graph=graph)
+            profile_id = add_fusion_profile(session, profile=fusion_record(profile))
+    if args.json:
+        emit_json({**profile.to_json(), "id": profile_id, "db": store.url})
+        return 0
+    print(f"{profile.model}: blocks alone, forward and backward, median of {profile.iters}")
+    print(f"  {'block':<32}{'eager':>10}{'compiled':>11}{'speed-up':>10}{'compile':>10}")
+    for block in profile.blocks:
+        print(
+            f"  {block.block:<32}{block.eager_ms:>7.2f} ms{block.compiled_ms:>8.2f} ms"
+            f"{block.speedup:>9.2f}x{block.compile_s:>8.1f} s"
+        )
+    print(f"  stored fusion profile {profile_id} in {store.url}")
     return 0
 
 
@@ -102,6 +142,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     trace_dir = Path(args.trace_dir) if args.trace_dir else None
     runners: dict[str, JobRunner] = {
         "kernels": functools.partial(run_kernel_job, trace_dir=trace_dir),
+        "fusion": run_fusion_job,
         "collectives": run_collective_job,
         "run": run_executor_job,
     }
@@ -150,6 +191,25 @@ def register(sub: Any) -> None:
     kernels.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
     kernels.add_argument("--json", action="store_true", help="print JSON")
     kernels.set_defaults(handler=cmd_kernels)
+
+    fusion = kinds.add_parser(
+        "fusion", help="time a model's blocks alone, eager and compiled (torch.compile)"
+    )
+    fusion.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
+    fusion.add_argument(
+        "--blocks", nargs="+", metavar="PATH", help="module paths (default: the repeated blocks)"
+    )
+    fusion.add_argument("--iters", type=positive_int, default=10)
+    fusion.add_argument("--warmup", type=int, default=2)
+    fusion.add_argument(
+        "--threads", type=positive_int, default=1, help="intra-op threads (default 1, as a rank)"
+    )
+    fusion.add_argument("--batch-size", type=positive_int)
+    fusion.add_argument("--seq-len", type=positive_int)
+    fusion.add_argument("--image-size", type=positive_int)
+    fusion.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    fusion.add_argument("--json", action="store_true", help="print JSON")
+    fusion.set_defaults(handler=cmd_fusion)
 
     collectives = kinds.add_parser(
         "collectives",

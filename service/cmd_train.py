@@ -29,7 +29,7 @@ from simulator.evaluate import Accuracy
 from simulator.fast import DataParallelReplay
 from simulator.features import ModelGraph, model_graph, strategy_sample
 from simulator.gnn import CostModelConfig
-from simulator.holdout import best_predictor, cross_validate, evaluate_holdout
+from simulator.holdout import best_predictor, cross_validate, evaluate_holdout, metrics_by_kind
 from simulator.replay import comm_models_for_link
 from simulator.train import (
     PREDICTORS,
@@ -142,6 +142,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         pairs = "-" if m.pair_accuracy is None else f"{m.pair_accuracy:.3f}"
         mark = "  (default)" if name == default else ""
         print(f"  {name:<8}{m.mape:8.3f}{m.p90_ape:9.3f}{m.kendall_tau:7.3f}{pairs:>7}{mark}")
+    for kind, metrics in metrics_by_kind(report.rows).items():
+        m = metrics[default]
+        print(f"  {kind:<9} mape {m.mape:.3f}, p90_ape {m.p90_ape:.3f} ({default})")
     print(f"  op durations never seen, median APE: {report.duration_mdape:.3f}")
     return 0
 

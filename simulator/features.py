@@ -141,6 +141,25 @@ class StrategySample:
     measured_ms: float | None = None
     group: str = ""
     family: str = ""
+    kind: str = ""
+
+
+STRATEGY_KINDS: tuple[str, ...] = ("buckets", "dear", "compiled", "fsdp", "tensor", "pipeline")
+
+
+def strategy_kind(strategy: Strategy) -> str:
+    """What a strategy mainly is, for reports by kind: a pipeline, tensor parallelism, FSDP,
+    compiled blocks, DeAR, or else (DDP's or the executor's) buckets."""
+    plan = strategy.parallel
+    if plan.pp > 1:
+        return "pipeline"
+    if plan.tp > 1:
+        return "tensor"
+    if plan.fsdp:
+        return "fsdp"
+    if strategy.op_fusion.compiled:
+        return "compiled"
+    return "dear" if strategy.tensor_fusion.dear else "buckets"
 
 
 def _is_inside(module: str, blocks: Sequence[str]) -> bool:
@@ -220,4 +239,5 @@ def strategy_sample(
         measured_ms=measured_ms,
         group=group,
         family=family,
+        kind=strategy_kind(strategy),
     )

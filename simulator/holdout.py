@@ -44,6 +44,10 @@ class HoldoutReport:
             "train_runs": self.train_runs,
             "test_runs": len(self.rows),
             "metrics": {name: m.to_json() for name, m in self.metrics.items()},
+            "by_kind": {
+                kind: {name: m.to_json() for name, m in metrics.items()}
+                for kind, metrics in metrics_by_kind(self.rows).items()
+            },
             "duration_mdape": self.duration_mdape,
             "train_seconds": self.train_seconds,
             "rows": list(self.rows),
@@ -102,6 +106,7 @@ def evaluate_holdout(
         {
             "group": sample.group,
             "family": sample.family,
+            "kind": sample.kind,
             "model_key": sample.model_key,
             "measured_ms": float(sample.measured_ms or 0.0),
             **{f"{name}_ms": predictions[name][i] for name in PREDICTORS},
@@ -135,6 +140,16 @@ def cross_validate(
         reports.append(report)
     pooled = [row for report in reports for row in report.rows]
     return reports, metrics_of(pooled)
+
+
+def metrics_by_kind(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Accuracy]]:
+    """:func:`metrics_of` for the rows of each strategy kind (``kind``) that has two or more."""
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        kinds.setdefault(str(row.get("kind", "")), []).append(row)
+    return {
+        kind: metrics_of(members) for kind, members in sorted(kinds.items()) if len(members) > 1
+    }
 
 
 def best_predictor(metrics: dict[str, Accuracy]) -> str:

@@ -46,6 +46,28 @@ class KernelProfileRecord:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class FusionProfileRecord:
+    """Blocks of one graph's model timed alone, eager and compiled (``torch.compile``).
+
+    ``blocks`` holds one entry a block: ``block`` (module path), ``eager_ms`` and
+    ``compiled_ms`` (median forward and backward), ``compile_s`` (the first compiled call).
+    """
+
+    graph_hash: str
+    model: str
+    device: str
+    backend: str
+    iters: int
+    blocks: list[dict[str, Any]]
+    env: dict[str, str]
+    created_at: datetime | None = None
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_aware(self.created_at, "fusion profile created_at")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class CollectiveProfileRecord:
     """Samples of one collective and the latency-bandwidth model fitted to them.
 

@@ -32,6 +32,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from data.store.records import (
     JOB_STATUSES,
     CollectiveProfileRecord,
+    FusionProfileRecord,
     JobRecord,
     KernelProfileRecord,
     MeasurementRecord,
@@ -166,6 +167,29 @@ class KernelProfileRow(Base):
         values = _fields_of(self, KernelProfileRecord)
         values["node_ms"] = {int(node): ms for node, ms in self.node_ms.items()}
         return KernelProfileRecord(**values)
+
+
+class FusionProfileRow(Base):
+    """Blocks of one graph's model timed eager and compiled (``blocks``: one entry a block)."""
+
+    __tablename__ = "ddlsim_fusion_profiles"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    graph_hash: Mapped[str] = mapped_column(ForeignKey("ddlsim_graphs.graph_hash"), index=True)
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    device: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    backend: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    iters: Mapped[int] = mapped_column(Integer)
+    blocks: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    env: Mapped[dict[str, str]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+    @classmethod
+    def from_record(cls, record: FusionProfileRecord) -> Self:
+        return cls(**_values_of(record))
+
+    def to_record(self) -> FusionProfileRecord:
+        return FusionProfileRecord(**_fields_of(self, FusionProfileRecord))
 
 
 class CollectiveProfileRow(Base):

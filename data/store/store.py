@@ -37,6 +37,7 @@ from data.graph.format import IterationGraph
 from data.specs.strategy import Strategy
 from data.store.records import (
     CollectiveProfileRecord,
+    FusionProfileRecord,
     JobRecord,
     JobStatus,
     KernelProfileRecord,
@@ -46,6 +47,7 @@ from data.store.records import (
 from data.store.schema import (
     Base,
     CollectiveProfileRow,
+    FusionProfileRow,
     GraphRow,
     JobRow,
     KernelProfileRow,
@@ -207,7 +209,12 @@ def _insert_missing(session: Session, row_type: type[Base], values: dict[str, An
 
 
 def _add_row(
-    session: Session, row: KernelProfileRow | CollectiveProfileRow | MeasurementRow | PredictionRow
+    session: Session,
+    row: KernelProfileRow
+    | FusionProfileRow
+    | CollectiveProfileRow
+    | MeasurementRow
+    | PredictionRow,
 ) -> int:
     session.add(row)
     session.flush()
@@ -271,6 +278,16 @@ def add_kernel_profile(session: Session, *, profile: KernelProfileRecord) -> int
     """
     _require(session, GraphRow, profile.graph_hash, "graph")
     return _add_row(session, KernelProfileRow.from_record(profile))
+
+
+def add_fusion_profile(session: Session, *, profile: FusionProfileRecord) -> int:
+    """Add a fusion profile of a stored graph's model; return its id.
+
+    Raises:
+        StoreError: when the profile's graph is not in the store.
+    """
+    _require(session, GraphRow, profile.graph_hash, "graph")
+    return _add_row(session, FusionProfileRow.from_record(profile))
 
 
 def add_collective_profile(session: Session, *, profile: CollectiveProfileRecord) -> int:
@@ -439,6 +456,15 @@ class Store:
     def kernel_profiles(self, *, graph_hash: str | None = None) -> list[KernelProfileRecord]:
         """Kernel profiles, oldest first, of one graph or of all."""
         return self._records(KernelProfileRow, graph_hash=graph_hash)
+
+    def save_fusion_profile(self, *, profile: FusionProfileRecord) -> int:
+        """Store a fusion profile of a stored graph; return its id."""
+        with self.transaction() as session:
+            return add_fusion_profile(session, profile=profile)
+
+    def fusion_profiles(self, *, graph_hash: str | None = None) -> list[FusionProfileRecord]:
+        """Fusion profiles, oldest first, of one graph or of all."""
+        return self._records(FusionProfileRow, graph_hash=graph_hash)
 
     def save_collective_profile(self, *, profile: CollectiveProfileRecord) -> int:
         """Store a collective profile; return its id."""

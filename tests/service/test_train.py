@@ -19,7 +19,8 @@ from tests.simulator.synthetic import synthetic_dataset, with_truth
 @pytest.fixture(scope="module")
 def dataset_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("dataset") / "synthetic.json.gz"
-    save_dataset(with_truth(synthetic_dataset([ZOO["mlp"], ZOO["gpt2-tiny"]])), path)
+    specs = [ZOO["mlp"], ZOO["gpt2-tiny"]]
+    save_dataset(with_truth(synthetic_dataset(specs, plans=("gpt2-tiny",))), path)
     return path
 
 
@@ -37,7 +38,7 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
     assert result["predictor"] in PREDICTORS
     assert set(result["cross_validation"]) == set(PREDICTORS)
     assert result["families"] == ["gpt2", "reference"]
-    assert result["runs"] == 24 and out.is_file()
+    assert result["runs"] == 32 and out.is_file()
     # without --out it goes to the user's data directory, which predict then uses
     _json(capsys, *args, "--hidden", "16", "--layers", "2", "--predictor", "gnn")
     predicted = _json(
@@ -52,7 +53,7 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
         "2",
     )
     assert predicted["predictor"] == "gnn"
-    assert predicted["simulator_version"] == "gnn-1+replay-2"
+    assert predicted["simulator_version"] == "gnn-2+replay-2"
     assert predicted["breakdown"]["replay_ms"] > 0
     parts = predicted["breakdown"]
     assert predicted["iteration_time_ms"] == pytest.approx(
@@ -70,6 +71,13 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
         "replay",
     )
     assert replayed["iteration_time_ms"] == pytest.approx(parts["replay_ms"])
+    # the cost model corrects parallel plans too: FSDP here
+    fsdp = ["predict", "mlp", "--world-size", "2", "--strategy", '{"parallel": {"fsdp": true}}']
+    corrected = _json(capsys, *fsdp)
+    plain = _json(capsys, *fsdp, "--simulator", "replay")
+    assert corrected["predictor"] == "gnn" and plain["predictor"] == "replay"
+    assert corrected["breakdown"]["replay_ms"] == pytest.approx(plain["iteration_time_ms"])
+    assert corrected["iteration_time_ms"] != pytest.approx(plain["iteration_time_ms"], rel=1e-6)
     bench = _json(capsys, "simulator", "bench", "--strategies", "40", "--repeats", "1")
     assert bench["cost_model_evaluations_per_s"] > 0 and bench["replay_evaluations_per_s"] > 0
     assert bench["num_nodes"] > 100
@@ -94,12 +102,15 @@ def test_eval_reports_every_predictor_on_the_held_out_family(
         "2",
         "--rows",
     )
-    assert result["holdout"] == ["gpt2"] and result["test_runs"] == 12
+    assert result["holdout"] == ["gpt2"] and result["test_runs"] == 20
     assert set(result["metrics"]) == set(PREDICTORS)
     for metrics in result["metrics"].values():
         assert metrics["mape"] >= 0 and -1 <= metrics["kendall_tau"] <= 1
     assert {row["family"] for row in result["rows"]} == {"gpt2"}
     assert result["default"] == result["metrics"][result["default_predictor"]]
+    # by kind: DDP's and the executor's buckets, DeAR, FSDP, tensor parallel and pipelines
+    assert set(result["by_kind"]) == {"buckets", "dear", "fsdp", "tensor", "pipeline"}
+    assert set(result["by_kind"]["pipeline"]) == set(PREDICTORS)
 
 
 def test_bad_input_is_one_line(
