@@ -7,7 +7,9 @@ strategy pairs (measured more than 5 % apart) ordered right; a last row pools ev
 and a second table splits the pooled runs by strategy kind (buckets, DeAR, compiled blocks, FSDP,
 tensor parallel, pipelines).
 Also the duration head's median error on the held-out family's ops (durations hidden), the
-dataset's noise (repeat runs of DDP's defaults) and the training time per fold.
+fused-block head's median error on the held-out family's compiled blocks (against taking their
+eager time for the compiled one), the dataset's noise (repeat runs of DDP's defaults) and the
+training time per fold.
 
     .venv/bin/python benchmarks/simulator_eval.py [--dataset FILE] [--epochs N] [--out FILE.json]
 """
@@ -72,17 +74,22 @@ def main() -> None:
         f"over {repeats} pairs"
     )
     header = " | ".join(f"{p} MAPE | {p} p90 | {p} tau | {p} pairs" for p in PREDICTORS)
-    print(f"| held out | runs | {header} | op-time MdAPE | train |")
-    print("|---|---|" + "---|" * (4 * len(PREDICTORS)) + "---|---|")
+    print(
+        f"| held out | runs | {header} | op-time MdAPE | compiled blocks | fused MdAPE "
+        "(eager as fused) | train |"
+    )
+    print("|---|---|" + "---|" * (4 * len(PREDICTORS)) + "---|---|---|---|")
     for report in reports:
         cells = " | ".join(_cells(report.metrics[p]) for p in PREDICTORS)
         print(
             f"| {', '.join(report.holdout)} | {len(report.rows)} | {cells} | "
-            f"{report.duration_mdape:.2f} | {report.train_seconds:.0f} s |"
+            f"{report.duration_mdape:.2f} | {report.fused_blocks} | "
+            f"{report.fused_mdape:.3f} ({report.fused_mdape_unfused:.3f}) | "
+            f"{report.train_seconds:.0f} s |"
         )
     cells = " | ".join(_cells(pooled[p]) for p in PREDICTORS)
     total = sum(len(r.rows) for r in reports)
-    print(f"| **all folds** | {total} | {cells} | | |")
+    print(f"| **all folds** | {total} | {cells} | | | | |")
     rows = [row for report in reports for row in report.rows]
     print("\nAll folds' runs by strategy kind (MAPE | p90 | tau | pairs):\n")
     print(f"| kind | runs | {header} |")

@@ -97,8 +97,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         emit_json(payload)
     else:
         print(
-            f"{counts['runs']} runs, {counts['kernels']} kernel profiles and {counts['links']} "
-            f"collective fits written to {args.out}"
+            f"{counts['runs']} runs, {counts['kernels']} kernel profiles, {counts['fusion']} "
+            f"fusion profiles and {counts['links']} collective fits written to {args.out}"
         )
     return 0
 

@@ -134,6 +134,10 @@ def _print_summary(prediction: Prediction, payload: dict[str, Any]) -> None:
         f"(of {parts['comm_ms']:.1f} ms communicating)\n"
         f"  collectives   "
         + "; ".join(f"{op}: {src}" for op, src in payload["collective_models"].items())
+        + "".join(
+            f"\n  compiled      {block}: {eager:.2f} ms eager, {compiled:.2f} ms fused (predicted)"
+            for block, eager, compiled in prediction.fused_blocks
+        )
         + f"\n  stored        prediction {payload['id']} in {payload['db']}",
         file=sys.stdout,
     )

@@ -146,6 +146,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         m = metrics[default]
         print(f"  {kind:<9} mape {m.mape:.3f}, p90_ape {m.p90_ape:.3f} ({default})")
     print(f"  op durations never seen, median APE: {report.duration_mdape:.3f}")
+    if report.fused_blocks:
+        print(
+            f"  compiled blocks ({report.fused_blocks}), median APE: "
+            f"{report.fused_mdape:.3f} (eager time taken for compiled: "
+            f"{report.fused_mdape_unfused:.3f})"
+        )
     return 0
 
 

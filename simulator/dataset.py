@@ -3,13 +3,16 @@
 Generation is an ordinary batch (``ddlsim profile batch``), so it resumes where it stopped and
 runs on any machine: :func:`plan_jobs` lists the link profiles (gloo collectives of every world
 size and link rate), the kernel profiles (one rank, every micro-batch a rank will run) and the
-executor runs (every model under several strategies on every cluster setting, DDP's defaults
-in each group, and a repeat of it in half of them to measure the noise). Runs come last and
-round-robin over models and settings, so a batch cut short still covers every model evenly.
+fusion profiles (the blocks that compiled strategies compile, timed alone eager and compiled)
+and the executor runs (every model under several strategies on every cluster setting, DDP's
+defaults in each group, and a repeat of it in half of them to measure the noise). Runs come
+last and round-robin over models and settings, so a batch cut short still covers every model
+evenly.
 
 :func:`export_dataset` reads what a store holds into one compressed JSON file, self-contained:
-the graphs the kernel profiles timed, their per-node times, the collective fits, and every run
-(model, strategy, world size, link, iteration samples). :func:`load_dataset` reads it back.
+the graphs the kernel profiles timed, their per-node times, the fusion profiles, the collective
+fits, and every run (model, strategy, world size, link, iteration samples).
+:func:`load_dataset` reads it back.
 """
 
 import dataclasses
@@ -214,13 +217,16 @@ class PlanOptions:
     iters: int = 5
     warmup: int = 2
     kernel_iters: int = 15
+    fusion_iters: int = 10
     collectives: tuple[str, ...] = LINK_COLLECTIVES
 
     def __post_init__(self) -> None:
-        if self.per_group < 1 or self.iters < 1 or self.warmup < 1 or self.kernel_iters < 1:
+        counts = (self.per_group, self.iters, self.warmup, self.kernel_iters, self.fusion_iters)
+        if min(counts) < 1:
             raise InvalidOptionError(
-                f"per_group({self.per_group}), iters({self.iters}), warmup({self.warmup}) and "
-                f"kernel_iters({self.kernel_iters}) must all be >= 1"
+                f"per_group({self.per_group}), iters({self.iters}), warmup({self.warmup}), "
+                f"kernel_iters({self.kernel_iters}) and fusion_iters({self.fusion_iters}) must "
+                "all be >= 1"
             )
 
 
@@ -274,6 +280,35 @@ def plan_jobs(
                     "iters": options.kernel_iters,
                 }
             )
+    # Fusion profiles of every block the model's pool compiles, at the micro-batches of the
+    # compiled runs and of the first setting's data parallelism, the largest first for every
+    # model, so a batch cut short still covers each model.
+    fused: dict[str, dict[int, list[str]]] = {}
+    for spec, world_size, _, strategies in groups:
+        pooled = sorted({b for s in pools[spec.label] for b in s.op_fusion.compiled})
+        if not pooled:
+            continue
+        at_batch = fused.setdefault(spec.label, {})
+        if not at_batch:
+            at_batch[int(_rank_batch(spec, Strategy(), settings[0][0]) or 0)] = pooled
+        for strategy in strategies:
+            if strategy.op_fusion.compiled:
+                at_batch[int(_rank_batch(spec, strategy, world_size) or 0)] = pooled
+    fusion_jobs = [
+        (order, label, batch, compiled)
+        for label, at_batch in fused.items()
+        for order, (batch, compiled) in enumerate(sorted(at_batch.items(), reverse=True))
+    ]
+    for _, label, batch, compiled in sorted(fusion_jobs, key=lambda job: job[0]):
+        jobs.append(
+            {
+                "kind": "fusion",
+                "model": by_label[label].to_dict(),
+                "batch_size": batch,
+                "blocks": compiled,
+                "iters": options.fusion_iters,
+            }
+        )
     run = {"iters": options.iters, "warmup": options.warmup}
     depth = max(len(g[3]) for g in groups)
     for slot in range(depth):
@@ -329,6 +364,24 @@ class KernelEntry:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class FusionEntry:
+    """A fusion profile: blocks of a model at one batch size, each timed alone (forward and
+    backward) eager and compiled, median ms."""
+
+    model: str
+    batch_size: int
+    blocks: tuple[dict[str, Any], ...]
+
+    def ratios(self) -> dict[str, float]:
+        """Compiled over eager time of each block."""
+        return {
+            str(b["block"]): float(b["compiled_ms"]) / float(b["eager_ms"])
+            for b in self.blocks
+            if float(b["eager_ms"]) > 0 and float(b["compiled_ms"]) > 0
+        }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class LinkFit:
     """A collective's fitted latency-bandwidth model on one cluster setting."""
 
@@ -370,6 +423,7 @@ class Dataset:
     kernels: dict[tuple[str, int], KernelEntry]  # (model label, rank batch size)
     links: tuple[LinkFit, ...]
     meta: dict[str, Any]
+    fusion: dict[tuple[str, int], FusionEntry] = dataclasses.field(default_factory=dict)
 
     @property
     def families(self) -> list[str]:
@@ -413,6 +467,16 @@ def export_dataset(store: Any, out: Path, *, meta: Mapping[str, Any]) -> dict[st
         )
         for p in store.collective_profiles()
     )
+    fusion: dict[tuple[str, int], FusionEntry] = {}
+    for fused in store.fusion_profiles():  # oldest first: a newer profile replaces
+        if fused.device != "cpu":
+            continue
+        model = store.load_graph(graph_hash=fused.graph_hash).model
+        fusion[(model.label, model.inputs.batch_size)] = FusionEntry(
+            model=model.label,
+            batch_size=model.inputs.batch_size,
+            blocks=tuple(dict(b) for b in fused.blocks),
+        )
     runs = []
     for m in store.measurements():
         graph = store.load_graph(graph_hash=m.graph_hash)
@@ -433,9 +497,11 @@ def export_dataset(store: Any, out: Path, *, meta: Mapping[str, Any]) -> dict[st
                 },
             )
         )
-    dataset = Dataset(runs=tuple(runs), kernels=kernels, links=links, meta=dict(meta))
+    dataset = Dataset(
+        runs=tuple(runs), kernels=kernels, links=links, meta=dict(meta), fusion=fusion
+    )
     save_dataset(dataset, out)
-    return {"kernels": len(kernels), "links": len(links), "runs": len(runs)}
+    return {"kernels": len(kernels), "fusion": len(fusion), "links": len(links), "runs": len(runs)}
 
 
 def save_dataset(dataset: Dataset, out: Path) -> None:
@@ -452,6 +518,10 @@ def save_dataset(dataset: Dataset, out: Path) -> None:
             for entry in dataset.kernels.values()
         ],
         "links": [dataclasses.asdict(link) for link in dataset.links],
+        "fusion": [
+            {"model": entry.model, "batch_size": entry.batch_size, "blocks": list(entry.blocks)}
+            for entry in dataset.fusion.values()
+        ],
         "runs": [
             {
                 "model": run.model.to_dict(),
@@ -502,6 +572,14 @@ def load_dataset(path: Path) -> Dataset:
             iteration_time_ms=float(entry["iteration_time_ms"]),
         )
     links = tuple(LinkFit(**entry) for entry in raw["links"])
+    fusion = {
+        (str(entry["model"]), int(entry["batch_size"])): FusionEntry(
+            model=str(entry["model"]),
+            batch_size=int(entry["batch_size"]),
+            blocks=tuple(dict(b) for b in entry["blocks"]),
+        )
+        for entry in raw.get("fusion", [])  # absent from files written before fusion profiles
+    }
     runs = tuple(
         RunEntry(
             model=ModelSpec.from_dict(r["model"]),
@@ -515,4 +593,6 @@ def load_dataset(path: Path) -> Dataset:
         )
         for r in raw["runs"]
     )
-    return Dataset(runs=runs, kernels=kernels, links=links, meta=dict(raw.get("meta", {})))
+    return Dataset(
+        runs=runs, kernels=kernels, links=links, meta=dict(raw.get("meta", {})), fusion=fusion
+    )

@@ -76,6 +76,7 @@ class ModelGraph:
     grad_rows: dict[str, int]
     module_of_row: tuple[str, ...]
     compute_ms_of_row: tuple[float, ...]
+    compute_rows: frozenset[int] = frozenset()
 
 
 def model_graph(graph: IterationGraph, node_ms: Mapping[int, float] | None) -> ModelGraph:
@@ -121,6 +122,7 @@ def model_graph(graph: IterationGraph, node_ms: Mapping[int, float] | None) -> M
         grad_rows=grad_rows,
         module_of_row=tuple(n.module for n in nodes),
         compute_ms_of_row=tuple(compute_ms),
+        compute_rows=frozenset(compute_rows),
     )
 
 
@@ -164,6 +166,56 @@ def strategy_kind(strategy: Strategy) -> str:
 
 def _is_inside(module: str, blocks: Sequence[str]) -> bool:
     return any(module == b or module.startswith(f"{b}.") for b in blocks)
+
+
+BLOCK_FEATURES: tuple[str, ...] = ("log1p_eager_us", "log1p_nodes", "log2_compute_scale")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockSample:
+    """One block of a model graph, compiled: its compute rows (forward and backward), their
+    eager time in the kernel profile, and the measured compiled/eager time ratio where known.
+
+    Shapes:
+        features: ``[len(BLOCK_FEATURES)]``.
+    """
+
+    model_key: str
+    block: str
+    rows: tuple[int, ...]
+    eager_ms: float
+    features: torch.Tensor
+    measured_ratio: float | None = None
+    family: str = ""
+
+
+def block_sample(
+    *,
+    model_key: str,
+    graph: ModelGraph,
+    block: str,
+    measured_ratio: float | None = None,
+    family: str = "",
+    compute_scale: float = 1.0,
+) -> BlockSample | None:
+    """``block`` of ``graph`` as the fused-block head reads it; ``None`` when no compute node of
+    the graph belongs to it."""
+    rows = tuple(
+        i for i in sorted(graph.compute_rows) if _is_inside(graph.module_of_row[i], [block])
+    )
+    if not rows:
+        return None
+    eager_ms = sum(graph.compute_ms_of_row[i] for i in rows)
+    features = [math.log1p(eager_ms * 1e3), math.log1p(len(rows)), math.log2(compute_scale)]
+    return BlockSample(
+        model_key=model_key,
+        block=block,
+        rows=rows,
+        eager_ms=eager_ms,
+        features=torch.tensor(features, dtype=torch.float32),
+        measured_ratio=measured_ratio,
+        family=family,
+    )
 
 
 def strategy_sample(

@@ -1,10 +1,13 @@
 """The learned cost model: a message-passing encoder over the rank's graph and a strategy head.
 
 The encoder (GINE layers over data-dependency and program-order edges, as DisCo's GNN reads
-HLO) gives every node an embedding. Two heads read them:
+HLO) gives every node an embedding. Three heads read them:
 
 - the duration head predicts each op's time (log1p µs) from its embedding, trained on the
   kernel profiles with some durations hidden from the input: it prices ops never profiled;
+- the fused-block head predicts how much faster (or slower) a block runs compiled than its
+  ops eager, from its nodes' embeddings, trained on fusion profiles: it prices op fusion
+  candidates that were never compiled (DisCo's fused-kernel model, at block granularity);
 - the strategy head reads one strategy as a set of bucket tokens (each with the mean
   embedding of its gradients' nodes), the mean embedding of the compiled blocks' nodes and of
   the whole graph, and global features (the replay's time and breakdown, the link, the plan),
@@ -26,14 +29,17 @@ from torch_geometric.utils import scatter
 
 from data.errors import InvalidOptionError
 from simulator.features import (
+    BLOCK_FEATURES,
     BUCKET_FEATURES,
     EDGE_TYPES,
     GLOBAL_FEATURES,
     NODE_FEATURES,
+    BlockSample,
     StrategySample,
 )
 
-# 2: plan features (tensor and pipeline degrees, FSDP, schedule, bubble) among the globals.
+# 2: plan features (tensor and pipeline degrees, FSDP, schedule, bubble) among the globals, and
+# the fused-block head.
 CHECKPOINT_FORMAT = 2
 DURATION_COLUMN = NODE_FEATURES.index("log1p_duration_us")
 KNOWN_COLUMN = NODE_FEATURES.index("duration_known")
@@ -74,6 +80,7 @@ class IterationCostModel(nn.Module):
         )
         self.norms = nn.ModuleList(nn.LayerNorm(h) for _ in range(config.layers))
         self.duration_head = _mlp(h, h, 1)
+        self.fused_head = _mlp(2 * h + len(BLOCK_FEATURES), h, 1)
         self.bucket_in = _mlp(len(BUCKET_FEATURES) + h, h, h)
         self.global_norm = nn.LayerNorm(len(GLOBAL_FEATURES))
         self.head = nn.Sequential(
@@ -180,6 +187,34 @@ class IterationCostModel(nn.Module):
             dim=1,
         )
         return self.head(features).squeeze(-1)
+
+    def fused_ratios(
+        self,
+        h: torch.Tensor,
+        graphs: Batch,
+        model_index: dict[str, int],
+        blocks: Sequence[BlockSample],
+    ) -> torch.Tensor:
+        """``log(compiled / eager)`` time predicted for each block (its model among ``graphs``),
+        from the mean and the scaled sum of its nodes' embeddings and its eager time.
+
+        Shapes:
+            h: ``[num_nodes, hidden]``; returns ``[num_blocks]``.
+        """
+        if not blocks:
+            return h.new_zeros(0)
+        rows: list[int] = []
+        owner: list[int] = []
+        for b, block in enumerate(blocks):
+            offset = int(graphs.ptr[model_index[block.model_key]])
+            rows += [offset + r for r in block.rows]
+            owner += [b] * len(block.rows)
+        index = torch.tensor(owner, dtype=torch.long)
+        selected = h[torch.tensor(rows, dtype=torch.long)]
+        mean = scatter(selected, index, dim=0, dim_size=len(blocks), reduce="mean")
+        total = scatter(selected, index, dim=0, dim_size=len(blocks), reduce="sum") / 64.0
+        features = torch.stack([b.features for b in blocks])
+        return self.fused_head(torch.cat([mean, total, features], dim=1)).squeeze(-1)
 
     def checkpoint(self, meta: dict[str, Any]) -> dict[str, Any]:
         """What :func:`load_cost_model` reads back: tensors and plain data only."""

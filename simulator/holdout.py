@@ -7,6 +7,7 @@ the default that ``ddlsim predict`` uses.
 """
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ from simulator.train import (
     TrainOptions,
     build_training_set,
     duration_error,
+    fusion_error,
     predict_samples,
     train_cost_model,
 )
@@ -37,6 +39,9 @@ class HoldoutReport:
     metrics: dict[str, Accuracy]
     duration_mdape: float
     train_seconds: float
+    fused_blocks: int = 0
+    fused_mdape: float = float("nan")
+    fused_mdape_unfused: float = float("nan")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,9 +54,16 @@ class HoldoutReport:
                 for kind, metrics in metrics_by_kind(self.rows).items()
             },
             "duration_mdape": self.duration_mdape,
+            "fused_blocks": self.fused_blocks,
+            "fused_mdape": _finite_or_none(self.fused_mdape),
+            "fused_mdape_unfused": _finite_or_none(self.fused_mdape_unfused),
             "train_seconds": self.train_seconds,
             "rows": list(self.rows),
         }
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def metrics_of(rows: Sequence[dict[str, Any]]) -> dict[str, Accuracy]:
@@ -113,6 +125,7 @@ def evaluate_holdout(
         }
         for i, sample in enumerate(test.samples)
     )
+    fused, unfused = fusion_error(model, test.graphs, test.blocks)
     report = HoldoutReport(
         holdout=tuple(holdout),
         train_runs=len(train.samples),
@@ -120,6 +133,9 @@ def evaluate_holdout(
         metrics=metrics_of(rows),
         duration_mdape=duration_error(model, test.graphs),
         train_seconds=seconds,
+        fused_blocks=sum(1 for b in test.blocks if b.measured_ratio),
+        fused_mdape=fused,
+        fused_mdape_unfused=unfused,
     )
     return report, model
 

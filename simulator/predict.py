@@ -15,11 +15,11 @@ from data.specs.cluster import parse_bandwidth_gbps
 from data.store import CollectiveProfileRecord, PredictionRecord, strategy_hash
 from simulator.costs import comm_models, scaled, uses_ring
 from simulator.fast import DataParallelReplay, ReplaySummary
-from simulator.features import model_graph, strategy_sample
+from simulator.features import block_sample, model_graph, strategy_sample
 from simulator.gnn import IterationCostModel
 from simulator.plans import is_data_parallel, replay_parallel_plan
 from simulator.replay import ReplayResult, replay, transfer_durations
-from simulator.train import Predictor, predict_samples
+from simulator.train import Predictor, predict_fused, predict_samples
 
 # 2: compute scaled for ranks sharing cores; FSDP, tensor and pipeline plans.
 SIMULATOR_VERSION = "replay-2"
@@ -41,6 +41,8 @@ class Prediction:
     predictor: str = "replay"
     corrected_ms: float | None = None
     compute_scale: float = 1.0
+    # (block, eager ms in the kernel profile, predicted ms compiled) of each compiled block
+    fused_blocks: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def iteration_time_ms(self) -> float:
@@ -73,6 +75,10 @@ class Prediction:
             "compute_scale": self.compute_scale,
             "collective_models": dict(self.comm_sources),
             "simulator_version": self.simulator_version,
+            "fused_blocks": [
+                {"block": block, "eager_ms": eager, "compiled_ms": compiled}
+                for block, eager, compiled in self.fused_blocks
+            ],
         }
 
     def record(self) -> PredictionRecord:
@@ -114,7 +120,8 @@ def predict(
         compute_scale: how much slower a rank computes than the profile (ranks sharing
             cores, :func:`simulator.costs.compute_scale`).
         cost_model: a trained model and its meta; its ``predictor`` (``gnn`` or ``blend``)
-            corrects the replay of any plan, ``replay`` (or no model) leaves it as it is.
+            corrects the replay of any plan and prices each compiled block (its fused-block
+            head), ``replay`` (or no model) leaves the replay as it is.
 
     Raises:
         InvalidOptionError: the profiled graph is of another model or inputs.
@@ -173,6 +180,17 @@ def predict(
     )
     chosen: Predictor = "blend" if predictor == "blend" else "gnn"
     (corrected,) = predict_samples(model, {key: encoded}, [sample], chosen)
+    blocks = [
+        b
+        for path in graph.strategy.op_fusion.compiled
+        if (
+            b := block_sample(
+                model_key=key, graph=encoded, block=path, compute_scale=compute_scale
+            )
+        )
+        is not None
+    ]
+    fused = predict_fused(model, {key: encoded}, blocks)
     # A data-parallel sample's replay is the closed form of the same schedule; apply its
     # correction to the full replay's time.
     corrected *= result.iteration_time_ms / summary.iteration_time_ms
@@ -181,4 +199,5 @@ def predict(
         predictor=predictor,
         corrected_ms=corrected,
         simulator_version=f"{COST_MODEL_VERSION}+{SIMULATOR_VERSION}",
+        fused_blocks=tuple((b.block, b.eager_ms, ms) for b, ms in zip(blocks, fused, strict=True)),
     )

@@ -9,13 +9,16 @@ share of profiled durations (the duration head learns to fill them in), and mini
 - the squared error of the predicted ``log(measured / replayed)``,
 - a pairwise ranking loss between runs of the same model and cluster (after DisCo: search
   needs the order right more than the absolute time),
-- the squared error of the hidden durations.
+- the squared error of the hidden durations,
+- the squared error of the predicted ``log(compiled / eager)`` of the blocks with a fusion
+  profile.
 """
 
 import contextlib
 import dataclasses
 import math
 import pickle
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +34,14 @@ from data.specs.cluster import parse_bandwidth_gbps
 from simulator.costs import comm_models, compute_scale, rank_spec, scaled, uses_ring
 from simulator.dataset import Dataset, RunEntry
 from simulator.fast import DataParallelReplay, ReplaySummary
-from simulator.features import ModelGraph, StrategySample, model_graph, strategy_sample
+from simulator.features import (
+    BlockSample,
+    ModelGraph,
+    StrategySample,
+    block_sample,
+    model_graph,
+    strategy_sample,
+)
 from simulator.gnn import CostModelConfig, IterationCostModel, load_cost_model
 from simulator.plans import is_data_parallel, replay_parallel_plan
 from simulator.replay import UnsupportedPlanError, transfer_durations
@@ -49,6 +59,7 @@ class TrainOptions:
     weight_decay: float = 1e-4
     rank_weight: float = 0.5
     duration_weight: float = 0.2
+    fusion_weight: float = 0.5
     hide_share: float = 0.15
     seed: int = 0
     # One intra-op thread: the graphs are small, and on a busy two-core machine more threads
@@ -70,6 +81,7 @@ class TrainingSet:
     graphs: dict[str, ModelGraph]
     samples: list[StrategySample]
     skipped: list[str]
+    blocks: list[BlockSample] = dataclasses.field(default_factory=list)
 
     def batch(self) -> tuple[Batch, dict[str, int]]:
         keys = sorted(self.graphs)
@@ -89,7 +101,8 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
     replays: dict[str, DataParallelReplay] = {}
     samples: list[StrategySample] = []
     skipped: list[str] = []
-    for run in dataset.runs if runs is None else runs:
+    selected = list(dataset.runs if runs is None else runs)
+    for run in selected:
         rank = rank_spec(run.model, run.strategy, run.world_size)
         entry = dataset.kernel_for(rank)
         key = model_key(rank.label, rank.inputs.batch_size)
@@ -134,7 +147,41 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
                 compute_scale=scale,
             )
         )
-    return TrainingSet(graphs=graphs, samples=samples, skipped=skipped)
+    blocks = _fused_blocks(dataset, {r.model.label: r.family for r in selected}, graphs)
+    return TrainingSet(graphs=graphs, samples=samples, skipped=skipped, blocks=blocks)
+
+
+def _fused_blocks(
+    dataset: Dataset, families: Mapping[str, str], graphs: dict[str, ModelGraph]
+) -> list[BlockSample]:
+    """The fusion profiles of the models in ``families`` (label to family) as block samples,
+    on a graph of the same model and batch already in ``graphs`` (any compute scale), or on
+    one added at the profile's own times."""
+    blocks = []
+    for (label, batch), entry in sorted(dataset.fusion.items()):
+        if label not in families:
+            continue
+        prefix = f"{model_key(label, batch)}x"
+        key = next((k for k in sorted(graphs) if k.startswith(prefix)), None)
+        if key is None:
+            kernel = dataset.kernels.get((label, batch))
+            if kernel is None:
+                continue
+            key = f"{prefix}1"
+            graphs[key] = model_graph(kernel.graph, kernel.node_ms)
+        scale = float(key.removeprefix(prefix))
+        for block, ratio in sorted(entry.ratios().items()):
+            sample = block_sample(
+                model_key=key,
+                graph=graphs[key],
+                block=block,
+                measured_ratio=ratio,
+                family=families[label],
+                compute_scale=scale,
+            )
+            if sample is not None:
+                blocks.append(sample)
+    return blocks
 
 
 def _plan_summary(
@@ -225,6 +272,8 @@ def _train(
     target = torch.tensor([math.log(float(s.measured_ms or 1.0) / s.replay_ms) for s in samples])
     log_replay = torch.tensor([math.log(s.replay_ms) for s in samples])
     slow, fast = _rank_pairs(samples)
+    blocks = [b for b in data.blocks if b.measured_ratio]
+    fused_target = torch.tensor([math.log(float(b.measured_ratio or 1.0)) for b in blocks])
     timed = graphs.timed
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=options.learning_rate, weight_decay=options.weight_decay
@@ -243,6 +292,9 @@ def _train(
         if bool(hide.any()):
             error = durations[hide] - graphs.duration[hide]
             loss = loss + options.duration_weight * torch.mean(error**2)
+        if blocks:
+            fused = model.fused_ratios(h, graphs, index, blocks)
+            loss = loss + options.fusion_weight * torch.mean((fused - fused_target) ** 2)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -271,6 +323,37 @@ def predict_samples(
     return [
         s.replay_ms * math.exp(weight * float(c)) for s, c in zip(samples, correction, strict=True)
     ]
+
+
+@torch.no_grad()
+def predict_fused(
+    model: IterationCostModel, graphs: dict[str, ModelGraph], blocks: Sequence[BlockSample]
+) -> list[float]:
+    """Each block's predicted time compiled (ms): its eager time in the profile times the
+    predicted compiled/eager ratio."""
+    if not blocks:
+        return []
+    keys = sorted({b.model_key for b in blocks})
+    batch = Batch.from_data_list([graphs[k].data for k in keys])
+    h, _ = model.encode(batch)
+    ratios = model.fused_ratios(h, batch, {k: i for i, k in enumerate(keys)}, blocks)
+    return [b.eager_ms * math.exp(float(r)) for b, r in zip(blocks, ratios, strict=True)]
+
+
+def fusion_error(
+    model: IterationCostModel, graphs: dict[str, ModelGraph], blocks: Sequence[BlockSample]
+) -> tuple[float, float]:
+    """Median absolute percentage error of the compiled time of measured ``blocks``: the fused-
+    block head's, and that of taking the eager time for the compiled one (no model of fusion).
+    NaN without measured blocks."""
+    measured = [b for b in blocks if b.measured_ratio]
+    if not measured:
+        return float("nan"), float("nan")
+    predicted = predict_fused(model, graphs, measured)
+    truth = [b.eager_ms * float(b.measured_ratio or 1.0) for b in measured]
+    learned = [abs(p - t) / t for p, t in zip(predicted, truth, strict=True)]
+    unfused = [abs(b.eager_ms - t) / t for b, t in zip(measured, truth, strict=True)]
+    return statistics.median(learned), statistics.median(unfused)
 
 
 @torch.no_grad()

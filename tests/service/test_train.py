@@ -78,6 +78,12 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
     assert corrected["predictor"] == "gnn" and plain["predictor"] == "replay"
     assert corrected["breakdown"]["replay_ms"] == pytest.approx(plain["iteration_time_ms"])
     assert corrected["iteration_time_ms"] != pytest.approx(plain["iteration_time_ms"], rel=1e-6)
+    # and prices compiled blocks fused
+    strategy = '{"op_fusion": {"compiled": ["body.0", "body.1"]}}'
+    fused = _json(capsys, "predict", "mlp", "--world-size", "2", "--strategy", strategy)
+    assert [b["block"] for b in fused["fused_blocks"]] == ["body.0", "body.1"]
+    assert all(b["compiled_ms"] > 0 and b["eager_ms"] > 0 for b in fused["fused_blocks"])
+    assert plain["fused_blocks"] == []
     bench = _json(capsys, "simulator", "bench", "--strategies", "40", "--repeats", "1")
     assert bench["cost_model_evaluations_per_s"] > 0 and bench["replay_evaluations_per_s"] > 0
     assert bench["num_nodes"] > 100

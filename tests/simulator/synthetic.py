@@ -2,13 +2,15 @@
 ops' work, and measured times that differ from the replay in a known way (DeAR 50 % slower and
 FSDP 30 % slower, which the replay does not model)."""
 
+import dataclasses
 from typing import Any
 
 from data.graph.format import IterationGraph
+from data.models import repeated_blocks
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from profiler.capture import capture_graph
-from simulator.dataset import Dataset, KernelEntry, LinkFit, RunEntry
+from simulator.dataset import Dataset, FusionEntry, KernelEntry, LinkFit, RunEntry
 from simulator.train import build_training_set
 
 STRATEGIES: list[dict[str, Any]] = [
@@ -38,10 +40,15 @@ def _durations(graph: IterationGraph) -> dict[int, float]:
     }
 
 
+# Compiled over eager time of every repeated block, by model: what the fused-block head learns.
+FUSED_RATIO = {"mlp": 0.8, "gpt2-tiny": 0.5}
+
+
 def synthetic_dataset(specs: list[ModelSpec], *, plans: tuple[str, ...] = ()) -> Dataset:
     """Runs of every spec under ``STRATEGIES``, and of the specs labelled in ``plans`` under
-    ``PLAN_STRATEGIES`` too."""
+    ``PLAN_STRATEGIES`` too; a fusion profile of each spec's repeated blocks (``FUSED_RATIO``)."""
     kernels = {}
+    fusion = {}
     runs = []
     links = tuple(
         LinkFit(collective=c, world_size=2, bandwidth=bw, alpha_us=200.0, busbw_gbps=rate, r2=1.0)
@@ -53,6 +60,15 @@ def synthetic_dataset(specs: list[ModelSpec], *, plans: tuple[str, ...] = ()) ->
         graph = capture_graph(rank)
         kernels[(rank.label, rank.inputs.batch_size)] = KernelEntry(
             graph=graph, node_ms=_durations(graph), iteration_time_ms=1.0
+        )
+        ratio = FUSED_RATIO.get(spec.label, 1.0)
+        fusion[(rank.label, rank.inputs.batch_size)] = FusionEntry(
+            model=rank.label,
+            batch_size=rank.inputs.batch_size,
+            blocks=tuple(
+                {"block": b, "eager_ms": 2.0, "compiled_ms": 2.0 * ratio, "compile_s": 1.0}
+                for b in repeated_blocks(spec)
+            ),
         )
         for bandwidth in ("1gbit", "none"):
             for raw in STRATEGIES + (PLAN_STRATEGIES if spec.label in plans else []):
@@ -67,7 +83,7 @@ def synthetic_dataset(specs: list[ModelSpec], *, plans: tuple[str, ...] = ()) ->
                         created_at="",
                     )
                 )
-    return Dataset(runs=tuple(runs), kernels=kernels, links=links, meta={})
+    return Dataset(runs=tuple(runs), kernels=kernels, links=links, meta={}, fusion=fusion)
 
 
 def with_truth(dataset: Dataset) -> Dataset:
@@ -89,4 +105,4 @@ def with_truth(dataset: Dataset) -> Dataset:
                 created_at="",
             )
         )
-    return Dataset(runs=tuple(runs), kernels=dataset.kernels, links=dataset.links, meta={})
+    return dataclasses.replace(dataset, runs=tuple(runs))

@@ -14,6 +14,7 @@ from data.models import repeated_blocks
 from data.specs.strategy import Strategy
 from data.store import (
     CollectiveProfileRecord,
+    FusionProfileRecord,
     KernelProfileRecord,
     MeasurementRecord,
     Store,
@@ -153,10 +154,22 @@ def test_export_and_load_round_trip(tmp_path: Path, zoo_graph: GraphOf) -> None:
             env={"seed": 1, "rank_cores": {"0": [0], "1": [1]}},
         )
     )
+    timing = {"block": "body.0", "eager_ms": 2.0, "compiled_ms": 1.5, "compile_s": 3.0}
+    store.save_fusion_profile(
+        profile=FusionProfileRecord(
+            graph_hash=graph.graph_hash,
+            model=graph.model.label,
+            device="cpu",
+            backend="inductor",
+            iters=3,
+            blocks=[timing],
+            env={},
+        )
+    )
     out = tmp_path / "d.json.gz"
     counts = export_dataset(store, out, meta={"note": "test"})
     store.close()
-    assert counts == {"kernels": 1, "links": 1, "runs": 1}
+    assert counts == {"kernels": 1, "fusion": 1, "links": 1, "runs": 1}
     dataset = load_dataset(out)
     (run,) = dataset.runs
     assert run.strategy == strategy and run.model == graph.model
@@ -166,6 +179,8 @@ def test_export_and_load_round_trip(tmp_path: Path, zoo_graph: GraphOf) -> None:
     assert entry.node_ms == {i: 0.1 for i in compute}
     assert dataset.links[0].busbw_gbps == 0.9
     assert dataset.meta == {"note": "test"}
+    fused = dataset.fusion[(graph.model.label, graph.model.inputs.batch_size)]
+    assert fused.blocks == (timing,) and fused.ratios() == {"body.0": 0.75}
     assert dataset.select(exclude=[run.family]).runs == ()
 
 
@@ -196,3 +211,15 @@ def test_plan_runs_parallel_plans_where_the_world_size_allows() -> None:
         j["world_size"] for j in jobs if j["kind"] == "run" and j["strategy"]["parallel"]["fsdp"]
     }
     assert fsdp == {2, 4}
+
+
+def test_plan_profiles_the_compiled_blocks_at_their_micro_batches() -> None:
+    spec = ZOO["mlp"].with_inputs(batch_size=8)
+    compiled = Strategy.from_dict({"op_fusion": {"compiled": ["body.1", "body.0"]}})
+    pool = [compiled, Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 1}})]
+    jobs = plan_jobs([spec], {spec.label: pool}, options=PlanOptions(per_group=2))
+    kinds = [j["kind"] for j in jobs]
+    assert kinds == sorted(kinds, key=["collectives", "kernels", "fusion", "run"].index)
+    fusion = [(j["batch_size"], j["blocks"]) for j in jobs if j["kind"] == "fusion"]
+    # the first setting's rank batch (8 / 2) first, then that of the 4-rank runs (8 / 4)
+    assert fusion == [(4, ["body.0", "body.1"]), (2, ["body.0", "body.1"])]

@@ -17,6 +17,7 @@ from simulator.train import (
     TrainOptions,
     build_training_set,
     duration_error,
+    fusion_error,
     load_checkpoint,
     predict_samples,
     save_checkpoint,
@@ -76,6 +77,10 @@ def test_the_model_learns_what_the_replay_misses(synthetic: Dataset, tmp_path: P
     assert mape(replayed) > 0.09  # a quarter of the runs (DeAR, FSDP) are 30-50 % off
     assert mape(learned) < 0.05
     assert math.isfinite(duration_error(model, data.graphs))
+    # compiled blocks: the fused-block head learns each model's compiled/eager ratio
+    assert len(data.blocks) == 4 + 2  # the mlp's and gpt2-tiny's repeated blocks
+    fused, unfused = fusion_error(model, data.graphs, data.blocks)
+    assert unfused > 0.2 and fused < 0.05
     # the checkpoint gives the same predictions
     path = tmp_path / "model.pt"
     save_checkpoint(model, path, {"predictor": "gnn"})
