@@ -68,6 +68,24 @@ def check_strategy(
     return buckets
 
 
+def model_supports(spec: ModelSpec, strategy: Strategy) -> bool:
+    """Whether the model has what the strategy's plan needs (a tensor-parallel plan for its
+    family, a stack of blocks to pipeline), whatever the world size and batch."""
+    plan = strategy.parallel
+    try:
+        if plan.tp > 1:
+            from data.tp_plans import check_tensor_parallel
+
+            check_tensor_parallel(spec, plan.tp)
+        if plan.pp > 1:
+            from executor.pipeline import check_pipeline
+
+            check_pipeline(spec, plan)
+    except InvalidStrategyError:
+        return False
+    return True
+
+
 def build_trainer(ctx: RankContext, buckets: list[Bucket]) -> Trainer:
     """The trainer for ``ctx.strategy`` on this rank (the model is built here)."""
     plan = ctx.strategy.parallel

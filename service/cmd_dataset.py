@@ -10,13 +10,10 @@ from typing import Any
 import torch
 import yaml
 
-from data.errors import InvalidStrategyError
 from data.models import repeated_blocks
-from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.store import Store
-from data.tp_plans import check_tensor_parallel
-from executor.pipeline import check_pipeline
+from executor.plan import model_supports
 from profiler.capture import capture_graph
 from service.output import emit_json, positive_int, progress
 from simulator.dataset import (
@@ -36,7 +33,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     pools: dict[str, list[Strategy]] = {}
     for spec in models:
         if args.plans == "parallel":
-            pools[spec.label] = [s for s in parallel_pool() if _can_run(spec, s)]
+            pools[spec.label] = [s for s in parallel_pool() if model_supports(spec, s)]
             continue
         progress(f"capturing {spec.label} for its gradient order and blocks")
         order = capture_graph(spec).grad_ready_order
@@ -66,20 +63,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         print(f"{len(jobs)} jobs ({kinds}) for {len(models)} models written to {args.out}")
     return 0
-
-
-def _can_run(spec: ModelSpec, strategy: Strategy) -> bool:
-    """Whether the model has what the plan needs (a tensor-parallel plan, a stack of blocks to
-    pipeline), whatever the world size."""
-    plan = strategy.parallel
-    try:
-        if plan.tp > 1:
-            check_tensor_parallel(spec, plan.tp)
-        if plan.pp > 1:
-            check_pipeline(spec, plan)
-    except InvalidStrategyError:
-        return False
-    return True
 
 
 def cmd_export(args: argparse.Namespace) -> int:

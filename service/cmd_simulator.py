@@ -10,11 +10,12 @@ import argparse
 import statistics
 from typing import Any
 
-from data.errors import InvalidOptionError
+from data.errors import InvalidOptionError, InvalidStrategyError
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.store import Store, add_collective_profile, add_graph, add_prediction
 from data.zoo import resolve_model
+from executor.plan import model_supports
 from executor.run import RunOptions, run_training
 from profiler.batch import collective_records
 from profiler.capture import CaptureOptions, capture_graph
@@ -34,14 +35,19 @@ from simulator.evaluate import accuracy
 from simulator.predict import predict
 
 # Diverse on purpose: DDP's own buckets, the executor's hooks at several granularities, DeAR,
-# gradient accumulation. ``validate --strategies K`` takes the first K that fit the batch.
+# gradient accumulation, FSDP, tensor parallelism, pipelines. ``validate --strategies K`` takes
+# the first K that the model, the world size and the batch allow.
 CANDIDATES: tuple[dict[str, Any], ...] = (
     {},
     {"tensor_fusion": {"bucket_caps_mb": [65536], "implementation": "hooks"}},
+    {"parallel": {"fsdp": True}},
     {"tensor_fusion": {"bucket_cap_mb": 1, "implementation": "hooks"}},
     {"tensor_fusion": {"bucket_cap_mb": 4, "dear": True}},
+    {"parallel": {"tp": 2}},
+    {"parallel": {"pp": 2, "micro_batches": 2, "pp_schedule": "gpipe"}},
     {"tensor_fusion": {"bucket_cap_mb": 4, "implementation": "hooks"}},
     {"parallel": {"micro_batches": 2}},
+    {"parallel": {"pp": 2, "micro_batches": 4, "pp_schedule": "1f1b"}},
     {"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}},
     {"tensor_fusion": {"bucket_cap_mb": 0.25, "implementation": "hooks"}},
     {"tensor_fusion": {"bucket_caps_mb": [1, 4]}},
@@ -50,15 +56,22 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
 # Collective sizes for the link profile: 4 KiB to 64 MiB in powers of 4.
 LINK_SIZES = [4096 * 4**i for i in range(9)]
 LINK_COLLECTIVES = ("all_reduce", "sendrecv")
+# FSDP and tensor parallelism also gather and reduce-scatter.
+PLAN_COLLECTIVES = ("all_gather", "reduce_scatter")
 
 
 def strategies_for(spec: ModelSpec, world_size: int, count: int) -> list[Strategy]:
-    """The first ``count`` candidates whose micro-batches divide the global batch."""
+    """The first ``count`` candidates the model supports whose plan fits the world size and
+    whose micro-batches divide the global batch."""
     chosen = []
     for raw in CANDIDATES:
         strategy = Strategy.from_dict(raw)
         plan = strategy.parallel
-        if spec.inputs.batch_size % (plan.resolve_dp(world_size) * plan.micro_batches):
+        try:
+            parts = plan.resolve_dp(world_size) * plan.micro_batches
+        except InvalidStrategyError:
+            continue
+        if spec.inputs.batch_size % parts or not model_supports(spec, strategy):
             continue
         chosen.append(strategy)
         if len(chosen) == count:
@@ -66,22 +79,27 @@ def strategies_for(spec: ModelSpec, world_size: int, count: int) -> list[Strateg
     return chosen
 
 
-def _link_profiles(store: Store, world_size: int, bandwidth: str) -> None:
-    """Profile the link's collectives unless the store has fits of both for it."""
+def _link_profiles(
+    store: Store, world_size: int, bandwidth: str, strategies: list[Strategy]
+) -> None:
+    """Profile the link's collectives unless the store has fits of those the strategies use."""
     have = {
         p.collective
         for p in store.collective_profiles(
             backend="gloo", world_size=world_size, bandwidth=bandwidth
         )
     }
-    if set(LINK_COLLECTIVES) <= have:
+    needed = set(LINK_COLLECTIVES)
+    if any(s.parallel.fsdp or s.parallel.tp > 1 for s in strategies):
+        needed |= set(PLAN_COLLECTIVES)
+    if needed <= have:
         return
     progress(f"no collective profile of {world_size} ranks at {bandwidth} yet: profiling it")
     profile = profile_collectives(
         world_size=world_size,
         bandwidth=bandwidth,
         sizes=LINK_SIZES,
-        collectives=LINK_COLLECTIVES,
+        collectives=sorted(needed),
         progress=progress,
     )
     with store.transaction() as session:
@@ -109,7 +127,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     )
     with Store.open(args.db) as store:
         if args.world_size > 1:
-            _link_profiles(store, args.world_size, bandwidth)
+            _link_profiles(store, args.world_size, bandwidth, strategies)
         profiles = store.collective_profiles(backend="gloo")
         cost_model = cost_model_for(args.simulator)
         first_ms: float | None = None

@@ -7,8 +7,9 @@ import pytest
 
 from data.specs.strategy import Strategy
 from data.store import CollectiveProfileRecord, Store
+from data.zoo import ZOO
 from service.cli import main
-from service.cmd_simulator import CANDIDATES
+from service.cmd_simulator import CANDIDATES, strategies_for
 
 
 def _predict(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -159,3 +160,15 @@ def test_pipeline_plans_have_bubbles(capsys: pytest.CaptureFixture[str]) -> None
     code = main(["predict", "mlp", "--world-size", "2", "--strategy", json.dumps(plan)])
     assert code == 2
     assert "pp_schedule 'interleaved_1f1b' is not supported yet" in capsys.readouterr().err
+
+
+def test_validate_draws_parallel_plans_the_model_supports() -> None:
+    gpt2 = strategies_for(ZOO["gpt2-tiny"].with_inputs(batch_size=8), 2, len(CANDIDATES))
+    kinds = {(s.parallel.fsdp, s.parallel.tp, s.parallel.pp) for s in gpt2}
+    assert {(True, 1, 1), (False, 2, 1), (False, 1, 2)} <= kinds
+    assert gpt2[0] == Strategy()
+    mlp = strategies_for(ZOO["mlp"].with_inputs(batch_size=8), 2, len(CANDIDATES))
+    assert all(s.parallel.tp == 1 for s in mlp)  # the mlp has no tensor-parallel plan
+    assert any(s.parallel.fsdp for s in mlp)
+    # a plan needing more ranks than there are is left out, not an error
+    assert all(s.parallel.tp * s.parallel.pp == 1 for s in strategies_for(ZOO["mlp"], 1, 20))
