@@ -5,8 +5,20 @@ stages from the graph.
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from data.specs.strategy import ParallelPlan
+
+# Stages per rank under the interleaved schedule (torchtitan's default is also two).
+VIRTUAL_STAGES = 2
+
+
+def stage_count(plan: "ParallelPlan") -> int:
+    """Stages in the pipeline: one per rank, ``VIRTUAL_STAGES`` per rank when interleaved."""
+    return plan.pp * (VIRTUAL_STAGES if plan.pp_schedule == "interleaved_1f1b" else 1)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -46,18 +46,11 @@ from data.errors import InvalidStrategyError
 from data.models import build_model
 from data.specs.model import ModelSpec
 from data.specs.strategy import ParallelPlan
-from data.stages import BlockStack, balanced_cuts, block_stack
+from data.stages import BlockStack, balanced_cuts, block_stack, stage_count
 from executor.context import RankContext, local_loss, split_batch
 
-# Stages per rank under the interleaved schedule (torchtitan's default is also two).
-VIRTUAL_STAGES = 2
 # Module classes known to pass more than the hidden state between blocks; refused.
 _UNSUPPORTED_MODEL_TYPES = {"t5": "its blocks pass the relative position bias along the stack"}
-
-
-def stage_count(plan: ParallelPlan) -> int:
-    """Stages in the pipeline: one per rank, ``VIRTUAL_STAGES`` per rank when interleaved."""
-    return plan.pp * (VIRTUAL_STAGES if plan.pp_schedule == "interleaved_1f1b" else 1)
 
 
 def check_pipeline(spec: ModelSpec, plan: ParallelPlan) -> None:

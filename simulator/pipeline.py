@@ -1,4 +1,4 @@
-"""Replay of a pipeline-parallel iteration (GPipe and 1F1B) with its bubbles.
+"""Replay of a pipeline-parallel iteration (GPipe, 1F1B, interleaved 1F1B) with its bubbles.
 
 The stages are the executor's (:mod:`data.stages`): the model's stack of blocks cut so that the
 blocks' forward FLOPs balance, read here from the graph (the FLOPs of a block's forward nodes).
@@ -8,14 +8,16 @@ first stage and those after the last block (head, loss) to the last; backward no
 forward node whose autograd node ran them. Later stages also run the prefix forward again (the
 executor's stages run the model's own forward up to their blocks and discard it).
 
-Each stage is one compute stream running its micro-batches in its schedule's order: GPipe runs
-every forward, then every backward; 1F1B runs ``stages - stage`` forwards, then alternates one
-backward and one forward, then the remaining backwards (``torch.distributed.pipelining``'s
-order). A forward waits for the previous stage's forward of the same micro-batch and the
-activation's transfer (the send/recv model); a backward waits for the next stage's backward and
-the gradient's transfer. After its last backward each stage all-reduces its gradients over its
-data-parallel group and steps its optimizer. The iteration ends when the slowest stage does;
-``bubble_ms`` is the time the busiest stage's compute stream idles waiting for other stages.
+Each rank is one compute stream running its stages' micro-batches in its schedule's order:
+GPipe runs every forward, then every backward; 1F1B runs ``stages - stage`` forwards, then
+alternates one backward and one forward, then the remaining backwards; interleaved 1F1B gives
+each rank two stages (``s`` and ``s + pp``) and orders them as :func:`interleaved_order` says
+(all three are ``torch.distributed.pipelining``'s orders). A forward waits for the previous
+stage's forward of the same micro-batch and the activation's transfer (the send/recv model); a
+backward waits for the next stage's backward and the gradient's transfer. After its last
+backward each rank all-reduces its stages' gradients over its data-parallel group and steps
+its optimizer. The iteration ends when the slowest rank does; ``bubble_ms`` is the time the
+busiest rank's compute stream idles waiting for others.
 """
 
 import dataclasses
@@ -141,10 +143,11 @@ def _last_output_bytes(graph: IterationGraph, ids: list[int]) -> int:
 def schedule_order(
     schedule: str, stage: int, stages: int, micro_batches: int
 ) -> list[tuple[str, int]]:
-    """The (``"F"``/``"B"``, micro-batch) order one stage runs.
+    """The (``"F"``/``"B"``, micro-batch) order of one stage that has a rank to itself.
 
     Raises:
-        UnsupportedPlanError: a schedule other than ``gpipe`` and ``1f1b``.
+        UnsupportedPlanError: a schedule other than ``gpipe`` and ``1f1b`` (interleaved 1F1B
+            runs several stages a rank: :func:`interleaved_order`).
     """
     forwards = [("F", m) for m in range(micro_batches)]
     backwards = [("B", m) for m in range(micro_batches)]
@@ -152,8 +155,8 @@ def schedule_order(
         return forwards + backwards
     if schedule != "1f1b":
         raise UnsupportedPlanError(
-            f"the replay schedules pipelines with gpipe and 1f1b; pp_schedule {schedule!r} is "
-            "not supported yet"
+            f"pp_schedule {schedule!r} runs several stages a rank; schedule_order covers gpipe "
+            "and 1f1b"
         )
     warmup = min(micro_batches, stages - stage)
     order = forwards[:warmup]
@@ -167,6 +170,80 @@ def schedule_order(
     return order
 
 
+def interleaved_order(
+    rank: int, ranks: int, local_stages: int, micro_batches: int
+) -> list[tuple[str, int, int]]:
+    """The (``"F"``/``"B"``, stage, micro-batch) order of one rank under interleaved 1F1B, as
+    ``torch.distributed.pipelining`` runs it: rank ``r`` holds stages ``r``, ``r + ranks``, ...;
+    micro-batches go through a rank's stages in rounds of ``ranks``; a rank runs
+    ``(local_stages - 1) * round + 2 * (ranks - 1 - rank)`` forwards first (capped at all of
+    them), then alternates a forward and a backward, then runs the backwards left. Backwards
+    visit the rank's stages last to first.
+
+    Raises:
+        UnsupportedPlanError: micro-batches that do not split into whole rounds (torch refuses
+            them too).
+    """
+    rounds = max(1, micro_batches // ranks)
+    if micro_batches % rounds:
+        raise UnsupportedPlanError(
+            f"interleaved 1F1B needs micro_batches({micro_batches}) to be a multiple of its "
+            f"rounds ({rounds})"
+        )
+    per_round = micro_batches // rounds
+    forwards_total = local_stages * micro_batches
+    warmup = min((local_stages - 1) * per_round + 2 * (ranks - 1 - rank), forwards_total)
+
+    def forward_stage(step: int) -> int:
+        return ((step // per_round) % local_stages) * ranks + rank
+
+    def backward_stage(step: int) -> int:
+        local = local_stages - 1 - ((step - warmup) // per_round) % local_stages
+        return local * ranks + rank
+
+    next_micro_batch: dict[tuple[str, int], int] = {}
+
+    def action(kind: str, stage: int) -> tuple[str, int, int]:
+        m = next_micro_batch.get((kind, stage), 0)
+        next_micro_batch[(kind, stage)] = m + 1
+        return (kind, stage, m)
+
+    order = [action("F", forward_stage(step)) for step in range(warmup)]
+    for step in range(warmup, forwards_total):
+        order.append(action("F", forward_stage(step)))
+        order.append(action("B", backward_stage(step)))
+    for step in range(forwards_total, forwards_total + warmup):
+        order.append(action("B", backward_stage(step)))
+    return order
+
+
+def rank_orders(
+    schedule: str, ranks: int, stages: int, micro_batches: int
+) -> list[list[tuple[str, int, int]]]:
+    """Each rank's (kind, stage, micro-batch) order; ``stages`` is ``ranks`` except under
+    interleaved 1F1B (``ranks * local stages``).
+
+    Raises:
+        UnsupportedPlanError: an unknown schedule, or stages that do not spread evenly.
+    """
+    if schedule == "interleaved_1f1b":
+        if stages % ranks:
+            raise UnsupportedPlanError(
+                f"{stages} stages do not spread evenly over {ranks} pipeline ranks"
+            )
+        return [interleaved_order(r, ranks, stages // ranks, micro_batches) for r in range(ranks)]
+    if schedule not in ("gpipe", "1f1b"):
+        raise UnsupportedPlanError(
+            f"the replay schedules gpipe, 1f1b and interleaved_1f1b; not {schedule!r}"
+        )
+    if stages != ranks:
+        raise UnsupportedPlanError(f"{schedule} runs one stage a rank; got {stages} on {ranks}")
+    return [
+        [(kind, r, m) for kind, m in schedule_order(schedule, r, stages, micro_batches)]
+        for r in range(ranks)
+    ]
+
+
 def replay_pipeline(
     costs: list[StageCosts],
     *,
@@ -174,63 +251,71 @@ def replay_pipeline(
     micro_batches: int,
     p2p: AlphaBeta,
     all_reduce: AlphaBeta,
+    ranks: int | None = None,
 ) -> ReplayResult:
     """Schedule one iteration of the stages' micro-batches (see the module docstring).
 
     Args:
+        costs: every stage's costs, in pipeline order (``ranks * 2`` of them for interleaved
+            1F1B: stage ``s`` runs on rank ``s % ranks``).
         p2p: one transfer between neighbouring stages (the send/recv fit).
         all_reduce: the data-parallel group's all-reduce (``world_size`` 1: none).
+        ranks: pipeline ranks (default: one a stage).
     """
     stages = len(costs)
-    orders = [schedule_order(schedule, s, stages, micro_batches) for s in range(stages)]
+    ranks = ranks or stages
+    orders = rank_orders(schedule, ranks, stages, micro_batches)
     end: dict[tuple[str, int, int], float] = {}
-    free = [0.0] * stages
-    position = [0] * stages
+    free = [0.0] * ranks
+    position = [0] * ranks
     events: list[Event] = []
-    busy = [0.0] * stages
-    # Round-robin over stages, each running its next op once its inputs have arrived.
+    busy = [0.0] * ranks
+    # Round-robin over ranks, each running its next op once its inputs have arrived.
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
-        for s in range(stages):
-            if position[s] == len(orders[s]):
+        for r in range(ranks):
+            if position[r] == len(orders[r]):
                 continue
-            kind, m = orders[s][position[s]]
+            kind, s, m = orders[r][position[r]]
             ready = _ready(kind, s, m=m, stages=stages, end=end, costs=costs, p2p=p2p)
             if ready is None:
                 continue
-            start = max(free[s], ready)
+            start = max(free[r], ready)
             duration = costs[s].forward_ms if kind == "F" else costs[s].backward_ms
             end[(kind, s, m)] = start + duration
-            free[s] = start + duration
-            busy[s] += duration
+            free[r] = start + duration
+            busy[r] += duration
             label = f"stage {s} {'forward' if kind == 'F' else 'backward'} {m}"
-            events.append(_event(s, m, label, start=start, end=start + duration))
-            position[s] += 1
+            events.append(_event(r, m, label, start=start, end=start + duration))
+            position[r] += 1
             remaining -= 1
             progressed = True
         if not progressed:
             raise UnsupportedPlanError("pipeline schedule deadlocked (inconsistent order)")
     finish = []
     comm_total = 0.0
-    for s in range(stages):
-        sync_ms = all_reduce.time_us(costs[s].grad_bytes) / 1e3
+    synced = []
+    for r in range(ranks):
+        own = range(r, stages, ranks)
+        sync_ms = all_reduce.time_us(sum(costs[s].grad_bytes for s in own)) / 1e3
+        synced.append(sync_ms)
         comm_total += sync_ms
-        step_start = free[s] + sync_ms
-        finish.append(step_start + costs[s].optimizer_ms)
-        busy[s] += costs[s].optimizer_ms
-        sync = f"stage {s} gradient all-reduce"
-        events.append(_event(s, -1, sync, start=free[s], end=step_start, stream="comm"))
-        events.append(_event(s, -1, f"stage {s} optimizer", start=step_start, end=finish[-1]))
+        step_start = free[r] + sync_ms
+        optimizer_ms = sum(costs[s].optimizer_ms for s in own)
+        finish.append(step_start + optimizer_ms)
+        busy[r] += optimizer_ms
+        sync = f"rank {r} gradient all-reduce"
+        events.append(_event(r, -1, sync, start=free[r], end=step_start, stream="comm"))
+        events.append(_event(r, -1, f"rank {r} optimizer", start=step_start, end=finish[-1]))
     iteration = max(finish)
-    critical = max(range(stages), key=lambda s: busy[s])
-    sync_critical = all_reduce.time_us(costs[critical].grad_bytes) / 1e3
+    critical = max(range(ranks), key=lambda r: busy[r])
     return ReplayResult(
         iteration_time_ms=iteration,
         compute_ms=busy[critical],
-        exposed_comm_ms=sync_critical,
+        exposed_comm_ms=synced[critical],
         comm_ms=comm_total,
-        bubble_ms=max(0.0, iteration - busy[critical] - sync_critical),
+        bubble_ms=max(0.0, iteration - busy[critical] - synced[critical]),
         timeline=tuple(sorted(events, key=lambda e: (e.start_ms, e.stream))),
     )
 

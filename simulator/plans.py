@@ -12,7 +12,7 @@ from data.graph.format import IterationGraph
 from data.models import build_model
 from data.specs.cluster import parse_bandwidth_gbps
 from data.specs.strategy import ParallelPlan
-from data.stages import block_stack, default_groups
+from data.stages import block_stack, default_groups, stage_count
 from data.tp_plans import PLANS, tp_family
 from simulator.costs import LinkFitLike, comm_models
 from simulator.fsdp import replay_fsdp
@@ -84,13 +84,14 @@ def _replay_pipeline(
         )
     links = _link_models(fits, world_size, bandwidth)
     p2p = dataclasses.replace(links["sendrecv"], world_size=2)
-    costs = stage_costs(graph, durations, stack.blocks, plan.pp)
+    costs = stage_costs(graph, durations, stack.blocks, stage_count(plan))
     return replay_pipeline(
         costs,
         schedule=plan.pp_schedule,
         micro_batches=plan.micro_batches,
         p2p=p2p,
         all_reduce=models["all_reduce"],
+        ranks=plan.pp,
     )
 
 

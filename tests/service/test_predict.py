@@ -156,10 +156,20 @@ def test_pipeline_plans_have_bubbles(capsys: pytest.CaptureFixture[str]) -> None
     assert out["iteration_time_ms"] == pytest.approx(
         parts["compute_ms"] + parts["exposed_comm_ms"] + parts["bubble_ms"]
     )
+    # interleaved: two stages a rank (the mlp's four blocks), the same work in all
     plan["parallel"]["pp_schedule"] = "interleaved_1f1b"
-    code = main(["predict", "mlp", "--world-size", "2", "--strategy", json.dumps(plan)])
+    interleaved = _predict(capsys, *args[:-2], json.dumps(plan), "--json")
+    steps = interleaved["breakdown"]
+    assert interleaved["iteration_time_ms"] == pytest.approx(
+        steps["compute_ms"] + steps["exposed_comm_ms"] + steps["bubble_ms"]
+    )
+    assert steps["bubble_ms"] >= 0 and steps["compute_ms"] > 0
+    # FSDP with a pipeline is not replayed: refused with the reason
+    plan = {"parallel": {"pp": 2, "fsdp": True, "micro_batches": 2}}
+    refused = ["predict", "mlp", "--world-size", "2", "--strategy", json.dumps(plan)]
+    code = main([*refused, "--simulator", "replay"])
     assert code == 2
-    assert "pp_schedule 'interleaved_1f1b' is not supported yet" in capsys.readouterr().err
+    assert "fsdp" in capsys.readouterr().err
 
 
 def test_validate_draws_parallel_plans_the_model_supports() -> None:

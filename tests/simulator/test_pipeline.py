@@ -1,6 +1,7 @@
 """Pipeline replay: schedules worked out on paper, stage costs of a captured model."""
 
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,7 +10,13 @@ from data.comm_model import AlphaBeta
 from data.graph.format import IterationGraph
 from data.models import build_model
 from data.stages import block_stack
-from simulator.pipeline import StageCosts, replay_pipeline, schedule_order, stage_costs
+from simulator.pipeline import (
+    StageCosts,
+    interleaved_order,
+    replay_pipeline,
+    schedule_order,
+    stage_costs,
+)
 from simulator.replay import UnsupportedPlanError
 
 GraphOf = Callable[[str], IterationGraph]
@@ -25,6 +32,62 @@ def test_schedule_orders() -> None:
     assert schedule_order("1f1b", 1, 2, 4) == last
     with pytest.raises(UnsupportedPlanError, match="interleaved_1f1b"):
         schedule_order("interleaved_1f1b", 0, 2, 4)
+
+
+def test_interleaved_order_by_hand() -> None:
+    # 2 ranks, stages 0 and 2 on rank 0, 1 and 3 on rank 1, 2 micro-batches (one round)
+    assert interleaved_order(0, 2, 2, 2) == [
+        *[("F", 0, 0), ("F", 0, 1), ("F", 2, 0), ("F", 2, 1)],
+        *[("B", 2, 0), ("B", 2, 1), ("B", 0, 0), ("B", 0, 1)],
+    ]
+    assert interleaved_order(1, 2, 2, 2) == [
+        *[("F", 1, 0), ("F", 1, 1), ("F", 3, 0), ("B", 3, 0), ("F", 3, 1), ("B", 3, 1)],
+        *[("B", 1, 0), ("B", 1, 1)],
+    ]
+    with pytest.raises(UnsupportedPlanError, match=r"micro_batches\(5\)"):
+        interleaved_order(0, 2, 2, 5)
+
+
+@pytest.mark.parametrize(("ranks", "micro_batches"), [(2, 2), (2, 4), (2, 8), (4, 4), (4, 8)])
+def test_interleaved_order_is_torchs(ranks: int, micro_batches: int) -> None:
+    # torch's own order (its schedule computes it from these four attributes, no process group)
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    compute = getattr(schedules.ScheduleInterleaved1F1B, "_calculate_single_rank_operations", None)
+    if compute is None:
+        pytest.skip("this torch computes the interleaved order elsewhere")
+    rounds = max(1, micro_batches // ranks)
+    fake = SimpleNamespace(
+        n_local_stages=2,
+        pp_group_size=ranks,
+        _n_microbatches=micro_batches,
+        microbatches_per_round=micro_batches // rounds,
+    )
+    for rank in range(ranks):
+        theirs = [a for a in compute(fake, rank) if a is not None]
+        ours = [(a[0], a[1], a[2]) for a in interleaved_order(rank, ranks, 2, micro_batches)]
+        kind = {"F": "FORWARD", "B": "FULL_BACKWARD"}
+        assert [(kind[k], s, m) for k, s, m in ours] == [
+            (a.computation_type.name, a.stage_index, a.microbatch_index) for a in theirs
+        ]
+
+
+def test_interleaving_shrinks_the_bubble() -> None:
+    # the same work cut into 4 stages over 2 ranks instead of 2: the fill and drain halve
+    plain = replay_pipeline(
+        _stages(2), schedule="1f1b", micro_batches=4, p2p=NO_LINK, all_reduce=NO_DP
+    )
+    interleaved = replay_pipeline(
+        _stages(4, forward=0.5, backward=1.0),
+        schedule="interleaved_1f1b",
+        micro_batches=4,
+        p2p=NO_LINK,
+        all_reduce=NO_DP,
+        ranks=2,
+    )
+    assert interleaved.compute_ms == pytest.approx(plain.compute_ms) == pytest.approx(12.0)
+    assert interleaved.bubble_ms == pytest.approx(1.5)
+    assert plain.bubble_ms == pytest.approx(3.0)
+    assert {e.stream for e in interleaved.timeline} >= {"compute 0", "compute 1"}
 
 
 def _stages(count: int, *, forward: float = 1.0, backward: float = 2.0) -> list[StageCosts]:
