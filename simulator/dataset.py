@@ -208,6 +208,15 @@ def parallel_pool() -> list[Strategy]:
     return [Strategy.from_dict(r) for r in raw]
 
 
+def interleaved_pool() -> list[Strategy]:
+    """Interleaved 1F1B pipelines (two stages a rank) over 2 ranks, with 2 and 4 micro-batches
+    (the pipeline plans of :func:`parallel_pool` run one stage a rank)."""
+    return [
+        Strategy.from_dict({"parallel": {"pp": 2, "micro_batches": m, "pp_schedule": s}})
+        for m, s in ((4, "interleaved_1f1b"), (2, "interleaved_1f1b"))
+    ]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class PlanOptions:
     """How much to measure: strategies per (model, setting) group besides DDP's defaults, and

@@ -58,6 +58,7 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     "log2_pp",
     "fsdp",
     "schedule_1f1b",
+    "schedule_interleaved",
 )
 
 
@@ -280,6 +281,7 @@ def strategy_sample(
         math.log2(plan.pp),
         float(plan.fsdp),
         float(plan.pp > 1 and plan.pp_schedule == "1f1b"),
+        float(plan.pp > 1 and plan.pp_schedule == "interleaved_1f1b"),
     ]
     return StrategySample(
         model_key=model_key,
