@@ -1,9 +1,11 @@
 """The replay of every parallel plan against the executor's runs of it, side by side.
 
 For one model on an emulated cluster: DDP's defaults, FSDP, tensor parallelism, and pipelines
-(GPipe and 1F1B), each predicted by the replay alone (``--simulator replay``: the cost model is
-trained on data-parallel runs only) and then run for real; the table gives both medians and the
-error. Kernel profiles and collective fits come from ``--db`` (profiled there first if missing).
+(GPipe, 1F1B, interleaved 1F1B), each predicted by the replay alone (what the list schedule of
+the profiled ops and modelled collectives gives, before any learned correction; the cost model's
+held-out accuracy by kind of plan is ``benchmarks/simulator_eval.py``'s) and then run for real;
+the table gives both medians and the error. Kernel profiles and collective fits come from
+``--db`` (profiled there first if missing).
 
     .venv/bin/python benchmarks/replay_plans.py --model gpt2-tiny --world-size 2 \
         --bandwidth 1gbit --db sqlite:///ds.db
@@ -36,6 +38,10 @@ PLANS: tuple[tuple[str, dict[str, Any]], ...] = (
     (
         "pipeline, 1F1B, 4 micro-batches",
         {"parallel": {"pp": 2, "micro_batches": 4, "pp_schedule": "1f1b"}},
+    ),
+    (
+        "pipeline, interleaved 1F1B, 4 micro-batches",
+        {"parallel": {"pp": 2, "micro_batches": 4, "pp_schedule": "interleaved_1f1b"}},
     ),
 )
 
