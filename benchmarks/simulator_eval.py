@@ -11,11 +11,13 @@ fused-block head's median error on the held-out family's compiled blocks (agains
 eager time for the compiled one), the dataset's noise (repeat runs of DDP's defaults) and the
 training time per fold.
 
-    .venv/bin/python benchmarks/simulator_eval.py [--dataset FILE] [--epochs N] [--out FILE.json]
+    .venv/bin/python benchmarks/simulator_eval.py [--dataset FILE] [--epochs N] [--workers W]
+        [--out FILE.json]
 """
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -54,6 +56,9 @@ def main() -> None:
     parser.add_argument("--dataset", type=Path, default=shipped_dataset())
     parser.add_argument("--epochs", type=int, default=TrainOptions().epochs)
     parser.add_argument("--out", type=Path, help="write every fold's rows as JSON here")
+    parser.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1, help="folds trained at once"
+    )
     args = parser.parse_args()
     dataset = load_dataset(args.dataset)
     started = time.perf_counter()
@@ -62,6 +67,7 @@ def main() -> None:
         config=CostModelConfig(),
         options=TrainOptions(epochs=args.epochs),
         progress=lambda message: print(f"# {message}", flush=True),
+        workers=args.workers,
     )
     elapsed = time.perf_counter() - started
     spread, repeats = noise(dataset)

@@ -3,6 +3,7 @@ time batched predictions."""
 
 import argparse
 import itertools
+import os
 import random
 import statistics
 import sys
@@ -74,7 +75,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         progress(
             f"choosing the predictor: {len(dataset.families)} folds, one family held out each"
         )
-        _, cv = cross_validate(dataset, config=config, options=options, progress=progress)
+        _, cv = cross_validate(
+            dataset, config=config, options=options, progress=progress, workers=args.workers
+        )
         predictor = best_predictor(cv)
         progress(
             "held-out MAPE: "
@@ -274,6 +277,12 @@ def _common(cmd: argparse.ArgumentParser) -> None:
 def register(commands: Any) -> None:
     train = commands.add_parser("train", help="train the cost model on measured runs")
     _common(train)
+    train.add_argument(
+        "--workers",
+        type=positive_int,
+        default=os.cpu_count() or 1,
+        help="processes for the held-out folds of --predictor auto (default: one a core)",
+    )
     train.add_argument(
         "--out",
         help=f"checkpoint to write (default: {platformdirs.user_data_dir('ddlsim')}/"

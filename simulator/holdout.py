@@ -8,8 +8,10 @@ the default that ``ddlsim predict`` uses.
 
 import dataclasses
 import math
+import multiprocessing
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from data.errors import InvalidOptionError
@@ -146,16 +148,50 @@ def cross_validate(
     config: CostModelConfig | None = None,
     options: TrainOptions | None = None,
     progress: Progress | None = None,
+    workers: int = 1,
 ) -> tuple[list[HoldoutReport], dict[str, Accuracy]]:
-    """Hold out each family in turn; the reports and the metrics of all folds' rows pooled."""
-    reports = []
-    for family in dataset.families:
-        report, _ = evaluate_holdout(
-            dataset, [family], config=config, options=options, progress=progress
-        )
-        reports.append(report)
+    """Hold out each family in turn; the reports and the metrics of all folds' rows pooled.
+
+    With ``workers`` > 1 the folds train in that many processes at once (each on one thread:
+    on a two-core machine two workers halve the time); the results are the same as in one.
+    """
+    families = dataset.families
+    if workers <= 1 or len(families) < 2:
+        reports = [
+            evaluate_holdout(dataset, [f], config=config, options=options, progress=progress)[0]
+            for f in families
+        ]
+    else:
+        reports = []
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(
+            max_workers=min(workers, len(families)),
+            mp_context=context,
+            initializer=_keep_dataset,
+            initargs=(dataset,),
+        ) as pool:
+            futures = [pool.submit(_fold, family, config, options) for family in families]
+            for family, future in zip(families, futures, strict=True):
+                reports.append(future.result())
+                if progress is not None:
+                    progress(f"held out {family}: done ({len(reports)}/{len(families)})")
     pooled = [row for report in reports for row in report.rows]
     return reports, metrics_of(pooled)
+
+
+_WORKER_DATASET: list[Dataset] = []
+
+
+def _keep_dataset(dataset: Dataset) -> None:
+    """A fold worker's start: the dataset, sent once, for all its folds."""
+    _WORKER_DATASET[:] = [dataset]
+
+
+def _fold(
+    family: str, config: CostModelConfig | None, options: TrainOptions | None
+) -> HoldoutReport:
+    report, _ = evaluate_holdout(_WORKER_DATASET[0], [family], config=config, options=options)
+    return report
 
 
 def metrics_by_kind(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Accuracy]]:

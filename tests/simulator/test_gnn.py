@@ -13,6 +13,7 @@ from data.zoo import ZOO
 from simulator.dataset import Dataset
 from simulator.features import BUCKET_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
 from simulator.gnn import CostModelConfig
+from simulator.holdout import cross_validate
 from simulator.train import (
     TrainOptions,
     build_training_set,
@@ -104,3 +105,12 @@ def test_train_options_are_checked() -> None:
         TrainOptions(epochs=0)
     with pytest.raises(InvalidOptionError, match=r"hidden\(2\)"):
         CostModelConfig(hidden=2)
+
+
+def test_cross_validation_in_two_processes_gives_the_same_folds(synthetic: Dataset) -> None:
+    config, options = CostModelConfig(hidden=8, layers=1), TrainOptions(epochs=3)
+    one, pooled_one = cross_validate(synthetic, config=config, options=options, workers=1)
+    two, pooled_two = cross_validate(synthetic, config=config, options=options, workers=2)
+    assert [r.holdout for r in two] == [r.holdout for r in one] == [("gpt2",), ("reference",)]
+    assert [r.rows for r in two] == [r.rows for r in one]
+    assert pooled_two == pooled_one
