@@ -105,6 +105,19 @@ def _hidden(output: Any) -> torch.Tensor:
     raise TypeError(f"a block returned {type(output).__name__}, not a hidden-state tensor")
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose gradient is made contiguous: a stage sends the gradient of its received
+    activation back with gloo, which refuses strided tensors (ConvNeXt's permuted layers)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
 class _Enter(nn.Module):
     """A stage's first block: its hidden-state input replaced by the received activation."""
 
@@ -115,10 +128,11 @@ class _Enter(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self.received is not None:
+            received = _ContiguousGrad.apply(self.received)
             if args:
-                args = (self.received, *args[1:])
+                args = (received, *args[1:])
             else:
-                kwargs["hidden_states"] = self.received
+                kwargs["hidden_states"] = received
         return self.block(*args, **kwargs)
 
 
@@ -130,7 +144,8 @@ class _Exit(nn.Module):
         self.block = block
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        raise _StageEnd(_hidden(self.block(*args, **kwargs)))
+        # sent to the next stage with gloo, which refuses strided tensors
+        raise _StageEnd(_hidden(self.block(*args, **kwargs)).contiguous())
 
 
 class StageModule(nn.Module):
@@ -207,7 +222,8 @@ def _probe(
         counter = counters.pop()
         counter.__exit__(None, None, None)
         flops.append(float(counter.get_total_flops()))
-        outputs.append(_hidden(output).detach())
+        # the shapes the stages send and receive: contiguous, as sent (see _Exit)
+        outputs.append(_hidden(output).detach().contiguous())
 
     handles = []
     for block in blocks:
