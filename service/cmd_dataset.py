@@ -77,7 +77,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         "note": args.note or "",
     }
     with Store.open(args.db) as store:
-        counts = export_dataset(store, Path(args.out), meta=meta)
+        models = None if args.all_models else dataset_models()
+        counts = export_dataset(store, Path(args.out), meta=meta, models=models)
     payload = {"out": args.out, **counts}
     if args.json:
         emit_json(payload)
@@ -114,6 +115,11 @@ def register(commands: Any) -> None:
     export = kinds.add_parser("export", help="write a store's runs and profiles to a file")
     export.add_argument("--out", required=True, help="dataset file to write (.json.gz)")
     export.add_argument("--note", help="free text kept in the file's meta")
+    export.add_argument(
+        "--all-models",
+        action="store_true",
+        help="keep every run of the store (default: only the dataset's models)",
+    )
     export.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
     export.add_argument("--json", action="store_true", help="print JSON")
     export.set_defaults(handler=cmd_export)

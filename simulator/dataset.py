@@ -452,14 +452,26 @@ class Dataset:
         return dataclasses.replace(self, runs=runs)
 
 
-def export_dataset(store: Any, out: Path, *, meta: Mapping[str, Any]) -> dict[str, int]:
-    """Write what ``store`` holds (CPU kernel profiles, collective fits, measurements) to
-    ``out`` (gzip JSON). Returns counts of what was written."""
+def export_dataset(
+    store: Any,
+    out: Path,
+    *,
+    meta: Mapping[str, Any],
+    models: Sequence[ModelSpec] | None = None,
+) -> dict[str, int]:
+    """Write what ``store`` holds (CPU kernel profiles, fusion profiles, collective fits,
+    measurements) to ``out`` (gzip JSON); with ``models``, only the runs of those specs and the
+    profiles of their labels (a store also used for other runs keeps them out of the dataset).
+    Returns counts of what was written."""
+    specs = None if models is None else {_spec_key(m) for m in models}
+    labels = None if models is None else {m.label for m in models}
     kernels: dict[tuple[str, int], KernelEntry] = {}
     for profile in store.kernel_profiles():  # oldest first: a newer profile replaces
         if profile.device != "cpu":
             continue
         graph = store.load_graph(graph_hash=profile.graph_hash)
+        if labels is not None and graph.model.label not in labels:
+            continue
         kernels[(graph.model.label, graph.model.inputs.batch_size)] = KernelEntry(
             graph=graph,
             node_ms=dict(profile.node_ms),
@@ -481,6 +493,8 @@ def export_dataset(store: Any, out: Path, *, meta: Mapping[str, Any]) -> dict[st
         if fused.device != "cpu":
             continue
         model = store.load_graph(graph_hash=fused.graph_hash).model
+        if labels is not None and model.label not in labels:
+            continue
         fusion[(model.label, model.inputs.batch_size)] = FusionEntry(
             model=model.label,
             batch_size=model.inputs.batch_size,
@@ -489,6 +503,8 @@ def export_dataset(store: Any, out: Path, *, meta: Mapping[str, Any]) -> dict[st
     runs = []
     for m in store.measurements():
         graph = store.load_graph(graph_hash=m.graph_hash)
+        if specs is not None and _spec_key(graph.model) not in specs:
+            continue
         runs.append(
             RunEntry(
                 model=graph.model,
@@ -511,6 +527,10 @@ def export_dataset(store: Any, out: Path, *, meta: Mapping[str, Any]) -> dict[st
     )
     save_dataset(dataset, out)
     return {"kernels": len(kernels), "fusion": len(fusion), "links": len(links), "runs": len(runs)}
+
+
+def _spec_key(spec: ModelSpec) -> str:
+    return json.dumps(spec.to_dict(), sort_keys=True)
 
 
 def save_dataset(dataset: Dataset, out: Path) -> None:

@@ -16,7 +16,7 @@ import platformdirs
 from simulator.gnn import IterationCostModel
 from simulator.train import load_checkpoint
 
-SHIPPED_DATASET = "dp-cpu-v1.json.gz"
+SHIPPED_DATASET = "cpu-v2.json.gz"
 
 
 def shipped_checkpoint() -> Path:
