@@ -20,6 +20,7 @@ import torch
 from data.specs.strategy import Strategy
 from data.store import Store
 from data.zoo import resolve_model
+from executor.plan import model_supports
 from executor.run import RunOptions, run_training
 from profiler.capture import CaptureOptions, capture_graph
 from profiler.cluster import remove_stale_namespaces
@@ -62,6 +63,9 @@ def main() -> None:
         profiles = store.collective_profiles(backend="gloo")
         for label, raw in PLANS:
             strategy = Strategy.from_dict(raw)
+            if not model_supports(spec, strategy):
+                print(f"# {label}: {spec.label} cannot run it (no plan or too few blocks)")
+                continue
             rank = rank_spec(spec, strategy, args.world_size)
             profiled, kernel, _ = kernel_profile_for(store, rank, optimizer="adamw", iters=10)
             graph = capture_graph(rank, CaptureOptions(strategy=strategy))
