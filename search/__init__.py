@@ -1,1 +1,3 @@
-"""Strategy search over fusion and parallel plans with the simulator (not yet built)."""
+"""Strategy search with the simulator: batched, memoised pricing of fusion strategies
+(:mod:`search.evaluator`) and backtracking over bucket partitions and DeAR
+(:mod:`search.backtrack`). Optuna searchers, parallel plans and ``ddlsim search`` follow."""

@@ -1,0 +1,162 @@
+"""Backtracking over tensor-fusion decisions (after DisCo's search), driven by the simulator.
+
+A fusion decision is where the gradients, in the order they become ready, are cut into buckets
+(and, per partition, whether DeAR decouples their all-reduce). The search is best-first with
+backtracking: it keeps every partition it has priced (memoised by the evaluator) and always
+expands the best one not yet expanded, pricing its neighbours in one batch (two adjacent
+buckets fused, or one bucket split at its middle gradient, with DeAR as it is and flipped). A
+neighbour more than ``slack`` slower than the best seen is pruned: never expanded, so the
+search falls back to the next most promising partition instead of following a bad path. It
+stops when the budget of evaluations or the time is spent, or when nothing is left to expand.
+
+Starting points: DDP's defaults (the baseline), every gradient alone, and all in one bucket.
+"""
+
+import dataclasses
+import heapq
+import itertools
+import time
+from collections.abc import Sequence
+
+from data.errors import InvalidOptionError
+from data.specs.strategy import Strategy
+from search.evaluator import FusionEvaluator
+
+Cuts = tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    """The best strategy found, the baseline, the ``top`` k, and the best price after each
+    evaluation (the convergence curve)."""
+
+    best: Strategy
+    best_ms: float
+    baseline: Strategy
+    baseline_ms: float
+    top: tuple[tuple[Strategy, float], ...]
+    evaluations: int
+    elapsed_s: float
+    curve: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class BacktrackOptions:
+    """Budget and pruning of :func:`backtrack_fusion`."""
+
+    budget: int = 2000
+    time_limit_s: float = 60.0
+    slack: float = 0.10
+    top: int = 5
+    dear: bool = True
+
+    def __post_init__(self) -> None:
+        if self.budget < 1 or not self.time_limit_s > 0 or self.slack < 0 or self.top < 1:
+            raise InvalidOptionError(
+                f"budget({self.budget}) and top({self.top}) must be >= 1, "
+                f"time_limit_s({self.time_limit_s}) > 0 and slack({self.slack}) >= 0"
+            )
+
+
+def strategy_of(order: Sequence[str], cuts: Cuts, dear: bool) -> Strategy:
+    """Buckets of the gradients in ready ``order`` cut before each index in ``cuts``."""
+    bounds = [0, *cuts, len(order)]
+    buckets = [list(order[a:b]) for a, b in itertools.pairwise(bounds)]
+    return Strategy.from_dict({"tensor_fusion": {"buckets": buckets, "dear": dear}})
+
+
+def cuts_of(order: Sequence[str], strategy: Strategy, sizes: Sequence[int]) -> Cuts:
+    """Where ``strategy``'s buckets cut the ready ``order`` (buckets that are not contiguous
+    runs of it are read as the runs they start)."""
+    position = {name: i for i, name in enumerate(order)}
+    buckets = strategy.tensor_fusion.assign(list(zip(order, sizes, strict=True)))
+    starts = sorted({min(position[p] for p in b.params) for b in buckets})
+    return tuple(s for s in starts if s > 0)
+
+
+def backtrack_fusion(
+    evaluator: FusionEvaluator,
+    order: Sequence[str],
+    sizes: Sequence[int],
+    options: BacktrackOptions | None = None,
+) -> SearchResult:
+    """Search bucket partitions of the gradients (ready ``order``, bytes ``sizes``) and DeAR.
+
+    Raises:
+        InvalidOptionError: a model without gradients.
+    """
+    options = options or BacktrackOptions()
+    if not order:
+        raise InvalidOptionError("the model has no gradients to bucket")
+    start = time.perf_counter()
+    n = len(order)
+    baseline = Strategy()
+    (baseline_ms,) = evaluator.price([baseline])
+    seeds: list[tuple[Cuts, bool]] = [
+        (cuts_of(order, baseline, sizes), False),
+        (tuple(range(1, n)), False),
+        ((), False),
+    ]
+    if options.dear:
+        seeds += [(cuts, True) for cuts, _ in seeds]
+    priced: dict[tuple[Cuts, bool], float] = {}
+    frontier: list[tuple[float, Cuts, bool]] = []
+    expanded: set[tuple[Cuts, bool]] = set()
+    curve: list[float] = [baseline_ms]
+    best_ms = baseline_ms
+
+    def price(states: list[tuple[Cuts, bool]]) -> None:
+        nonlocal best_ms
+        fresh = [s for s in dict.fromkeys(states) if s not in priced]
+        room = options.budget - evaluator.evaluations
+        fresh = fresh[: max(0, room)]
+        if not fresh:
+            return
+        times = evaluator.price([strategy_of(order, c, d) for c, d in fresh])
+        for state, ms in zip(fresh, times, strict=True):
+            priced[state] = ms
+            best_ms = min(best_ms, ms)
+            curve.append(best_ms)
+            if ms <= best_ms * (1 + options.slack):
+                heapq.heappush(frontier, (ms, *state))
+
+    price(seeds)
+    while frontier and evaluator.evaluations < options.budget:
+        if time.perf_counter() - start > options.time_limit_s:
+            break
+        ms, cuts, dear = heapq.heappop(frontier)
+        if (cuts, dear) in expanded or ms > best_ms * (1 + options.slack):
+            continue  # pruned since it was pushed: backtrack to the next best
+        expanded.add((cuts, dear))
+        price(_neighbours(cuts, dear, n, flip_dear=options.dear))
+    ranked = sorted(priced.items(), key=lambda item: item[1])
+    top = tuple((strategy_of(order, c, d), ms) for (c, d), ms in ranked[: options.top])
+    best, best_price = top[0] if top else (baseline, baseline_ms)
+    if baseline_ms < best_price:
+        best, best_price = baseline, baseline_ms
+    return SearchResult(
+        best=best,
+        best_ms=best_price,
+        baseline=baseline,
+        baseline_ms=baseline_ms,
+        top=top,
+        evaluations=evaluator.evaluations,
+        elapsed_s=time.perf_counter() - start,
+        curve=tuple(curve),
+    )
+
+
+def _neighbours(cuts: Cuts, dear: bool, n: int, *, flip_dear: bool) -> list[tuple[Cuts, bool]]:
+    """Partitions one decision away: two adjacent buckets fused, one bucket split at its
+    middle, or DeAR flipped."""
+    out: list[tuple[Cuts, bool]] = []
+    for i in range(len(cuts)):
+        out.append((cuts[:i] + cuts[i + 1 :], dear))
+    bounds = [0, *cuts, n]
+    for a, b in itertools.pairwise(bounds):
+        if b - a > 1:
+            middle = (a + b) // 2
+            out.append((tuple(sorted((*cuts, middle))), dear))
+    if flip_dear:
+        out.append((cuts, not dear))
+    return out
