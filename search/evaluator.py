@@ -19,6 +19,7 @@ from torch_geometric.data import Batch
 from data.comm_model import AlphaBeta
 from data.graph.format import IterationGraph
 from data.specs.strategy import Strategy
+from simulator.costs import uses_ring
 from simulator.fast import DataParallelReplay
 from simulator.features import ModelGraph, model_graph, strategy_sample
 from simulator.gnn import IterationCostModel
@@ -31,7 +32,8 @@ class FusionEvaluator:
     Args:
         graph: the rank's micro-batch graph (any strategy) and ``node_ms`` its profiled times,
             already scaled for ranks sharing cores.
-        comm: collective models over the data-parallel ranks (:func:`simulator.costs.comm_models`).
+        comm: collective models over the data-parallel ranks (:func:`simulator.costs.comm_models`);
+            ``ring_comm`` those of DeAR's ring where the backend runs one (gloo), else ``comm``.
         cost_model: a trained model and its meta; its ``predictor`` (``gnn`` or ``blend``)
             corrects the replay; ``None`` (or ``replay``) prices with the replay alone.
     """
@@ -43,11 +45,15 @@ class FusionEvaluator:
         comm: Mapping[str, AlphaBeta],
         *,
         dp: int,
+        ring_comm: Mapping[str, AlphaBeta] | None = None,
+        backend: str = "gloo",
         cost_model: tuple[IterationCostModel, Mapping[str, Any]] | None = None,
         compute_scale: float = 1.0,
     ) -> None:
         self.graph = graph
         self.comm = dict(comm)
+        self.ring_comm = dict(ring_comm) if ring_comm is not None else self.comm
+        self.backend = backend
         self.dp = dp
         self.compute_scale = compute_scale
         self.replay = DataParallelReplay(graph, node_ms)
@@ -89,9 +95,12 @@ class FusionEvaluator:
                 self.memo[key] = ms
         return [self.memo[key] for key in keys]
 
+    def _comm(self, strategy: Strategy) -> dict[str, AlphaBeta]:
+        return self.ring_comm if uses_ring(strategy, self.backend) else self.comm
+
     def _price_new(self, strategies: list[Strategy]) -> list[float]:
         summaries = [
-            self.replay.summary(s, self.comm, micro_batches=s.parallel.micro_batches)
+            self.replay.summary(s, self._comm(s), micro_batches=s.parallel.micro_batches)
             for s in strategies
         ]
         if self._model is None or self._encoded is None:
@@ -102,7 +111,7 @@ class FusionEvaluator:
                 graph=self._encoded,
                 strategy=strategy,
                 summary=summary,
-                comm=self.comm,
+                comm=self._comm(strategy),
                 dp=self.dp,
                 compute_scale=self.compute_scale,
             )

@@ -9,7 +9,15 @@ import sys
 from collections.abc import Callable, Sequence
 
 from data.errors import DdlsimError, one_line
-from service import cmd_graph, cmd_predict, cmd_profile, cmd_run, cmd_simulator, cmd_specs
+from service import (
+    cmd_graph,
+    cmd_predict,
+    cmd_profile,
+    cmd_run,
+    cmd_search,
+    cmd_simulator,
+    cmd_specs,
+)
 
 EXIT_BAD_INPUT = 2
 
@@ -26,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_run.register(sub)
     cmd_predict.register(sub)
     cmd_simulator.register(sub)
+    cmd_search.register(sub)
     return parser
 
 
