@@ -58,6 +58,45 @@ class BacktrackOptions:
             )
 
 
+def begin(evaluator: FusionEvaluator, order: Sequence[str]) -> tuple[float, Strategy, float]:
+    """A search's start: its clock, and DDP's defaults (the baseline) priced.
+
+    Raises:
+        InvalidOptionError: a model without gradients.
+    """
+    if not order:
+        raise InvalidOptionError("the model has no gradients to bucket")
+    start = time.perf_counter()
+    baseline = Strategy()
+    (baseline_ms,) = evaluator.price([baseline])
+    return start, baseline, baseline_ms
+
+
+def finish(
+    evaluator: FusionEvaluator,
+    ranked: Sequence[tuple[Strategy, float]],
+    *,
+    baseline: Strategy,
+    baseline_ms: float,
+    start: float,
+    curve: Sequence[float],
+    top: int,
+) -> SearchResult:
+    """The result of a search whose priced candidates are ``ranked`` (fastest first); the
+    baseline stays the best when nothing beat it."""
+    best, best_ms = ranked[0] if ranked and ranked[0][1] < baseline_ms else (baseline, baseline_ms)
+    return SearchResult(
+        best=best,
+        best_ms=best_ms,
+        baseline=baseline,
+        baseline_ms=baseline_ms,
+        top=tuple(ranked[:top]),
+        evaluations=evaluator.evaluations,
+        elapsed_s=time.perf_counter() - start,
+        curve=tuple(curve),
+    )
+
+
 def strategy_of(order: Sequence[str], cuts: Cuts, dear: bool) -> Strategy:
     """Buckets of the gradients in ready ``order`` cut before each index in ``cuts``."""
     bounds = [0, *cuts, len(order)]
@@ -86,12 +125,8 @@ def backtrack_fusion(
         InvalidOptionError: a model without gradients.
     """
     options = options or BacktrackOptions()
-    if not order:
-        raise InvalidOptionError("the model has no gradients to bucket")
-    start = time.perf_counter()
+    start, baseline, baseline_ms = begin(evaluator, order)
     n = len(order)
-    baseline = Strategy()
-    (baseline_ms,) = evaluator.price([baseline])
     seeds: list[tuple[Cuts, bool]] = [
         (cuts_of(order, baseline, sizes), False),
         (tuple(range(1, n)), False),
@@ -130,19 +165,14 @@ def backtrack_fusion(
         expanded.add((cuts, dear))
         price(_neighbours(cuts, dear, n, flip_dear=options.dear))
     ranked = sorted(priced.items(), key=lambda item: item[1])
-    top = tuple((strategy_of(order, c, d), ms) for (c, d), ms in ranked[: options.top])
-    best, best_price = top[0] if top else (baseline, baseline_ms)
-    if baseline_ms < best_price:
-        best, best_price = baseline, baseline_ms
-    return SearchResult(
-        best=best,
-        best_ms=best_price,
+    return finish(
+        evaluator,
+        [(strategy_of(order, c, d), ms) for (c, d), ms in ranked[: options.top]],
         baseline=baseline,
         baseline_ms=baseline_ms,
-        top=top,
-        evaluations=evaluator.evaluations,
-        elapsed_s=time.perf_counter() - start,
-        curve=tuple(curve),
+        start=start,
+        curve=curve,
+        top=options.top,
     )
 
 

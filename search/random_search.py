@@ -6,9 +6,8 @@ import random
 import time
 from collections.abc import Sequence
 
-from data.errors import InvalidOptionError
 from data.specs.strategy import Strategy
-from search.backtrack import BacktrackOptions, SearchResult, strategy_of
+from search.backtrack import BacktrackOptions, SearchResult, begin, finish, strategy_of
 from search.evaluator import FusionEvaluator
 
 BATCH = 256
@@ -27,12 +26,8 @@ def random_fusion(
         InvalidOptionError: a model without gradients.
     """
     options = options or BacktrackOptions()
-    if not order:
-        raise InvalidOptionError("the model has no gradients to bucket")
-    start = time.perf_counter()
+    start, baseline, baseline_ms = begin(evaluator, order)
     rng = random.Random(seed)
-    baseline = Strategy()
-    (baseline_ms,) = evaluator.price([baseline])
     curve = [baseline_ms]
     priced: dict[str, tuple[Strategy, float]] = {}
     n = len(order)
@@ -52,15 +47,12 @@ def random_fusion(
                 priced[strategy.to_json()] = (strategy, ms)
                 curve.append(min(curve[-1], ms))
     ranked = sorted(priced.values(), key=lambda item: item[1])
-    top = tuple(ranked[: options.top])
-    best, best_ms = top[0] if top and top[0][1] < baseline_ms else (baseline, baseline_ms)
-    return SearchResult(
-        best=best,
-        best_ms=best_ms,
+    return finish(
+        evaluator,
+        ranked,
         baseline=baseline,
         baseline_ms=baseline_ms,
-        top=top,
-        evaluations=evaluator.evaluations,
-        elapsed_s=time.perf_counter() - start,
-        curve=tuple(curve),
+        start=start,
+        curve=curve,
+        top=options.top,
     )
