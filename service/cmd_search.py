@@ -2,7 +2,9 @@
 simulator, and (``--verify``) checked against the executor.
 
 The space searched so far is data-parallel tensor fusion: bucket partitions of the gradients in
-the order they become ready, with DeAR on or off. The rank's micro-batch is kernel-profiled
+the order they become ready, with DeAR on or off (``backtrack``, ``random``), or DDP-style
+bucket caps with DeAR on or off (Optuna's ``tpe`` and ``cmaes``, whose study can live in a
+database that several searches share). The rank's micro-batch is kernel-profiled
 unless the store has a profile; collectives are priced from the store's fits of the link (the
 link's nominal rate where none is stored).
 """
@@ -19,6 +21,7 @@ from executor.run import RunOptions, run_training
 from profiler.cluster import remove_stale_namespaces
 from search.backtrack import BacktrackOptions, SearchResult, backtrack_fusion
 from search.evaluator import FusionEvaluator
+from search.optuna_search import StudyOptions, optuna_fusion
 from search.random_search import random_fusion
 from service.cmd_predict import (
     cost_model_for,
@@ -29,7 +32,7 @@ from service.cmd_predict import (
 from service.output import emit_json, positive_int, progress
 from simulator.costs import comm_models, rank_spec, scaled
 
-ALGORITHMS = ("backtrack", "random")
+ALGORITHMS = ("backtrack", "tpe", "cmaes", "random")
 
 
 def cmd_search(args: argparse.Namespace) -> int:
@@ -74,8 +77,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     progress(f"searching {spec.label} ({args.algo}, up to {args.budget} evaluations)")
     nbytes = {p.name: p.nbytes for p in graph.params}
     order = list(graph.grad_ready_order)
+    sizes = [nbytes[n] for n in order]
     if args.algo == "backtrack":
-        result = backtrack_fusion(evaluator, order, [nbytes[n] for n in order], options)
+        result = backtrack_fusion(evaluator, order, sizes, options)
+    elif args.algo in ("tpe", "cmaes"):
+        study = StudyOptions(
+            storage=args.storage,
+            study_name=args.study_name or f"{spec.label}-{args.world_size}-{bandwidth}",
+            workers=args.workers,
+            seed=args.seed,
+        )
+        result = optuna_fusion(evaluator, order, sizes, args.algo, options=options, study=study)
     else:
         result = random_fusion(evaluator, order, options, seed=args.seed)
     payload = _payload(args, spec.label, bandwidth, evaluator.predictor, result)
@@ -163,7 +175,16 @@ def register(sub: Any) -> None:
     cmd.add_argument("--budget", type=positive_int, default=2000, help="strategies to price")
     cmd.add_argument("--time-limit", type=float, default=60.0, help="seconds")
     cmd.add_argument("--top", type=positive_int, default=5)
-    cmd.add_argument("--seed", type=int, default=0, help="random search's seed")
+    cmd.add_argument("--seed", type=int, default=0, help="the samplers' seed")
+    cmd.add_argument(
+        "--storage",
+        help="tpe/cmaes: an RDB URL (sqlite:///PATH, postgresql+psycopg://...) holding the "
+        "study, so that several searches share it",
+    )
+    cmd.add_argument("--study-name", help="tpe/cmaes: the study (default: model-ranks-link)")
+    cmd.add_argument(
+        "--workers", type=positive_int, default=1, help="tpe/cmaes: trials run at once"
+    )
     cmd.add_argument("--batch-size", type=positive_int, help="global batch size")
     cmd.add_argument("--seq-len", type=positive_int)
     cmd.add_argument("--image-size", type=positive_int)

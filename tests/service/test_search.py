@@ -2,7 +2,9 @@
 verifies with the executor, and refuses bad input in one line."""
 
 import json
+from pathlib import Path
 
+import optuna
 import pytest
 
 from data.specs.strategy import Strategy
@@ -45,3 +47,26 @@ def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(err) == 1 and "world_size(1)" in err[0]
     assert main([*BASE, "--time-limit", "0"]) == 2
     assert "time_limit(0.0)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algo", ["tpe", "cmaes"])
+def test_optuna_samplers_share_a_study_in_a_database(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, algo: str
+) -> None:
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    args = ["--algo", algo, "--budget", "15", "--storage", storage, "--study-name", "s"]
+    first = _search(capsys, *args)
+    assert first["best"]["predicted_ms"] <= first["baseline"]["predicted_ms"]
+    assert 1 < first["evaluations"] <= 15
+    second = _search(capsys, *args, "--workers", "2")
+    assert second["best"]["predicted_ms"] <= second["baseline"]["predicted_ms"]
+    # both searches' trials are in the one study
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert len(study.trials) >= 20
+    assert study.best_value <= first["best"]["predicted_ms"] + 1e-9
+
+
+def test_a_bad_storage_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*BASE, "--algo", "tpe", "--storage", "nosuchdb://x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nosuchdb://x" in err[0]
