@@ -4,12 +4,13 @@ A fusion decision is where the gradients, in the order they become ready, are cu
 (and, per partition, whether DeAR decouples their all-reduce). The search is best-first with
 backtracking: it keeps every partition it has priced (memoised by the evaluator) and always
 expands the best one not yet expanded, pricing its neighbours in one batch (two adjacent
-buckets fused, or one bucket split at its middle gradient, with DeAR as it is and flipped). A
+buckets fused, a bucket split at any gradient, a boundary moved by one, DeAR flipped). A
 neighbour more than ``slack`` slower than the best seen is pruned: never expanded, so the
 search falls back to the next most promising partition instead of following a bad path. It
 stops when the budget of evaluations or the time is spent, or when nothing is left to expand.
 
-Starting points: DDP's defaults (the baseline), every gradient alone, and all in one bucket.
+Starting points: DDP's defaults (the baseline), every gradient alone, all in one bucket, and
+2 to 16 buckets of about equal bytes, each with DeAR off and on.
 """
 
 import dataclasses
@@ -23,6 +24,9 @@ from data.specs.strategy import Strategy
 from search.evaluator import FusionEvaluator
 
 Cuts = tuple[int, ...]
+# Besides DDP's defaults, every gradient alone and one bucket, the search starts from these
+# numbers of buckets of about equal bytes: coarse coverage that the moves then refine.
+SEED_BUCKETS = (2, 3, 4, 6, 8, 12, 16)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -131,6 +135,7 @@ def backtrack_fusion(
         (cuts_of(order, baseline, sizes), False),
         (tuple(range(1, n)), False),
         ((), False),
+        *((_even_cuts(sizes, k), False) for k in SEED_BUCKETS if k < n),
     ]
     if options.dear:
         seeds += [(cuts, True) for cuts, _ in seeds]
@@ -176,17 +181,30 @@ def backtrack_fusion(
     )
 
 
+def _even_cuts(sizes: Sequence[int], buckets: int) -> Cuts:
+    """Cuts into ``buckets`` runs of about equal bytes."""
+    total = sum(sizes) or 1
+    cuts: list[int] = []
+    running = 0
+    for index, size in enumerate(sizes[:-1], start=1):
+        running += size
+        if running * buckets >= total * (len(cuts) + 1):
+            cuts.append(index)
+    return tuple(cuts[: buckets - 1])
+
+
 def _neighbours(cuts: Cuts, dear: bool, n: int, *, flip_dear: bool) -> list[tuple[Cuts, bool]]:
-    """Partitions one decision away: two adjacent buckets fused, one bucket split at its
-    middle, or DeAR flipped."""
+    """Partitions one decision away: two adjacent buckets fused (a cut removed), a bucket split
+    anywhere (a cut added), a boundary moved by one gradient, or DeAR flipped."""
+    present = set(cuts)
     out: list[tuple[Cuts, bool]] = []
     for i in range(len(cuts)):
         out.append((cuts[:i] + cuts[i + 1 :], dear))
-    bounds = [0, *cuts, n]
-    for a, b in itertools.pairwise(bounds):
-        if b - a > 1:
-            middle = (a + b) // 2
-            out.append((tuple(sorted((*cuts, middle))), dear))
+    for i, cut in enumerate(cuts):
+        for moved in (cut - 1, cut + 1):
+            if 0 < moved < n and moved not in present:
+                out.append((tuple(sorted((*cuts[:i], moved, *cuts[i + 1 :]))), dear))
+    out += [(tuple(sorted((*cuts, c))), dear) for c in range(1, n) if c not in present]
     if flip_dear:
         out.append((cuts, not dear))
     return out
