@@ -1,3 +1,4 @@
 """Strategy search with the simulator: batched, memoised pricing of fusion strategies
-(:mod:`search.evaluator`) and backtracking over bucket partitions and DeAR
-(:mod:`search.backtrack`). Optuna searchers, parallel plans and ``ddlsim search`` follow."""
+(:mod:`search.evaluator`), backtracking over bucket partitions and DeAR (:mod:`search.backtrack`),
+Optuna's TPE and CMA-ES over bucket caps (:mod:`search.optuna_search`) and random search
+(:mod:`search.random_search`). Op fusion and parallel plans in the space follow."""
