@@ -22,11 +22,8 @@ from data.store import Store
 from data.zoo import resolve_model
 from executor.plan import model_supports
 from executor.run import RunOptions, run_training
-from profiler.capture import CaptureOptions, capture_graph
 from profiler.cluster import remove_stale_namespaces
-from service.cmd_predict import kernel_profile_for, machine_scale
-from simulator.costs import rank_spec
-from simulator.predict import predict
+from service.cmd_predict import predict_on_store
 
 PLANS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("DDP defaults", {}),
@@ -60,23 +57,18 @@ def main() -> None:
     remove_stale_namespaces()
     rows = []
     with Store.open(args.db) as store:
-        profiles = store.collective_profiles(backend="gloo")
         for label, raw in PLANS:
             strategy = Strategy.from_dict(raw)
             if not model_supports(spec, strategy):
                 print(f"# {label}: {spec.label} cannot run it (no plan or too few blocks)")
                 continue
-            rank = rank_spec(spec, strategy, args.world_size)
-            profiled, kernel, _ = kernel_profile_for(store, rank, optimizer="adamw", iters=10)
-            graph = capture_graph(rank, CaptureOptions(strategy=strategy))
-            predicted = predict(
-                graph,
-                profiled=profiled,
-                node_ms=kernel.node_ms,
-                collective_profiles=profiles,
+            predicted, _, _ = predict_on_store(
+                store,
+                spec,
+                strategy,
                 world_size=args.world_size,
                 bandwidth=args.bandwidth,
-                compute_scale=machine_scale(args.world_size),
+                cost_model=None,  # the replay alone
             )
             measured = run_training(
                 spec,

@@ -54,6 +54,38 @@ def kernel_profile_for(
     return graph, stored[0], True
 
 
+def predict_on_store(
+    store: Store,
+    spec: ModelSpec,
+    strategy: Strategy,
+    *,
+    world_size: int,
+    bandwidth: str,
+    cost_model: tuple[IterationCostModel, dict[str, Any]] | None,
+    optimizer: str = "adamw",
+    profile_iters: int = 10,
+) -> tuple[Prediction, KernelProfileRecord, bool]:
+    """Predict ``strategy`` for ``spec`` with the store's kernel profile of the rank's
+    micro-batch (taken now if there is none: the flag says so) and its gloo collective fits;
+    compute is scaled for ranks sharing this machine's cores."""
+    rank = rank_spec(spec, strategy, world_size)
+    profiled, profile, profiled_now = kernel_profile_for(
+        store, rank, optimizer=optimizer, iters=profile_iters
+    )
+    capture = CaptureOptions(strategy=strategy, optimizer="sgd" if optimizer == "sgd" else "adamw")
+    prediction = predict(
+        capture_graph(rank, capture),
+        profiled=profiled,
+        node_ms=profile.node_ms,
+        collective_profiles=store.collective_profiles(backend="gloo"),
+        world_size=world_size,
+        bandwidth=bandwidth,
+        cost_model=cost_model,
+        compute_scale=machine_scale(world_size),
+    )
+    return prediction, profile, profiled_now
+
+
 def cost_model_for(
     choice: str | None,
 ) -> tuple[IterationCostModel, dict[str, Any]] | None:
@@ -83,25 +115,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
     )
     strategy = Strategy.parse(args.strategy) if args.strategy else Strategy()
     bandwidth = normalized_bandwidth(args.bandwidth)
-    rank = rank_spec(spec, strategy, args.world_size)
     with Store.open(args.db) as store:
-        profiled, profile, profiled_now = kernel_profile_for(
-            store, rank, optimizer=args.optimizer, iters=args.profile_iters
-        )
-        capture = CaptureOptions(
-            strategy=strategy, optimizer="sgd" if args.optimizer == "sgd" else "adamw"
-        )
-        graph = capture_graph(rank, capture)
-        prediction = predict(
-            graph,
-            profiled=profiled,
-            node_ms=profile.node_ms,
-            collective_profiles=store.collective_profiles(backend="gloo"),
+        prediction, profile, profiled_now = predict_on_store(
+            store,
+            spec,
+            strategy,
             world_size=args.world_size,
             bandwidth=bandwidth,
             cost_model=cost_model_for(args.simulator),
-            compute_scale=machine_scale(args.world_size),
+            optimizer=args.optimizer,
+            profile_iters=args.profile_iters,
         )
+        graph = prediction.graph
         with store.transaction() as session:
             add_graph(session, graph=graph)
             add_strategy(session, strategy=strategy)
@@ -111,7 +136,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     payload = {
         **prediction.to_json(),
         "model": spec.label,
-        "rank_batch_size": rank.inputs.batch_size,
+        "rank_batch_size": graph.model.inputs.batch_size,
         "kernel_profile": {"id": profile.id, "profiled_now": profiled_now},
         "id": prediction_id,
         "db": store.url,

@@ -18,21 +18,13 @@ from data.zoo import resolve_model
 from executor.plan import model_supports
 from executor.run import RunOptions, run_training
 from profiler.batch import collective_records
-from profiler.capture import CaptureOptions, capture_graph
 from profiler.cluster import ClusterRunError, remove_stale_namespaces
 from profiler.collectives import profile_collectives
 from service import cmd_dataset, cmd_train
-from service.cmd_predict import (
-    cost_model_for,
-    kernel_profile_for,
-    machine_scale,
-    normalized_bandwidth,
-)
+from service.cmd_predict import cost_model_for, normalized_bandwidth, predict_on_store
 from service.cmd_run import add_result
 from service.output import emit_json, positive_int, progress
-from simulator.costs import rank_spec
 from simulator.evaluate import accuracy
-from simulator.predict import predict
 
 # Diverse on purpose: DDP's own buckets, the executor's hooks at several granularities, DeAR,
 # gradient accumulation, FSDP, tensor parallelism, pipelines. ``validate --strategies K`` takes
@@ -128,25 +120,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     with Store.open(args.db) as store:
         if args.world_size > 1:
             _link_profiles(store, args.world_size, bandwidth, strategies)
-        profiles = store.collective_profiles(backend="gloo")
         cost_model = cost_model_for(args.simulator)
         first_ms: float | None = None
         repeat_ms: float | None = None
         for index, strategy in enumerate([*strategies, strategies[0]]):
-            rank = rank_spec(spec, strategy, args.world_size)
-            profiled, kernel, _ = kernel_profile_for(
-                store, rank, optimizer="adamw", iters=args.profile_iters
-            )
-            graph = capture_graph(rank, CaptureOptions(strategy=strategy))
-            predicted = predict(
-                graph,
-                profiled=profiled,
-                node_ms=kernel.node_ms,
-                collective_profiles=profiles,
+            predicted, _, _ = predict_on_store(
+                store,
+                spec,
+                strategy,
                 world_size=args.world_size,
                 bandwidth=bandwidth,
                 cost_model=cost_model,
-                compute_scale=machine_scale(args.world_size),
+                profile_iters=args.profile_iters,
             )
             label = strategy.to_json()
             progress(f"running {index + 1}/{len(strategies) + 1}: {label}")

@@ -130,15 +130,15 @@ def predict(
     """
     dp = graph.strategy.parallel.resolve_dp(world_size)
     node_ms = scaled(node_ms, compute_scale)
+    fits = [p for p in collective_profiles if p.backend == backend]
     models = comm_models(
-        [p for p in collective_profiles if p.backend == backend],
+        fits,
         world_size=dp,
         bandwidth=bandwidth,
         bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
         ring=uses_ring(graph.strategy, backend),
     )
     durations = transfer_durations(profiled, node_ms, graph)
-    fits = [p for p in collective_profiles if p.backend == backend]
     if is_data_parallel(graph.strategy.parallel):
         result = replay(graph, durations, models.models)
     else:
