@@ -156,7 +156,9 @@ def main() -> None:
             row.setdefault("world_size", world_size)
             with args.out.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(row) + "\n")
-            print(json.dumps({k: row.get(k) for k in ("model", "world_size", "speedup")}), flush=True)
+            print(
+                json.dumps({k: row.get(k) for k in ("model", "world_size", "speedup")}), flush=True
+            )
 
 
 if __name__ == "__main__":

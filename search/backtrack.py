@@ -20,8 +20,8 @@ import time
 from collections.abc import Sequence
 
 from data.errors import InvalidOptionError
-from data.specs.strategy import Strategy
-from search.evaluator import FusionEvaluator
+from data.specs.strategy import Strategy, TensorFusionPlan
+from search.evaluator import Pricer
 
 Cuts = tuple[int, ...]
 # Besides DDP's defaults, every gradient alone and one bucket, the search starts from these
@@ -62,7 +62,7 @@ class BacktrackOptions:
             )
 
 
-def begin(evaluator: FusionEvaluator, order: Sequence[str]) -> tuple[float, Strategy, float]:
+def begin(evaluator: Pricer, order: Sequence[str]) -> tuple[float, Strategy, float]:
     """A search's start: its clock, and DDP's defaults (the baseline) priced.
 
     Raises:
@@ -77,7 +77,7 @@ def begin(evaluator: FusionEvaluator, order: Sequence[str]) -> tuple[float, Stra
 
 
 def finish(
-    evaluator: FusionEvaluator,
+    evaluator: Pricer,
     ranked: Sequence[tuple[Strategy, float]],
     *,
     baseline: Strategy,
@@ -85,10 +85,12 @@ def finish(
     start: float,
     curve: Sequence[float],
     top: int,
+    baseline_fits: bool = True,
 ) -> SearchResult:
     """The result of a search whose priced candidates are ``ranked`` (fastest first); the
-    baseline stays the best when nothing beat it."""
-    best, best_ms = ranked[0] if ranked and ranked[0][1] < baseline_ms else (baseline, baseline_ms)
+    baseline stays the best when nothing beat it, unless it does not fit the device."""
+    bar = baseline_ms if baseline_fits else float("inf")
+    best, best_ms = ranked[0] if ranked and ranked[0][1] < bar else (baseline, baseline_ms)
     return SearchResult(
         best=best,
         best_ms=best_ms,
@@ -101,11 +103,16 @@ def finish(
     )
 
 
-def strategy_of(order: Sequence[str], cuts: Cuts, dear: bool) -> Strategy:
-    """Buckets of the gradients in ready ``order`` cut before each index in ``cuts``."""
+def strategy_of(
+    order: Sequence[str], cuts: Cuts, dear: bool, base: Strategy | None = None
+) -> Strategy:
+    """Buckets of the gradients in ready ``order`` cut before each index in ``cuts``; the
+    parallel plan and compiled blocks of ``base`` (DDP's by default)."""
     bounds = [0, *cuts, len(order)]
-    buckets = [list(order[a:b]) for a, b in itertools.pairwise(bounds)]
-    return Strategy.from_dict({"tensor_fusion": {"buckets": buckets, "dear": dear}})
+    buckets = tuple(tuple(order[a:b]) for a, b in itertools.pairwise(bounds))
+    return dataclasses.replace(
+        base or Strategy(), tensor_fusion=TensorFusionPlan(buckets=buckets, dear=dear)
+    )
 
 
 def cuts_of(order: Sequence[str], strategy: Strategy, sizes: Sequence[int]) -> Cuts:
@@ -118,21 +125,60 @@ def cuts_of(order: Sequence[str], strategy: Strategy, sizes: Sequence[int]) -> C
 
 
 def backtrack_fusion(
-    evaluator: FusionEvaluator,
+    evaluator: Pricer,
     order: Sequence[str],
     sizes: Sequence[int],
     options: BacktrackOptions | None = None,
 ) -> SearchResult:
-    """Search bucket partitions of the gradients (ready ``order``, bytes ``sizes``) and DeAR.
+    """Search bucket partitions of the gradients (ready ``order``, bytes ``sizes``) and DeAR
+    under DDP's plan.
 
     Raises:
         InvalidOptionError: a model without gradients.
     """
     options = options or BacktrackOptions()
     start, baseline, baseline_ms = begin(evaluator, order)
+    curve: list[float] = [baseline_ms]
+    priced = explore_fusion(
+        evaluator,
+        order,
+        sizes,
+        options,
+        base=Strategy(),
+        budget=options.budget,
+        deadline=start + options.time_limit_s,
+        curve=curve,
+    )
+    ranked = sorted(priced, key=lambda item: item[1])
+    return finish(
+        evaluator,
+        ranked[: options.top],
+        baseline=baseline,
+        baseline_ms=baseline_ms,
+        start=start,
+        curve=curve,
+        top=options.top,
+    )
+
+
+def explore_fusion(
+    evaluator: Pricer,
+    order: Sequence[str],
+    sizes: Sequence[int],
+    options: BacktrackOptions,
+    *,
+    base: Strategy,
+    budget: int,
+    deadline: float,
+    curve: list[float],
+) -> list[tuple[Strategy, float]]:
+    """The backtracking itself, under ``base``'s parallel plan and compiled blocks, until the
+    evaluator has priced ``budget`` strategies in all or the clock passes ``deadline``
+    (``time.perf_counter``); every partition priced, with its price. ``curve`` gets the best
+    price so far after each evaluation (it starts from the caller's best)."""
     n = len(order)
     seeds: list[tuple[Cuts, bool]] = [
-        (cuts_of(order, baseline, sizes), False),
+        (cuts_of(order, base, sizes), False),
         (tuple(range(1, n)), False),
         ((), False),
         *((_even_cuts(sizes, k), False) for k in SEED_BUCKETS if k < n),
@@ -142,17 +188,15 @@ def backtrack_fusion(
     priced: dict[tuple[Cuts, bool], float] = {}
     frontier: list[tuple[float, Cuts, bool]] = []
     expanded: set[tuple[Cuts, bool]] = set()
-    curve: list[float] = [baseline_ms]
-    best_ms = baseline_ms
+    best_ms = min(curve) if curve else float("inf")
 
     def price(states: list[tuple[Cuts, bool]]) -> None:
         nonlocal best_ms
         fresh = [s for s in dict.fromkeys(states) if s not in priced]
-        room = options.budget - evaluator.evaluations
-        fresh = fresh[: max(0, room)]
+        fresh = fresh[: max(0, budget - evaluator.evaluations)]
         if not fresh:
             return
-        times = evaluator.price([strategy_of(order, c, d) for c, d in fresh])
+        times = evaluator.price([strategy_of(order, c, d, base) for c, d in fresh])
         for state, ms in zip(fresh, times, strict=True):
             priced[state] = ms
             best_ms = min(best_ms, ms)
@@ -161,24 +205,13 @@ def backtrack_fusion(
                 heapq.heappush(frontier, (ms, *state))
 
     price(seeds)
-    while frontier and evaluator.evaluations < options.budget:
-        if time.perf_counter() - start > options.time_limit_s:
-            break
+    while frontier and evaluator.evaluations < budget and time.perf_counter() < deadline:
         ms, cuts, dear = heapq.heappop(frontier)
         if (cuts, dear) in expanded or ms > best_ms * (1 + options.slack):
             continue  # pruned since it was pushed: backtrack to the next best
         expanded.add((cuts, dear))
         price(_neighbours(cuts, dear, n, flip_dear=options.dear))
-    ranked = sorted(priced.items(), key=lambda item: item[1])
-    return finish(
-        evaluator,
-        [(strategy_of(order, c, d), ms) for (c, d), ms in ranked[: options.top]],
-        baseline=baseline,
-        baseline_ms=baseline_ms,
-        start=start,
-        curve=curve,
-        top=options.top,
-    )
+    return [(strategy_of(order, c, d, base), ms) for (c, d), ms in priced.items()]
 
 
 def _even_cuts(sizes: Sequence[int], buckets: int) -> Cuts:

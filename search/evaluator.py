@@ -11,7 +11,7 @@ and ``evaluations`` counts distinct strategies.
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch_geometric.data import Batch
@@ -24,6 +24,16 @@ from simulator.fast import DataParallelReplay
 from simulator.features import ModelGraph, model_graph, strategy_sample
 from simulator.gnn import IterationCostModel
 from simulator.train import intra_op_threads
+
+
+class Pricer(Protocol):
+    """What a search needs of an evaluator: memoised prices (ms) of strategies, in batches,
+    and how many distinct strategies it has priced."""
+
+    @property
+    def evaluations(self) -> int: ...
+
+    def price(self, strategies: Sequence[Strategy]) -> list[float]: ...
 
 
 class FusionEvaluator:

@@ -8,13 +8,13 @@ from collections.abc import Sequence
 
 from data.specs.strategy import Strategy
 from search.backtrack import BacktrackOptions, SearchResult, begin, finish, strategy_of
-from search.evaluator import FusionEvaluator
+from search.evaluator import Pricer
 
 BATCH = 256
 
 
 def random_fusion(
-    evaluator: FusionEvaluator,
+    evaluator: Pricer,
     order: Sequence[str],
     options: BacktrackOptions | None = None,
     *,

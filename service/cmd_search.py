@@ -1,28 +1,53 @@
-"""``ddlsim search``: the fastest tensor-fusion strategy for a model on a cluster, found with the
-simulator, and (``--verify``) checked against the executor.
+"""``ddlsim search``: the fastest strategy for a model on a cluster, found with the simulator,
+and (``--verify``) checked against the executor.
 
-The space searched so far is data-parallel tensor fusion: bucket partitions of the gradients in
-the order they become ready, with DeAR on or off (``backtrack``, ``random``), or DDP-style
-bucket caps with DeAR on or off (Optuna's ``tpe`` and ``cmaes``, whose study can live in a
-database that several searches share). The rank's micro-batch is kernel-profiled
-unless the store has a profile; collectives are priced from the store's fits of the link (the
-link's nominal rate where none is stored).
+``--space all`` (the default) searches parallel plans (data, tensor and pipeline parallelism,
+FSDP, micro-batches), tensor fusion (bucket partitions or caps, DeAR) and op fusion (compiled
+blocks); ``--space fusion`` keeps DDP's plan and searches fusion only. Plans whose predicted peak
+memory exceeds ``--memory-gb`` per device are pruned. ``backtrack`` is the DisCo-style search;
+``tpe``, ``cmaes``, ``nsga2`` (time and memory together) and ``random`` are Optuna samplers whose
+study can live in a database (``--storage``) that several worker processes (``--workers``), on
+this machine or others, share; ``autotune`` is the Horovod-style baseline that tunes DDP's bucket
+cap by Bayesian optimisation over live executor runs, without the simulator.
+
+The rank's micro-batch is kernel-profiled unless the store has a profile; collectives are priced
+from the store's fits of the link (the link's nominal rate where none is stored).
 """
 
 import argparse
+import multiprocessing
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from data.errors import InvalidOptionError
-from data.specs.cluster import parse_bandwidth_gbps
-from data.specs.strategy import Strategy
+from data.specs.model import ModelSpec
+from data.specs.strategy import ParallelPlan, Strategy
 from data.store import Store
 from data.zoo import resolve_model
 from executor.run import RunOptions, run_training
 from profiler.cluster import remove_stale_namespaces
-from search.backtrack import BacktrackOptions, SearchResult, backtrack_fusion
-from search.evaluator import FusionEvaluator
-from search.optuna_search import StudyOptions, optuna_fusion
+from search.autotune import autotune_fusion
+from search.backtrack import BacktrackOptions, SearchResult, backtrack_fusion, begin
+from search.joint import backtrack_all
+from search.optuna_search import (
+    Space,
+    StudyOptions,
+    finished_trials,
+    open_study,
+    optimize,
+    pruned_reasons,
+    result_from_study,
+)
 from search.random_search import random_fusion
+from search.space import Cluster, StrategyEvaluator, candidate_plans
 from service.cmd_predict import (
     cost_model_for,
     kernel_profile_for,
@@ -30,69 +55,50 @@ from service.cmd_predict import (
     normalized_bandwidth,
 )
 from service.output import emit_json, positive_int, progress
-from simulator.costs import comm_models, rank_spec, scaled
+from simulator.memory import GIB
 
-ALGORITHMS = ("backtrack", "tpe", "cmaes", "random")
+ALGORITHMS = ("backtrack", "tpe", "cmaes", "nsga2", "random", "autotune")
+SAMPLERS = ("tpe", "cmaes", "nsga2", "random")
+SPACES = ("all", "fusion")
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    if args.world_size < 2:
-        raise InvalidOptionError(
-            f"world_size({args.world_size}) must be >= 2: tensor fusion buckets gradients "
-            "between data-parallel ranks"
-        )
-    if not args.time_limit > 0:
-        raise InvalidOptionError(f"time_limit({args.time_limit}) must be > 0 seconds")
-    spec = resolve_model(args.model).with_inputs(
-        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
-    )
-    bandwidth = normalized_bandwidth(args.bandwidth)
-    rank = rank_spec(spec, Strategy(), args.world_size)
-    options = BacktrackOptions(budget=args.budget, time_limit_s=args.time_limit, top=args.top)
+    _check(args)
+    spec = _spec(args)
     with Store.open(args.db) as store:
-        graph, profile, _ = kernel_profile_for(
-            store, rank, optimizer="adamw", iters=args.profile_iters
-        )
-        fits = store.collective_profiles(backend="gloo")
-    links = {
-        ring: comm_models(
-            fits,
-            world_size=args.world_size,
-            bandwidth=bandwidth,
-            bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
-            ring=ring,
-        ).models
-        for ring in (False, True)
-    }
-    scale = machine_scale(args.world_size)
-    evaluator = FusionEvaluator(
-        graph,
-        scaled(profile.node_ms, scale),
-        links[False],
-        ring_comm=links[True],
-        dp=args.world_size,
-        cost_model=cost_model_for(args.simulator),
-        compute_scale=scale,
-    )
-    progress(f"searching {spec.label} ({args.algo}, up to {args.budget} evaluations)")
-    nbytes = {p.name: p.nbytes for p in graph.params}
-    order = list(graph.grad_ready_order)
-    sizes = [nbytes[n] for n in order]
-    if args.algo == "backtrack":
-        result = backtrack_fusion(evaluator, order, sizes, options)
-    elif args.algo in ("tpe", "cmaes"):
-        study = StudyOptions(
-            storage=args.storage,
-            study_name=args.study_name or f"{spec.label}-{args.world_size}-{bandwidth}",
-            workers=args.workers,
-            seed=args.seed,
-        )
-        result = optuna_fusion(evaluator, order, sizes, args.algo, options=options, study=study)
-    else:
-        result = random_fusion(evaluator, order, options, seed=args.seed)
-    payload = _payload(args, spec.label, bandwidth, evaluator.predictor, result)
+        evaluator = build_evaluator(args, spec, store)
+        graph, _ = evaluator.profiles(_rank(spec, args.world_size))
+        nbytes = {p.name: p.nbytes for p in graph.params}
+        order = list(graph.grad_ready_order)
+        sizes = [nbytes[n] for n in order]
+        space = _space(args, spec, evaluator, sum(sizes) / 2**20)
+        progress(f"searching {spec.label} ({args.algo}, {args.space} space)")
+        pareto: list[dict[str, Any]] = []
+        pruned: dict[str, int] = {}
+        with _bar(args) as bar:
+            evaluator.on_priced = lambda count: _advance(bar, count)
+            options = BacktrackOptions(
+                budget=args.budget, time_limit_s=args.time_limit, top=args.top
+            )
+            if args.algo == "backtrack" and args.space == "fusion":
+                result = backtrack_fusion(evaluator, order, sizes, options)
+            elif args.algo == "backtrack":
+                joint = backtrack_all(evaluator, space.plans, order, sizes, options)
+                result = joint.result
+                for _, reason in joint.pruned:
+                    pruned[reason] = pruned.get(reason, 0) + 1
+            elif args.algo == "random" and args.space == "fusion":
+                result = random_fusion(evaluator, order, options, seed=args.seed)
+            elif args.algo == "autotune":
+                result = _autotune(args, spec, sum(sizes) / 2**20, bar)
+            else:
+                result, pareto, pruned = _sample(args, spec, evaluator, space, order)
+        payload = _payload(args, spec.label, evaluator, result)
+        if args.algo == "nsga2":
+            payload["pareto"] = pareto
+        payload["pruned"] = pruned
     if args.verify:
-        payload.update(_verify(args, spec, bandwidth, result))
+        payload.update(_verify(args, spec, result))
     if args.json:
         emit_json(payload)
     else:
@@ -100,32 +106,255 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> None:
+    if args.world_size < 2:
+        raise InvalidOptionError(
+            f"world_size({args.world_size}) must be >= 2: a search splits work between ranks"
+        )
+    if not args.time_limit > 0:
+        raise InvalidOptionError(f"time_limit({args.time_limit}) must be > 0 seconds")
+    if args.memory_gb is not None and not args.memory_gb > 0:
+        raise InvalidOptionError(f"memory_gb({args.memory_gb}) must be > 0")
+    if args.workers > 1 and args.algo not in SAMPLERS:
+        raise InvalidOptionError(
+            f"workers({args.workers}) > 1 needs an Optuna sampler (--algo "
+            f"{'|'.join(SAMPLERS)}); {args.algo} runs in one process"
+        )
+
+
+def _spec(args: argparse.Namespace) -> ModelSpec:
+    return resolve_model(args.model).with_inputs(
+        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
+    )
+
+
+def _rank(spec: ModelSpec, world_size: int) -> ModelSpec:
+    from simulator.costs import rank_spec
+
+    return rank_spec(spec, Strategy(), world_size)
+
+
+def default_capacity_gb(world_size: int) -> float:
+    """Each rank's share of this machine's memory: every rank of the emulated cluster runs
+    here."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total / GIB / world_size
+
+
+def build_evaluator(args: argparse.Namespace, spec: ModelSpec, store: Store) -> StrategyEvaluator:
+    """The evaluator of ``args``'s cluster, its profiles read from (or taken into) ``store``."""
+    bandwidth = normalized_bandwidth(args.bandwidth)
+    capacity_gb = args.memory_gb if args.memory_gb else default_capacity_gb(args.world_size)
+
+    def profiles(rank: ModelSpec) -> tuple[Any, Any]:
+        graph, profile, _ = kernel_profile_for(
+            store, rank, optimizer="adamw", iters=args.profile_iters
+        )
+        return graph, profile.node_ms
+
+    return StrategyEvaluator(
+        spec,
+        Cluster(
+            world_size=args.world_size,
+            bandwidth=bandwidth,
+            fits=store.collective_profiles(backend="gloo"),
+            capacity_bytes=int(capacity_gb * GIB),
+            compute_scale=machine_scale(args.world_size),
+        ),
+        _cached(profiles),
+        cost_model=cost_model_for(args.simulator),
+    )
+
+
+def _cached(profiles: Any) -> Any:
+    memo: dict[str, Any] = {}
+
+    def cached(rank: ModelSpec) -> Any:
+        key = rank.label + str(rank.inputs.batch_size)
+        if key not in memo:
+            memo[key] = profiles(rank)
+        return memo[key]
+
+    return cached
+
+
+def _space(
+    args: argparse.Namespace, spec: ModelSpec, evaluator: StrategyEvaluator, grad_mb: float
+) -> Space:
+    plans = candidate_plans(spec, args.world_size) if args.space == "all" else [ParallelPlan()]
+    blocks = evaluator.blocks if args.space == "all" else ()
+    return Space(plans=tuple(plans), total_grad_mb=grad_mb, blocks=blocks)
+
+
+@contextmanager
+def _bar(args: argparse.Namespace) -> Iterator[tqdm]:
+    """Evaluations against the budget on a terminal (nothing in pipes or --json output)."""
+    unit = "run" if args.algo == "autotune" else "strategy"
+    total = args.budget if args.algo != "autotune" else min(args.budget, AUTOTUNE_RUNS)
+    bar = tqdm(total=total, unit=unit, file=sys.stderr, disable=None, leave=False)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+AUTOTUNE_RUNS = 10
+
+
+def _advance(bar: tqdm, count: int) -> None:
+    bar.update(count)
+
+
+def _sample(
+    args: argparse.Namespace,
+    spec: ModelSpec,
+    evaluator: StrategyEvaluator,
+    space: Space,
+    order: list[str],
+) -> tuple[SearchResult, list[dict[str, Any]], dict[str, int]]:
+    """An Optuna search, with ``args.workers - 1`` more worker processes on the same study (a
+    temporary SQLite file when no ``--storage`` is given)."""
+    options = BacktrackOptions(budget=args.budget, time_limit_s=args.time_limit, top=args.top)
+    start, baseline, baseline_ms = begin(evaluator, order)
+    with tempfile.TemporaryDirectory(prefix="ddlsim-study-") as scratch:
+        storage = args.storage
+        if storage is None and args.workers > 1:
+            storage = f"sqlite:///{Path(scratch) / 'study.db'}"
+        study = StudyOptions(
+            storage=storage,
+            study_name=args.study_name
+            or f"{spec.label}-{args.world_size}-{normalized_bandwidth(args.bandwidth)}-"
+            f"{args.algo}-{args.space}",
+            seed=args.seed,
+        )
+        trials = open_study(args.algo, study)
+        # The budget is this search's: trials already in a shared study do not count.
+        target = finished_trials(trials) + args.budget
+        deadline = start + args.time_limit
+        workers = _start_workers(args, study, target, deadline - time.perf_counter())
+        try:
+            optimize(trials, evaluator, space, budget=target, deadline=deadline)
+            for worker in workers:
+                worker.join()
+        finally:
+            for worker in workers:  # interrupted: end them by their id
+                if worker.is_alive():
+                    worker.terminate()
+                    worker.join()
+        failed = [w.exitcode for w in workers if w.exitcode not in (0, None)]
+        if failed:
+            raise InvalidOptionError(f"{len(failed)} search worker(s) failed (exit {failed})")
+        result, pareto = result_from_study(
+            trials,
+            space,
+            baseline=baseline,
+            baseline_ms=baseline_ms,
+            start=start,
+            options=options,
+            baseline_fits=evaluator.feasible(baseline),
+        )
+        return result, pareto, pruned_reasons(trials)
+
+
+def _start_workers(
+    args: argparse.Namespace, study: StudyOptions, target: int, seconds: float
+) -> list[multiprocessing.process.BaseProcess]:
+    context = multiprocessing.get_context("spawn")
+    workers: list[multiprocessing.process.BaseProcess] = []
+    for index in range(1, args.workers):
+        worker = context.Process(
+            target=_worker,
+            args=(vars(args).copy(), study, index, target, seconds),
+            name=f"ddlsim-search-worker-{index}",
+            daemon=True,
+        )
+        worker.start()
+        workers.append(worker)
+    return workers
+
+
+def _worker(
+    raw: dict[str, Any], study: StudyOptions, index: int, target: int, seconds: float
+) -> None:
+    """One more worker on the study: its own evaluator (profiles from the store), its own
+    sampler seed."""
+    deadline = time.perf_counter() + seconds
+    args = argparse.Namespace(**raw)
+    spec = _spec(args)
+    with Store.open(args.db) as store:
+        evaluator = build_evaluator(args, spec, store)
+        graph, _ = evaluator.profiles(_rank(spec, args.world_size))
+        grad_mb = sum(p.nbytes for p in graph.params) / 2**20
+        space = _space(args, spec, evaluator, grad_mb)
+        trials = open_study(args.algo, study, worker=index)
+        optimize(trials, evaluator, space, budget=target, deadline=deadline)
+
+
+def _autotune(
+    args: argparse.Namespace, spec: ModelSpec, grad_mb: float, bar: tqdm
+) -> SearchResult:
+    remove_stale_namespaces()
+    options = RunOptions(
+        world_size=args.world_size,
+        bandwidth=normalized_bandwidth(args.bandwidth),
+        iters=args.iters,
+        warmup=args.warmup,
+    )
+
+    def measure(strategy: Strategy) -> float:
+        return run_training(spec, strategy, options).median_ms
+
+    return autotune_fusion(
+        measure,
+        total_grad_mb=grad_mb,
+        budget=min(args.budget, AUTOTUNE_RUNS),
+        time_limit_s=args.time_limit,
+        seed=args.seed,
+        top=args.top,
+        on_sample=lambda strategy, ms: _advance(bar, 1),
+    )
+
+
 def _payload(
-    args: argparse.Namespace, model: str, bandwidth: str, predictor: str, result: SearchResult
+    args: argparse.Namespace, model: str, evaluator: StrategyEvaluator, result: SearchResult
 ) -> dict[str, Any]:
+    measured = args.algo == "autotune"
+
+    def entry(strategy: Strategy, ms: float) -> dict[str, Any]:
+        row: dict[str, Any] = {"strategy": strategy.to_dict()}
+        if measured:
+            row["measured_ms"] = ms
+            (row["predicted_ms"],) = evaluator.price([strategy])
+        else:
+            row["predicted_ms"] = ms
+        row["peak_memory_gib"] = evaluator.memory(strategy).total_gib
+        row["fits"] = evaluator.feasible(strategy)
+        return row
+
+    capacity = evaluator.cluster.capacity_bytes
     return {
         "model": model,
         "world_size": args.world_size,
-        "bandwidth": bandwidth,
+        "bandwidth": evaluator.cluster.bandwidth,
         "algo": args.algo,
-        "predictor": predictor,
-        "best": {"strategy": result.best.to_dict(), "predicted_ms": result.best_ms},
-        "baseline": {"strategy": result.baseline.to_dict(), "predicted_ms": result.baseline_ms},
-        "top": [{"strategy": s.to_dict(), "predicted_ms": ms} for s, ms in result.top],
+        "space": args.space,
+        "predictor": evaluator.predictor,
+        "memory_capacity_gib": capacity / GIB if capacity else None,
+        "best": entry(result.best, result.best_ms),
+        "baseline": entry(result.baseline, result.baseline_ms),
+        "top": [entry(s, ms) for s, ms in result.top],
         "evaluations": result.evaluations,
         "elapsed_s": result.elapsed_s,
         "convergence": list(result.curve),
     }
 
 
-def _verify(
-    args: argparse.Namespace, spec: Any, bandwidth: str, result: SearchResult
-) -> dict[str, Any]:
+def _verify(args: argparse.Namespace, spec: ModelSpec, result: SearchResult) -> dict[str, Any]:
     """Run the best strategy and the baseline through the executor, side by side."""
     remove_stale_namespaces()
     options = RunOptions(
         world_size=args.world_size,
-        bandwidth=bandwidth,
+        bandwidth=normalized_bandwidth(args.bandwidth),
         iters=args.iters,
         warmup=args.warmup,
     )
@@ -142,14 +371,24 @@ def _verify(
 
 def _print(payload: dict[str, Any]) -> None:
     best, baseline = payload["best"], payload["baseline"]
+    kind = "measured" if payload["algo"] == "autotune" else "predicted"
+    key = "measured_ms" if kind == "measured" else "predicted_ms"
     print(
         f"{payload['model']} on {payload['world_size']} ranks, {payload['bandwidth']}: "
         f"{payload['evaluations']} strategies priced in {payload['elapsed_s']:.1f} s "
-        f"({payload['algo']}, predictor {payload['predictor']})\n"
-        f"  baseline (DDP defaults)  {baseline['predicted_ms']:.1f} ms predicted\n"
-        f"  best                     {best['predicted_ms']:.1f} ms predicted: "
-        f"{_describe(best['strategy'])}"
+        f"({payload['algo']}, {payload['space']} space, predictor {payload['predictor']})\n"
+        f"  baseline (DDP defaults)  {baseline[key]:.1f} ms {kind}, "
+        f"{baseline['peak_memory_gib']:.2f} GiB\n"
+        f"  best                     {best[key]:.1f} ms {kind}, "
+        f"{best['peak_memory_gib']:.2f} GiB: {describe(best['strategy'])}"
     )
+    for reason, count in payload.get("pruned", {}).items():
+        print(f"  pruned                   {count} x {reason}")
+    for row in payload.get("pareto", []):
+        print(
+            f"  pareto                   {row['predicted_ms']:.1f} ms, "
+            f"{row['peak_memory_gib']:.2f} GiB: {describe(row['strategy'])}"
+        )
     if "speedup" in payload:
         print(
             f"  measured                 best {payload['measured_best_ms']:.1f} ms, baseline "
@@ -157,33 +396,70 @@ def _print(payload: dict[str, Any]) -> None:
         )
 
 
-def _describe(strategy: dict[str, Any]) -> str:
-    fusion = strategy["tensor_fusion"]
-    buckets = fusion.get("buckets")
-    what = f"{len(buckets)} buckets" if buckets else "DDP's buckets"
-    return what + (", DeAR" if fusion.get("dear") else "")
+def describe(strategy: dict[str, Any]) -> str:
+    """One line of a strategy's JSON: its plan, buckets, DeAR and compiled blocks."""
+    parallel, fusion = strategy["parallel"], strategy["tensor_fusion"]
+    parts = [f"{key}{parallel[key]}" for key in ("tp", "pp") if parallel[key] > 1]
+    if parallel["pp"] > 1:
+        parts.append(parallel["pp_schedule"])
+    if parallel["fsdp"]:
+        parts.append("FSDP")
+    if parallel["micro_batches"] > 1:
+        parts.append(f"{parallel['micro_batches']} micro-batches")
+    if parallel["pp"] == 1 and parallel["tp"] == 1 and not parallel["fsdp"]:
+        buckets = fusion.get("buckets")
+        parts.append(
+            f"{len(buckets)} buckets"
+            if buckets
+            else f"bucket cap {fusion['bucket_cap_mb']:.3g} MB"
+        )
+        if fusion.get("dear"):
+            parts.append("DeAR")
+    compiled = strategy["op_fusion"]["compiled"]
+    if compiled:
+        parts.append(f"{len(compiled)} blocks compiled")
+    return ", ".join(parts)
 
 
 def register(sub: Any) -> None:
-    cmd = sub.add_parser(
-        "search", help="find the fastest tensor-fusion strategy with the simulator"
-    )
+    cmd = sub.add_parser("search", help="find the fastest strategy with the simulator")
     cmd.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
     cmd.add_argument("--world-size", type=positive_int, required=True)
     cmd.add_argument("--bandwidth", help="link rate per host (1gbit, 100mbit, none)")
     cmd.add_argument("--algo", choices=ALGORITHMS, default="backtrack")
-    cmd.add_argument("--budget", type=positive_int, default=2000, help="strategies to price")
+    cmd.add_argument(
+        "--space",
+        choices=SPACES,
+        default="all",
+        help="all: parallel plans, tensor and op fusion; fusion: DDP's plan, tensor fusion only",
+    )
+    cmd.add_argument(
+        "--budget",
+        type=positive_int,
+        default=2000,
+        help=f"strategies to price (autotune: live runs, at most {AUTOTUNE_RUNS})",
+    )
     cmd.add_argument("--time-limit", type=float, default=60.0, help="seconds")
+    cmd.add_argument(
+        "--memory-gb",
+        type=float,
+        help="memory per device (GiB); plans predicted to need more are pruned "
+        "(default: this machine's memory over the ranks)",
+    )
     cmd.add_argument("--top", type=positive_int, default=5)
     cmd.add_argument("--seed", type=int, default=0, help="the samplers' seed")
     cmd.add_argument(
         "--storage",
-        help="tpe/cmaes: an RDB URL (sqlite:///PATH, postgresql+psycopg://...) holding the "
-        "study, so that several searches share it",
+        help="Optuna samplers: an RDB URL (sqlite:///PATH, postgresql+psycopg://...) holding "
+        "the study, so that several searches share it",
     )
-    cmd.add_argument("--study-name", help="tpe/cmaes: the study (default: model-ranks-link)")
+    cmd.add_argument("--study-name", help="the study (default: model-ranks-link-algo-space)")
     cmd.add_argument(
-        "--workers", type=positive_int, default=1, help="tpe/cmaes: trials run at once"
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="Optuna samplers: worker processes on the study (a temporary SQLite file when "
+        "--storage is not given)",
     )
     cmd.add_argument("--batch-size", type=positive_int, help="global batch size")
     cmd.add_argument("--seq-len", type=positive_int)
@@ -195,7 +471,9 @@ def register(sub: Any) -> None:
         "--simulator", help="replay, or a cost-model checkpoint (default: the trained/shipped)"
     )
     cmd.add_argument("--verify", action="store_true", help="run the best and the baseline")
-    cmd.add_argument("--iters", type=positive_int, default=6, help="--verify's iterations")
+    cmd.add_argument(
+        "--iters", type=positive_int, default=6, help="--verify's and autotune's iterations"
+    )
     cmd.add_argument("--warmup", type=positive_int, default=2, help="--verify's warm-up")
     cmd.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
     cmd.add_argument("--json", action="store_true", help="print JSON")

@@ -59,11 +59,54 @@ def test_optuna_samplers_share_a_study_in_a_database(
     assert first["best"]["predicted_ms"] <= first["baseline"]["predicted_ms"]
     assert 1 < first["evaluations"] <= 15
     second = _search(capsys, *args, "--workers", "2")
-    assert second["best"]["predicted_ms"] <= second["baseline"]["predicted_ms"]
-    # both searches' trials are in the one study
+    assert second["best"]["predicted_ms"] <= first["best"]["predicted_ms"] + 1e-9
+    # both searches' trials are in the one study: each added its own budget
     study = optuna.load_study(study_name="s", storage=storage)
-    assert len(study.trials) >= 20
+    assert len(study.trials) >= 30
     assert study.best_value <= first["best"]["predicted_ms"] + 1e-9
+    # the second search's two processes both added trials (worker seeds differ)
+    assert second["evaluations"] > first["evaluations"]
+
+
+def test_nsga2_reports_a_pareto_front(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _search(capsys, "--algo", "nsga2", "--budget", "30")
+    assert out["pareto"], "NSGA-II's front of time and memory"
+    for row in out["pareto"]:
+        Strategy.from_dict(row["strategy"])
+        assert row["predicted_ms"] > 0 and row["peak_memory_gib"] > 0
+    assert out["best"]["predicted_ms"] <= min(r["predicted_ms"] for r in out["pareto"]) + 1e-9
+
+
+def test_plans_over_the_memory_capacity_are_pruned(capsys: pytest.CaptureFixture[str]) -> None:
+    free = _search(capsys, "--budget", "40")
+    ddp_gib = free["baseline"]["peak_memory_gib"]
+    assert free["space"] == "all" and free["memory_capacity_gib"] > ddp_gib
+    # a device a little smaller than DDP's predicted peak: sharded plans or smaller
+    # micro-batches fit, DDP's own plan does not
+    tight = _search(capsys, "--budget", "40", "--memory-gb", f"{ddp_gib * 0.9:.6f}")
+    assert tight["pruned"], "plans over capacity are listed as pruned"
+    assert tight["best"]["strategy"] != Strategy().to_dict()
+    for row in [tight["best"], *tight["top"]]:
+        assert row["peak_memory_gib"] <= ddp_gib * 0.9
+        assert row["strategy"]["parallel"] != Strategy().to_dict()["parallel"]
+    assert main([*BASE, "--memory-gb", "0"]) == 2
+    assert "memory_gb(0.0)" in capsys.readouterr().err
+
+
+def test_the_fusion_space_keeps_ddps_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _search(capsys, "--space", "fusion", "--budget", "40")
+    for row in out["top"]:
+        assert row["strategy"]["parallel"] == Strategy().to_dict()["parallel"]
+        assert row["strategy"]["op_fusion"]["compiled"] == []
+
+
+def test_autotune_measures_live_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _search(capsys, "--algo", "autotune", "--budget", "2", "--iters", "1")
+    assert out["evaluations"] <= 2
+    assert out["best"]["measured_ms"] > 0 and out["best"]["predicted_ms"] > 0
+    assert out["baseline"]["measured_ms"] >= out["best"]["measured_ms"]
+    assert main([*BASE, "--algo", "autotune", "--workers", "2"]) == 2
+    assert "workers(2)" in capsys.readouterr().err
 
 
 def test_a_bad_storage_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

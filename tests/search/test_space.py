@@ -1,0 +1,176 @@
+"""The whole strategy space: candidate plans, the memory model, pricing any plan, the joint
+backtracking with memory pruning, and the Optuna samplers over it (NSGA-II's Pareto front)."""
+
+import time
+from collections.abc import Mapping
+
+import pytest
+
+from data.graph.format import IterationGraph
+from data.specs.model import ModelSpec
+from data.specs.strategy import ParallelPlan, Strategy
+from data.zoo import resolve_model
+from profiler.capture import capture_graph
+from search.backtrack import BacktrackOptions
+from search.joint import backtrack_all
+from search.optuna_search import (
+    Space,
+    StudyOptions,
+    finished_trials,
+    open_study,
+    optimize,
+    result_from_study,
+)
+from search.space import Cluster, StrategyEvaluator, candidate_plans, plan_label
+from simulator.memory import GIB, peak_memory
+
+GPT2 = resolve_model("gpt2-tiny").with_inputs(batch_size=8, seq_len=32)
+
+
+def _profiles(rank: ModelSpec) -> tuple[IterationGraph, Mapping[int, float]]:
+    # FLOP-proportional compute: the space's pricing, not a profile, is under test
+    graph = capture_graph(rank)
+    node_ms = {
+        n.id: 0.01 + n.flops / 2e8 for n in graph.nodes if n.kind in ("compute", "optimizer")
+    }
+    return graph, node_ms
+
+
+def _evaluator(capacity_gib: float | None = None, world_size: int = 2) -> StrategyEvaluator:
+    cluster = Cluster(
+        world_size=world_size,
+        bandwidth="1gbit",
+        fits=[],
+        capacity_bytes=None if capacity_gib is None else int(capacity_gib * GIB),
+    )
+    return StrategyEvaluator(GPT2, cluster, _profiles)
+
+
+def test_candidate_plans_fit_the_world_size_and_the_batch() -> None:
+    plans = candidate_plans(GPT2, 4)
+    labels = [plan_label(p) for p in plans]
+    assert plans[0] == ParallelPlan() and len(set(labels)) == len(labels)
+    for plan in plans:
+        dp = plan.resolve_dp(4)
+        assert dp * plan.tp * plan.pp == 4 and 8 % (dp * plan.micro_batches) == 0
+    assert any(p.fsdp for p in plans) and any(p.tp == 2 for p in plans)
+    # two blocks: pipelines of one stage a rank only (interleaving needs four stages)
+    assert {p.pp_schedule for p in plans if p.pp > 1} == {"gpipe", "1f1b"}
+    # the reference MLP has no tensor-parallel plan; its Sequential body pipelines
+    mlp = candidate_plans(resolve_model("mlp"), 2)
+    assert all(p.tp == 1 for p in mlp) and any(p.pp == 2 for p in mlp)
+
+
+def test_memory_model_adds_up_and_shards() -> None:
+    graph, _ = _profiles(GPT2.with_inputs(batch_size=4))
+    weights = sum(p.nbytes for p in graph.params)
+    ddp = peak_memory(graph, Strategy(), world_size=2)
+    assert ddp.weights_bytes == weights and ddp.optimizer_bytes == 2 * weights
+    assert ddp.total_bytes == (
+        ddp.weights_bytes
+        + ddp.grads_bytes
+        + ddp.optimizer_bytes
+        + ddp.buffers_bytes
+        + ddp.activations_bytes
+    )
+    assert ddp.activations_bytes > 0
+    evaluator = _evaluator()
+    fsdp = peak_memory(
+        graph,
+        Strategy(parallel=ParallelPlan(fsdp=True)),
+        world_size=2,
+        blocks=evaluator.blocks,
+        fsdp_groups=evaluator.fsdp_groups,
+    )
+    assert fsdp.optimizer_bytes == ddp.optimizer_bytes // 2
+    assert fsdp.total_bytes < ddp.total_bytes
+    gpipe = Strategy(parallel=ParallelPlan(pp=2, micro_batches=4, pp_schedule="gpipe"))
+    one_f = Strategy(parallel=ParallelPlan(pp=2, micro_batches=4, pp_schedule="1f1b"))
+    kept = {
+        name: peak_memory(graph, s, world_size=2, blocks=evaluator.blocks).activations_bytes
+        for name, s in (("gpipe", gpipe), ("1f1b", one_f))
+    }
+    assert kept["1f1b"] < kept["gpipe"]  # 1F1B keeps pp micro-batches in flight, GPipe all
+
+
+def test_the_evaluator_prices_every_kind_of_plan_and_memoises() -> None:
+    evaluator = _evaluator()
+    strategies = [Strategy(parallel=p) for p in candidate_plans(GPT2, 2)]
+    times = evaluator.price(strategies)
+    assert all(ms > 0 for ms in times) and evaluator.evaluations == len(strategies)
+    assert evaluator.price(strategies[:3]) == times[:3]
+    assert evaluator.evaluations == len(strategies)
+    # gradient accumulation runs two micro-batches of half the size: priced at that batch
+    accumulate = Strategy(parallel=ParallelPlan(micro_batches=2))
+    assert evaluator.fusion(accumulate.parallel) is not evaluator.fusion(ParallelPlan())
+
+
+def test_joint_backtracking_prunes_plans_over_capacity() -> None:
+    free = _evaluator()
+    ddp_gib = free.memory(Strategy()).total_gib
+    fsdp_gib = free.memory(Strategy(parallel=ParallelPlan(fsdp=True))).total_gib
+    assert fsdp_gib < ddp_gib
+    # a device between the two: DDP's plan does not fit, FSDP's does
+    tight = _evaluator(capacity_gib=(ddp_gib + fsdp_gib) / 2)
+    graph, _ = _profiles(GPT2.with_inputs(batch_size=4))
+    sizes = {p.name: p.nbytes for p in graph.params}
+    order = list(graph.grad_ready_order)
+    joint = backtrack_all(
+        tight,
+        candidate_plans(GPT2, 2),
+        order,
+        [sizes[n] for n in order],
+        BacktrackOptions(budget=120, time_limit_s=120),
+    )
+    assert "ddp" in {label for label, _ in joint.pruned}
+    for strategy, _ in joint.result.top:
+        assert tight.feasible(strategy)
+    assert tight.feasible(joint.result.best) or joint.result.best == Strategy()
+    assert joint.result.evaluations <= 120
+    curve = joint.result.curve
+    assert list(curve) == sorted(curve, reverse=True)
+
+
+def test_nsga2_keeps_a_pareto_front_of_time_and_memory() -> None:
+    evaluator = _evaluator()
+    graph, _ = _profiles(GPT2.with_inputs(batch_size=4))
+    space = Space(
+        plans=tuple(candidate_plans(GPT2, 2)),
+        total_grad_mb=sum(p.nbytes for p in graph.params) / 2**20,
+        blocks=evaluator.blocks,
+    )
+    trials = open_study("nsga2", StudyOptions(study_name="pareto", seed=1))
+    start = time.perf_counter()
+    (baseline_ms,) = evaluator.price([Strategy()])
+    optimize(trials, evaluator, space, budget=40, deadline=start + 120)
+    assert finished_trials(trials) == 40
+    result, pareto = result_from_study(
+        trials,
+        space,
+        baseline=Strategy(),
+        baseline_ms=baseline_ms,
+        start=start,
+        options=BacktrackOptions(),
+    )
+    assert pareto, "a two-objective study has a front"
+    points = [(row["predicted_ms"], row["peak_memory_gib"]) for row in pareto]
+    for ms, gib in points:  # no point of the front dominates another
+        assert not any(o[0] <= ms and o[1] <= gib and o != (ms, gib) for o in points)
+    times = [ms for ms, _ in points]
+    assert times == sorted(times)
+    assert result.best_ms <= min(times) + 1e-9
+    for row in pareto:  # the front's strategies are what they say
+        strategy = Strategy.from_dict(row["strategy"])
+        assert evaluator.price([strategy]) == [pytest.approx(row["predicted_ms"])]
+
+
+def test_space_strategies_round_trip_through_trial_parameters() -> None:
+    plans = tuple(candidate_plans(GPT2, 2))
+    space = Space(plans=plans, total_grad_mb=10.0, blocks=("h.0", "h.1"))
+    ddp = space.strategy({"plan": "ddp", "log_cap_mb": 0.0, "first_share": 0.5, "dear": True})
+    assert ddp.tensor_fusion.bucket_cap_mb == pytest.approx(1.0)
+    assert ddp.tensor_fusion.first_bucket_cap_mb == pytest.approx(0.5)
+    assert ddp.tensor_fusion.dear and ddp.op_fusion.compiled == ()
+    label = plan_label(next(p for p in plans if p.pp > 1))
+    piped = space.strategy({"plan": label, "compiled_blocks": 2})
+    assert piped.parallel.pp > 1 and piped.op_fusion.compiled == ("h.0", "h.1")
