@@ -181,7 +181,7 @@ def explore_fusion(
         (cuts_of(order, base, sizes), False),
         (tuple(range(1, n)), False),
         ((), False),
-        *((_even_cuts(sizes, k), False) for k in SEED_BUCKETS if k < n),
+        *((even_cuts(sizes, k), False) for k in SEED_BUCKETS if k < n),
     ]
     if options.dear:
         seeds += [(cuts, True) for cuts, _ in seeds]
@@ -214,7 +214,7 @@ def explore_fusion(
     return [(strategy_of(order, c, d, base), ms) for (c, d), ms in priced.items()]
 
 
-def _even_cuts(sizes: Sequence[int], buckets: int) -> Cuts:
+def even_cuts(sizes: Sequence[int], buckets: int) -> Cuts:
     """Cuts into ``buckets`` runs of about equal bytes."""
     total = sum(sizes) or 1
     cuts: list[int] = []

@@ -1,0 +1,131 @@
+"""The search's pick on a space small enough to measure every point: is it the fastest?
+
+For each model, a space of tensor-fusion strategies (DDP's defaults, DDP with a 4 MB and a
+one-bucket cap, the executor's buckets of 2, 4 and 8 equal-byte runs, and DeAR over 2 and 4
+such buckets) is priced by the simulator and every strategy is run through the executor on the
+emulated cluster, in one pass, in a shuffled order. The pick is the strategy with the lowest
+predicted time; the table gives its measured time as a ratio to the best measured one (1.00:
+the search found the fastest; the target is within 3 %), and the rank correlation of predicted
+and measured times.
+
+    .venv/bin/python benchmarks/search_exhaustive.py --db sqlite:///bench.db \
+        --models gpt2-tiny bert-tiny vgg-mini --world-size 2 --bandwidth 1gbit
+"""
+
+import argparse
+import json
+import platform
+import random
+import statistics
+from typing import Any
+
+import torch
+
+from data.specs.strategy import Strategy
+from data.store import Store
+from data.zoo import resolve_model
+from executor.run import RunOptions, run_training
+from profiler.cluster import remove_stale_namespaces
+from search.backtrack import even_cuts, strategy_of
+from service.cmd_search import build_evaluator
+
+
+def space(order: list[str], sizes: list[int]) -> dict[str, Strategy]:
+    """The small space: DDP caps, equal-byte hook buckets, and DeAR."""
+    out = {
+        "DDP defaults": Strategy(),
+        "DDP cap 4 MB": Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 4}}),
+        "DDP one bucket": Strategy.from_dict(
+            {"tensor_fusion": {"bucket_cap_mb": 65536, "first_bucket_cap_mb": 65536}}
+        ),
+    }
+    for k in (2, 4, 8):
+        out[f"{k} buckets"] = strategy_of(order, even_cuts(sizes, k), False)
+    for k in (2, 4):
+        out[f"{k} buckets, DeAR"] = strategy_of(order, even_cuts(sizes, k), True)
+    return out
+
+
+def kendall_tau(a: list[float], b: list[float]) -> float:
+    pairs = [(i, j) for i in range(len(a)) for j in range(i + 1, len(a))]
+    score = sum(
+        1 if (a[i] - a[j]) * (b[i] - b[j]) > 0 else -1
+        for i, j in pairs
+        if a[i] != a[j] and b[i] != b[j]
+    )
+    return score / len(pairs) if pairs else 0.0
+
+
+def measure_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    spec = resolve_model(model)
+    settings = argparse.Namespace(
+        bandwidth=args.bandwidth,
+        memory_gb=None,
+        world_size=args.world_size,
+        profile_iters=10,
+        simulator=args.simulator,
+    )
+    with Store.open(args.db) as store:
+        evaluator = build_evaluator(settings, spec, store)
+        graph = evaluator.fusion(Strategy().parallel).replay.graph
+        nbytes = {p.name: p.nbytes for p in graph.params}
+        order = list(graph.grad_ready_order)
+        points = space(order, [nbytes[n] for n in order])
+        predicted = dict(zip(points, evaluator.price(list(points.values())), strict=True))
+    options = RunOptions(
+        world_size=args.world_size, bandwidth=args.bandwidth, iters=args.iters, warmup=args.warmup
+    )
+    names = list(points)
+    random.Random(0).shuffle(names)
+    measured = {}
+    for name in names:
+        remove_stale_namespaces()
+        measured[name] = run_training(spec, points[name], options).median_ms
+        print(f"#   {model} {name}: {measured[name]:.1f} ms", flush=True)
+    pick = min(predicted, key=predicted.__getitem__)
+    fastest = min(measured, key=measured.__getitem__)
+    keys = list(points)
+    return {
+        "model": model,
+        "predictor": evaluator.predictor,
+        "pick": pick,
+        "fastest": fastest,
+        "ratio": measured[pick] / measured[fastest],
+        "tau": kendall_tau([predicted[k] for k in keys], [measured[k] for k in keys]),
+        "ddp_over_fastest": measured["DDP defaults"] / measured[fastest],
+        "predicted": predicted,
+        "measured": measured,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--models", nargs="*", default=["gpt2-tiny", "bert-tiny", "vgg-mini"])
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--bandwidth", default="1gbit")
+    parser.add_argument("--iters", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--simulator")
+    parser.add_argument("--out", help="also write the rows here (JSON)")
+    args = parser.parse_args()
+    rows = [measure_model(args, model) for model in args.models]
+    print(
+        f"# {args.world_size} ranks, {args.bandwidth}; torch {torch.__version__}; "
+        f"{platform.machine()}; {args.iters} iterations a run"
+    )
+    print("| model | pick | fastest measured | pick / fastest | DDP / fastest | tau |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['model']} | {row['pick']} | {row['fastest']} | {row['ratio']:.3f} | "
+            f"{row['ddp_over_fastest']:.3f} | {row['tau']:.2f} |"
+        )
+    print(f"median pick / fastest: {statistics.median(r['ratio'] for r in rows):.3f}")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as out:
+            json.dump(rows, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
