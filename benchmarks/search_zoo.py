@@ -34,6 +34,7 @@ from data.specs.strategy import Strategy
 from data.store import Store
 from data.zoo import ZOO, resolve_model
 from service.cmd_predict import predict_on_store
+from service.cmd_search import describe
 
 
 def line_rate_ms(grad_bytes: int, world_size: int, bandwidth_gbps: float) -> float:
@@ -104,28 +105,6 @@ def table(path: Path) -> None:
             f"{predicted:.2f}x | {row['speedup']:.2f}x | "
             f"{row['measured_best_ms'] / row['bound_ms']:.2f} | {what} |"
         )
-
-
-def describe(strategy: dict[str, Any]) -> str:
-    parallel, fusion = strategy["parallel"], strategy["tensor_fusion"]
-    parts = []
-    for key in ("tp", "pp"):
-        if parallel[key] > 1:
-            parts.append(f"{key}{parallel[key]}")
-    if parallel["pp"] > 1:
-        parts.append(parallel["pp_schedule"])
-    if parallel["fsdp"]:
-        parts.append("FSDP")
-    if parallel["micro_batches"] > 1:
-        parts.append(f"{parallel['micro_batches']} micro-batches")
-    if parallel["pp"] == 1 and not parallel["fsdp"] and parallel["tp"] == 1:
-        buckets = fusion.get("buckets")
-        parts.append(f"{len(buckets)} buckets" if buckets else "DDP buckets")
-        if fusion.get("dear"):
-            parts.append("DeAR")
-    if strategy["op_fusion"]["compiled"]:
-        parts.append(f"{len(strategy['op_fusion']['compiled'])} compiled")
-    return ", ".join(parts)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from typing import Any
 from tqdm import tqdm
 
 from data.errors import InvalidOptionError
+from data.graph.format import IterationGraph
 from data.specs.model import ModelSpec
 from data.specs.strategy import ParallelPlan, Strategy
 from data.store import Store
@@ -47,7 +48,7 @@ from search.optuna_search import (
     result_from_study,
 )
 from search.random_search import random_fusion
-from search.space import Cluster, StrategyEvaluator, candidate_plans
+from search.space import Cluster, Profiles, StrategyEvaluator, candidate_plans
 from service.cmd_predict import (
     cost_model_for,
     kernel_profile_for,
@@ -146,7 +147,7 @@ def build_evaluator(args: argparse.Namespace, spec: ModelSpec, store: Store) -> 
     bandwidth = normalized_bandwidth(args.bandwidth)
     capacity_gb = args.memory_gb if args.memory_gb else default_capacity_gb(args.world_size)
 
-    def profiles(rank: ModelSpec) -> tuple[Any, Any]:
+    def profiles(rank: ModelSpec) -> tuple[IterationGraph, Mapping[int, float]]:
         graph, profile, _ = kernel_profile_for(
             store, rank, optimizer="adamw", iters=args.profile_iters
         )
@@ -166,10 +167,10 @@ def build_evaluator(args: argparse.Namespace, spec: ModelSpec, store: Store) -> 
     )
 
 
-def _cached(profiles: Any) -> Any:
-    memo: dict[str, Any] = {}
+def _cached(profiles: Profiles) -> Profiles:
+    memo: dict[str, tuple[IterationGraph, Mapping[int, float]]] = {}
 
-    def cached(rank: ModelSpec) -> Any:
+    def cached(rank: ModelSpec) -> tuple[IterationGraph, Mapping[int, float]]:
         key = rank.label + str(rank.inputs.batch_size)
         if key not in memo:
             memo[key] = profiles(rank)
