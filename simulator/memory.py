@@ -21,6 +21,9 @@ once.
   to ``pp`` under 1F1B; the warm-up chunks of interleaved 1F1B on the first rank), with the
   stack's share per stage; tensor parallelism shards the activations inside attention and MLP,
   taken as half of them.
+- **Transients**: the largest forward output once more (its gradient is born in backward while
+  it is still held: the logits of a language-model head) and a weights-sized temporary of the
+  optimizer's step (torch's multi-tensor AdamW works on whole lists at once).
 
 ``benchmarks/memory_model.py`` compares the estimate with peaks measured by the profiler.
 """
@@ -45,6 +48,7 @@ class MemoryEstimate:
     optimizer_bytes: int
     buffers_bytes: int
     activations_bytes: int
+    transient_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -54,6 +58,7 @@ class MemoryEstimate:
             + self.optimizer_bytes
             + self.buffers_bytes
             + self.activations_bytes
+            + self.transient_bytes
         )
 
     @property
@@ -97,12 +102,14 @@ def peak_memory(
     in_blocks = sum(n for name, n in sizes.items() if _under(name, blocks))
     outside = total - in_blocks
     states = OPTIMIZER_STATES.get(optimizer, 2)
-    activations = sum(
+    outputs = [
         out.nbytes
         for node in graph.nodes
         if node.phase == "forward" and node.kind == "compute" and not node.is_view
         for out in node.outputs
-    )
+    ]
+    activations = sum(outputs)
+    largest = max(outputs, default=0)
     if plan.pp > 1:
         stages = stage_count(plan)
         weights = outside + in_blocks // plan.pp
@@ -114,6 +121,7 @@ def peak_memory(
             optimizer_bytes=states * weights,
             buffers_bytes=weights,
             activations_bytes=held,
+            transient_bytes=largest // stages + weights,
         )
     if plan.fsdp:
         grouped = [sum(n for name, n in sizes.items() if _under(name, g)) for g in fsdp_groups]
@@ -126,6 +134,7 @@ def peak_memory(
             optimizer_bytes=states * shard,
             buffers_bytes=0,
             activations_bytes=activations,
+            transient_bytes=largest + shard,
         )
     weights = outside + in_blocks // plan.tp
     held = activations if plan.tp == 1 else (activations + activations // plan.tp) // 2
@@ -135,6 +144,7 @@ def peak_memory(
         optimizer_bytes=states * weights,
         buffers_bytes=weights,
         activations_bytes=held,
+        transient_bytes=largest + weights,
     )
 
 

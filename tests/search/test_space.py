@@ -72,6 +72,7 @@ def test_memory_model_adds_up_and_shards() -> None:
         + ddp.optimizer_bytes
         + ddp.buffers_bytes
         + ddp.activations_bytes
+        + ddp.transient_bytes
     )
     assert ddp.activations_bytes > 0
     evaluator = _evaluator()
