@@ -25,8 +25,6 @@ from data.specs.model import ModelSpec
 from data.specs.strategy import ParallelPlan, PipelineSchedule, Strategy
 from data.stages import block_stack, default_groups
 from data.store import CollectiveProfileRecord
-from executor.plan import model_supports
-from profiler.capture import CaptureOptions, capture_graph
 from search.evaluator import FusionEvaluator
 from simulator.costs import comm_models, rank_spec, scaled
 from simulator.gnn import IterationCostModel
@@ -41,9 +39,13 @@ PIPELINE_FACTORS = (1, 2, 4)
 TP_MICRO_BATCHES = (1, 2)
 
 Profiles = Callable[[ModelSpec], tuple[IterationGraph, Mapping[int, float]]]
+# The graph of a model (at a rank's micro-batch) captured under a strategy (the profiler's).
+Capture = Callable[[ModelSpec, Strategy], IterationGraph]
+# Whether the executor can run a strategy's plan for a model (``executor.plan.model_supports``).
+Supports = Callable[[ModelSpec, Strategy], bool]
 
 
-def candidate_plans(spec: ModelSpec, world_size: int) -> list[ParallelPlan]:
+def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> list[ParallelPlan]:
     """Every parallel plan of the space that the model supports on ``world_size`` ranks and whose
     global batch splits evenly: data parallelism with gradient accumulation, FSDP (its default
     group per block) with and without it, tensor parallelism over each divisor of the world
@@ -56,7 +58,7 @@ def candidate_plans(spec: ModelSpec, world_size: int) -> list[ParallelPlan]:
         dp = plan.resolve_dp(world_size)
         if batch % (dp * plan.micro_batches):
             return
-        if model_supports(spec, Strategy(parallel=plan)):
+        if supports(spec, Strategy(parallel=plan)):
             plans.append(plan)
 
     for fsdp in (False, True):
@@ -106,6 +108,7 @@ class StrategyEvaluator:
         spec: the model at its global batch.
         profiles: the rank's micro-batch graph and its profiled node times (ms) for a model
             spec at a micro-batch (the store's kernel profile, taken when missing).
+        capture: the graph of a rank's micro-batch under a plan (FSDP, TP, pipelines).
         cost_model: as for :class:`FusionEvaluator`.
 
     Not thread-safe: one evaluator per search worker.
@@ -116,6 +119,7 @@ class StrategyEvaluator:
         spec: ModelSpec,
         cluster: Cluster,
         profiles: Profiles,
+        capture: Capture,
         *,
         cost_model: tuple[IterationCostModel, Mapping[str, Any]] | None = None,
         optimizer: str = "adamw",
@@ -123,6 +127,7 @@ class StrategyEvaluator:
         self.spec = spec
         self.cluster = cluster
         self.profiles = profiles
+        self.capture = capture
         self.cost_model = cost_model
         self.optimizer = optimizer
         self.memo: dict[str, float] = {}
@@ -226,12 +231,7 @@ class StrategyEvaluator:
     def _price_plan(self, strategy: Strategy) -> float:
         rank = rank_spec(self.spec, strategy, self.cluster.world_size)
         profiled, node_ms = self.profiles(rank)
-        graph = capture_graph(
-            rank,
-            CaptureOptions(
-                strategy=strategy, optimizer="sgd" if self.optimizer == "sgd" else "adamw"
-            ),
-        )
+        graph = self.capture(rank, strategy)
         prediction = predict(
             graph,
             profiled=profiled,

@@ -33,7 +33,9 @@ from data.specs.model import ModelSpec
 from data.specs.strategy import ParallelPlan, Strategy
 from data.store import Store
 from data.zoo import resolve_model
+from executor.plan import model_supports
 from executor.run import RunOptions, run_training
+from profiler.capture import CaptureOptions, capture_graph
 from profiler.cluster import remove_stale_namespaces
 from search.autotune import autotune_fusion
 from search.backtrack import BacktrackOptions, SearchResult, backtrack_fusion, begin
@@ -163,8 +165,14 @@ def build_evaluator(args: argparse.Namespace, spec: ModelSpec, store: Store) -> 
             compute_scale=machine_scale(args.world_size),
         ),
         _cached(profiles),
+        capture_plan,
         cost_model=cost_model_for(args.simulator),
     )
+
+
+def capture_plan(rank: ModelSpec, strategy: Strategy) -> IterationGraph:
+    """The graph of a rank's micro-batch under ``strategy`` (AdamW, as profiles are taken)."""
+    return capture_graph(rank, CaptureOptions(strategy=strategy))
 
 
 def _cached(profiles: Profiles) -> Profiles:
@@ -182,7 +190,11 @@ def _cached(profiles: Profiles) -> Profiles:
 def _space(
     args: argparse.Namespace, spec: ModelSpec, evaluator: StrategyEvaluator, grad_mb: float
 ) -> Space:
-    plans = candidate_plans(spec, args.world_size) if args.space == "all" else [ParallelPlan()]
+    plans = (
+        candidate_plans(spec, args.world_size, model_supports)
+        if args.space == "all"
+        else [ParallelPlan()]
+    )
     blocks = evaluator.blocks if args.space == "all" else ()
     return Space(plans=tuple(plans), total_grad_mb=grad_mb, blocks=blocks)
 

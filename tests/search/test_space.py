@@ -10,7 +10,8 @@ from data.graph.format import IterationGraph
 from data.specs.model import ModelSpec
 from data.specs.strategy import ParallelPlan, Strategy
 from data.zoo import resolve_model
-from profiler.capture import capture_graph
+from executor.plan import model_supports
+from profiler.capture import CaptureOptions, capture_graph
 from search.backtrack import BacktrackOptions
 from search.joint import backtrack_all
 from search.optuna_search import (
@@ -43,11 +44,15 @@ def _evaluator(capacity_gib: float | None = None, world_size: int = 2) -> Strate
         fits=[],
         capacity_bytes=None if capacity_gib is None else int(capacity_gib * GIB),
     )
-    return StrategyEvaluator(GPT2, cluster, _profiles)
+    return StrategyEvaluator(GPT2, cluster, _profiles, _capture)
+
+
+def _capture(rank: ModelSpec, strategy: Strategy) -> IterationGraph:
+    return capture_graph(rank, CaptureOptions(strategy=strategy))
 
 
 def test_candidate_plans_fit_the_world_size_and_the_batch() -> None:
-    plans = candidate_plans(GPT2, 4)
+    plans = candidate_plans(GPT2, 4, model_supports)
     labels = [plan_label(p) for p in plans]
     assert plans[0] == ParallelPlan() and len(set(labels)) == len(labels)
     for plan in plans:
@@ -57,7 +62,7 @@ def test_candidate_plans_fit_the_world_size_and_the_batch() -> None:
     # two blocks: pipelines of one stage a rank only (interleaving needs four stages)
     assert {p.pp_schedule for p in plans if p.pp > 1} == {"gpipe", "1f1b"}
     # the reference MLP has no tensor-parallel plan; its Sequential body pipelines
-    mlp = candidate_plans(resolve_model("mlp"), 2)
+    mlp = candidate_plans(resolve_model("mlp"), 2, model_supports)
     assert all(p.tp == 1 for p in mlp) and any(p.pp == 2 for p in mlp)
 
 
@@ -96,7 +101,7 @@ def test_memory_model_adds_up_and_shards() -> None:
 
 def test_the_evaluator_prices_every_kind_of_plan_and_memoises() -> None:
     evaluator = _evaluator()
-    strategies = [Strategy(parallel=p) for p in candidate_plans(GPT2, 2)]
+    strategies = [Strategy(parallel=p) for p in candidate_plans(GPT2, 2, model_supports)]
     times = evaluator.price(strategies)
     assert all(ms > 0 for ms in times) and evaluator.evaluations == len(strategies)
     assert evaluator.price(strategies[:3]) == times[:3]
@@ -118,7 +123,7 @@ def test_joint_backtracking_prunes_plans_over_capacity() -> None:
     order = list(graph.grad_ready_order)
     joint = backtrack_all(
         tight,
-        candidate_plans(GPT2, 2),
+        candidate_plans(GPT2, 2, model_supports),
         order,
         [sizes[n] for n in order],
         BacktrackOptions(budget=120, time_limit_s=120),
@@ -136,7 +141,7 @@ def test_nsga2_keeps_a_pareto_front_of_time_and_memory() -> None:
     evaluator = _evaluator()
     graph, _ = _profiles(GPT2.with_inputs(batch_size=4))
     space = Space(
-        plans=tuple(candidate_plans(GPT2, 2)),
+        plans=tuple(candidate_plans(GPT2, 2, model_supports)),
         total_grad_mb=sum(p.nbytes for p in graph.params) / 2**20,
         blocks=evaluator.blocks,
     )
@@ -166,7 +171,7 @@ def test_nsga2_keeps_a_pareto_front_of_time_and_memory() -> None:
 
 
 def test_space_strategies_round_trip_through_trial_parameters() -> None:
-    plans = tuple(candidate_plans(GPT2, 2))
+    plans = tuple(candidate_plans(GPT2, 2, model_supports))
     space = Space(plans=plans, total_grad_mb=10.0, blocks=("h.0", "h.1"))
     ddp = space.strategy({"plan": "ddp", "log_cap_mb": 0.0, "first_share": 0.5, "dear": True})
     assert ddp.tensor_fusion.bucket_cap_mb == pytest.approx(1.0)
