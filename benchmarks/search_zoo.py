@@ -100,9 +100,15 @@ def table(path: Path) -> None:
         best = row["best"]
         predicted = row["baseline"]["predicted_ms"] / best["predicted_ms"]
         what = "compute" if row["compute_ms"] >= row["line_rate_comm_ms"] else "comm"
+        if row["speedup"] is None:  # DDP's defaults predicted over the memory capacity
+            measured = "DDP over memory, not run"
+            predicted_text = "-"
+        else:
+            measured = f"{row['speedup']:.2f}x"
+            predicted_text = f"{predicted:.2f}x"
         print(
             f"| {row['model']} | {row['world_size']} | {describe(best['strategy'])} | "
-            f"{predicted:.2f}x | {row['speedup']:.2f}x | "
+            f"{predicted_text} | {measured} | "
             f"{row['measured_best_ms'] / row['bound_ms']:.2f} | {what} |"
         )
 

@@ -9,19 +9,24 @@ front. A plan whose predicted peak exceeds the device's capacity, or that the si
 schedule, is pruned (``TrialPruned``), never scored. CMA-ES adapts a Gaussian over the
 continuous parameters (the categorical ones are drawn independently).
 
-The study lives in ``storage`` (an RDB URL: SQLite or PostgreSQL) when one is given, in memory
-otherwise; several processes, on one machine or many, share a study by name and each sees the
-others' trials. Results are read back from the study, so a search reports what every worker
-found.
+The study lives in ``storage`` when one is given, in memory otherwise: an RDB URL (SQLite or
+PostgreSQL), or ``journal:///PATH``, Optuna's append-only journal file, which several processes
+share through a file lock (on one machine, or many over a shared file system) at a fraction of an
+RDB's cost a trial: the samplers read every trial each time, and an RDB answers that with a
+query where the journal replays only what it has not seen. Processes share a study by name and
+each sees the others' trials. Results are read back from the study, so a search reports what
+every worker found.
 """
 
 import dataclasses
 import math
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import optuna
+from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.study import MaxTrialsCallback, StudyDirection
 from optuna.trial import TrialState
 from sqlalchemy.exc import SQLAlchemyError
@@ -35,6 +40,7 @@ from simulator.plans import is_data_parallel
 Sampler = Literal["tpe", "cmaes", "nsga2", "random"]
 SAMPLERS: tuple[Sampler, ...] = ("tpe", "cmaes", "nsga2", "random")
 MIN_CAP_MB = 0.01
+JOURNAL = "journal://"
 OVER_CAPACITY = "predicted peak memory over the device's capacity"
 
 
@@ -130,9 +136,14 @@ def open_study(sampler: Sampler, study: StudyOptions, *, worker: int = 0) -> opt
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     directions: list[StudyDirection] = [StudyDirection.MINIMIZE] * (2 if sampler == "nsga2" else 1)
-    storage: str | optuna.storages.RDBStorage | None = study.storage
+    storage: str | optuna.storages.BaseStorage | None = study.storage
     try:
-        if study.storage is not None and study.storage.startswith("sqlite"):
+        if study.storage is not None and study.storage.startswith(JOURNAL):
+            path = Path(study.storage.removeprefix(JOURNAL))
+            if not path.parent.is_dir():
+                raise ValueError(f"no directory {str(path.parent)!r} for the journal file")
+            storage = JournalStorage(JournalFileBackend(str(path)))
+        elif study.storage is not None and study.storage.startswith("sqlite"):
             # Workers write one SQLite file at once: wait for its lock rather than fail.
             storage = optuna.storages.RDBStorage(
                 study.storage, engine_kwargs={"connect_args": {"timeout": 60}}
@@ -144,7 +155,13 @@ def open_study(sampler: Sampler, study: StudyOptions, *, worker: int = 0) -> opt
             directions=directions,
             load_if_exists=True,
         )
-    except (ValueError, ImportError, RuntimeError, SQLAlchemyError) as exc:  # bad URL or driver
+    except (
+        ValueError,
+        ImportError,
+        RuntimeError,
+        OSError,
+        SQLAlchemyError,
+    ) as exc:  # bad URL or driver
         raise InvalidOptionError(
             f"storage {study.storage!r} cannot hold an Optuna study: {exc}"
         ) from None

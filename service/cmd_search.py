@@ -6,9 +6,10 @@ FSDP, micro-batches), tensor fusion (bucket partitions or caps, DeAR) and op fus
 blocks); ``--space fusion`` keeps DDP's plan and searches fusion only. Plans whose predicted peak
 memory exceeds ``--memory-gb`` per device are pruned. ``backtrack`` is the DisCo-style search;
 ``tpe``, ``cmaes``, ``nsga2`` (time and memory together) and ``random`` are Optuna samplers whose
-study can live in a database (``--storage``) that several worker processes (``--workers``), on
-this machine or others, share; ``autotune`` is the Horovod-style baseline that tunes DDP's bucket
-cap by Bayesian optimisation over live executor runs, without the simulator.
+study can live in a database or a journal file (``--storage``) that several worker processes
+(``--workers``), on this machine or others, share; ``autotune`` is the Horovod-style baseline
+that tunes DDP's bucket cap by Bayesian optimisation over live executor runs, without the
+simulator.
 
 The rank's micro-batch is kernel-profiled unless the store has a profile; collectives are priced
 from the store's fits of the link (the link's nominal rate where none is stored).
@@ -41,6 +42,7 @@ from search.autotune import autotune_fusion
 from search.backtrack import BacktrackOptions, SearchResult, backtrack_fusion, begin
 from search.joint import backtrack_all
 from search.optuna_search import (
+    JOURNAL,
     Space,
     StudyOptions,
     finished_trials,
@@ -101,7 +103,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             payload["pareto"] = pareto
         payload["pruned"] = pruned
     if args.verify:
-        payload.update(_verify(args, spec, result))
+        payload.update(_verify(args, spec, result, payload))
     if args.json:
         emit_json(payload)
     else:
@@ -226,13 +228,13 @@ def _sample(
     order: list[str],
 ) -> tuple[SearchResult, list[dict[str, Any]], dict[str, int]]:
     """An Optuna search, with ``args.workers - 1`` more worker processes on the same study (a
-    temporary SQLite file when no ``--storage`` is given)."""
+    temporary journal file when no ``--storage`` is given)."""
     options = BacktrackOptions(budget=args.budget, time_limit_s=args.time_limit, top=args.top)
     start, baseline, baseline_ms = begin(evaluator, order)
     with tempfile.TemporaryDirectory(prefix="ddlsim-study-") as scratch:
         storage = args.storage
         if storage is None and args.workers > 1:
-            storage = f"sqlite:///{Path(scratch) / 'study.db'}"
+            storage = f"{JOURNAL}{Path(scratch) / 'study.log'}"
         study = StudyOptions(
             storage=storage,
             study_name=args.study_name
@@ -362,8 +364,15 @@ def _payload(
     }
 
 
-def _verify(args: argparse.Namespace, spec: ModelSpec, result: SearchResult) -> dict[str, Any]:
-    """Run the best strategy and the baseline through the executor, side by side."""
+def _verify(
+    args: argparse.Namespace, spec: ModelSpec, result: SearchResult, payload: dict[str, Any]
+) -> dict[str, Any]:
+    """Run the best strategy and the baseline through the executor, side by side.
+
+    A strategy whose predicted peak memory is over the capacity is not run (it would exhaust
+    this machine's memory, every rank being here): its measured time is ``None`` and
+    ``not_run`` says why.
+    """
     remove_stale_namespaces()
     options = RunOptions(
         world_size=args.world_size,
@@ -371,15 +380,28 @@ def _verify(args: argparse.Namespace, spec: ModelSpec, result: SearchResult) -> 
         iters=args.iters,
         warmup=args.warmup,
     )
-    measured = {}
+    measured: dict[str, float | None] = {}
+    not_run: dict[str, str] = {}
     for name, strategy in (("baseline", result.baseline), ("best", result.best)):
+        entry = payload[name]
+        if not entry["fits"]:
+            measured[name] = None
+            not_run[name] = (
+                f"predicted peak {entry['peak_memory_gib']:.2f} GiB a rank is over the "
+                f"capacity of {payload['memory_capacity_gib']:.2f} GiB"
+            )
+            continue
         progress(f"running the {name} for real")
         measured[name] = run_training(spec, strategy, options).median_ms
-    return {
-        "measured_best_ms": measured["best"],
-        "measured_baseline_ms": measured["baseline"],
-        "speedup": measured["baseline"] / measured["best"],
+    best, baseline = measured["best"], measured["baseline"]
+    out: dict[str, Any] = {
+        "measured_best_ms": best,
+        "measured_baseline_ms": baseline,
+        "speedup": baseline / best if best and baseline else None,
     }
+    if not_run:
+        out["not_run"] = not_run
+    return out
 
 
 def _print(payload: dict[str, Any]) -> None:
@@ -403,10 +425,18 @@ def _print(payload: dict[str, Any]) -> None:
             f"{row['peak_memory_gib']:.2f} GiB: {describe(row['strategy'])}"
         )
     if "speedup" in payload:
+        ran = {
+            name: f"{payload[f'measured_{name}_ms']:.1f} ms"
+            if payload[f"measured_{name}_ms"] is not None
+            else "not run"
+            for name in ("best", "baseline")
+        }
+        speedup = f"{payload['speedup']:.2f}x" if payload["speedup"] is not None else "-"
         print(
-            f"  measured                 best {payload['measured_best_ms']:.1f} ms, baseline "
-            f"{payload['measured_baseline_ms']:.1f} ms: {payload['speedup']:.2f}x"
+            f"  measured                 best {ran['best']}, baseline {ran['baseline']}: {speedup}"
         )
+    for name, reason in payload.get("not_run", {}).items():
+        print(f"  not run                  the {name}: {reason}")
 
 
 def describe(strategy: dict[str, Any]) -> str:
@@ -463,15 +493,16 @@ def register(sub: Any) -> None:
     cmd.add_argument("--seed", type=int, default=0, help="the samplers' seed")
     cmd.add_argument(
         "--storage",
-        help="Optuna samplers: an RDB URL (sqlite:///PATH, postgresql+psycopg://...) holding "
-        "the study, so that several searches share it",
+        help="Optuna samplers: where the study lives, so that several searches share it: an "
+        "RDB URL (sqlite:///PATH, postgresql+psycopg://...) or journal:///PATH (Optuna's "
+        "journal file: faster, for processes sharing a file system)",
     )
     cmd.add_argument("--study-name", help="the study (default: model-ranks-link-algo-space)")
     cmd.add_argument(
         "--workers",
         type=positive_int,
         default=1,
-        help="Optuna samplers: worker processes on the study (a temporary SQLite file when "
+        help="Optuna samplers: worker processes on the study (a temporary journal file when "
         "--storage is not given)",
     )
     cmd.add_argument("--batch-size", type=positive_int, help="global batch size")

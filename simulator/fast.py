@@ -8,18 +8,24 @@ gradient is ready (``ready_b``) and the stream is FIFO, so it ends at
 ``max(M * T_microbatch, end_last) + T_optimizer``. :class:`DataParallelReplay` computes the
 gradient-ready times once per (graph, durations) and then prices a partition in O(buckets),
 equal to :func:`simulator.replay.replay` (the tests check it) at a thousandth of its cost.
-DeAR's all-gathers interleave with the next forward, which this form does not cover: those
-strategies go through the full replay (:meth:`DataParallelReplay.summary` does so itself).
+
+With DeAR the iterations are coupled: bucket ``b``'s reduce-scatter goes at ``ready_b``, its
+all-gather after the last reduce-scatter (first layers first), and its parameter update waits for
+that all-gather in the next iteration's forward, just before the first module that uses the
+bucket. The forward is then a few segments between those insertion points, each update
+``start = max(clock, gather_end_b)``; four iterations of that, bucket by bucket, give the same
+steady state as the full replay in O(iterations x buckets).
 """
 
 import dataclasses
 from collections.abc import Mapping
 
 from data.comm_model import AlphaBeta
-from data.graph.annotate import with_strategy
 from data.graph.format import IterationGraph
 from data.specs.strategy import Bucket, Strategy
-from simulator.replay import ReplayResult, replay, transfer_durations
+from simulator.replay import ReplayResult, first_forward_use_of_params, in_window
+
+ITERATIONS = 4  # as simulator.replay.replay unrolls: the steady state is read from 2nd to last
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -82,11 +88,16 @@ class DataParallelReplay:
         self.node_ms = dict(node_ms)
         preds = graph.predecessors()
         end: dict[int, float] = {}
+        begin: dict[int, float] = {}
         clock = 0.0
         self.ready_ms: dict[str, float] = {}
         self.ready_position: dict[str, int] = {}
+        # DeAR: the compute node whose end makes each gradient ready, and where each forward
+        # node starts in the micro-batch (updates are inserted before forward nodes).
+        self.ready_node: dict[str, int] = {}
         for node in graph.nodes:
             if node.kind == "compute":
+                begin[node.id] = clock
                 clock += float(self.node_ms.get(node.id, 0.0))
                 end[node.id] = clock
             elif node.kind == "grad_ready" and node.param is not None:
@@ -94,6 +105,16 @@ class DataParallelReplay:
                 end[node.id] = at
                 self.ready_ms[node.param] = at
                 self.ready_position[node.param] = len(self.ready_position)
+                self.ready_node[node.param] = max(
+                    (p for p in preds[node.id] if p in end), key=lambda p: end[p], default=-1
+                )
+        self.begin_ms = begin
+        self.first_use = first_forward_use_of_params(graph)
+        self.update_ms = {
+            n.param: float(self.node_ms.get(n.id, 0.0))
+            for n in graph.nodes_of("optimizer")
+            if n.param is not None
+        }
         self.microbatch_ms = clock
         self.optimizer_ms = sum(
             float(self.node_ms.get(n.id, 0.0)) for n in graph.nodes if n.kind == "optimizer"
@@ -111,19 +132,10 @@ class DataParallelReplay:
     def summary(
         self, strategy: Strategy, comm: Mapping[str, AlphaBeta], *, micro_batches: int = 1
     ) -> ReplaySummary:
-        """The replayed iteration under ``strategy`` (DeAR through the full replay)."""
+        """The replayed iteration under ``strategy``."""
         timings = self._timings(strategy, comm, micro_batches)
         if strategy.tensor_fusion.dear:
-            graph = with_strategy(self.graph, strategy)
-            durations = transfer_durations(self.graph, self.node_ms, graph)
-            result = replay(graph, durations, comm)
-            return ReplaySummary(
-                iteration_time_ms=result.iteration_time_ms,
-                compute_ms=result.compute_ms,
-                exposed_comm_ms=result.exposed_comm_ms,
-                comm_ms=result.comm_ms,
-                buckets=tuple(timings),
-            )
+            return self._dear(strategy, comm, micro_batches, tuple(timings))
         compute_end = micro_batches * self.microbatch_ms
         comm_end = timings[-1].end_ms if timings else 0.0
         iteration = max(compute_end, comm_end) + self.optimizer_ms
@@ -134,6 +146,82 @@ class DataParallelReplay:
             exposed_comm_ms=max(0.0, iteration - compute),
             comm_ms=sum(t.end_ms - t.start_ms for t in timings),
             buckets=tuple(timings),
+        )
+
+    def _dear(
+        self,
+        strategy: Strategy,
+        comm: Mapping[str, AlphaBeta],
+        micro_batches: int,
+        timings: tuple[BucketTiming, ...],
+    ) -> ReplaySummary:
+        """DeAR's steady state, scheduled bucket by bucket as :func:`simulator.replay.replay`
+        schedules it node by node (see the module's docstring)."""
+        assigned = strategy.tensor_fusion.assign(self.grads)
+        launched = self.buckets(strategy)
+        update = {b.index: sum(self.update_ms.get(p, 0.0) for p in b.params) for b in assigned}
+        # Each bucket's update goes before its first forward use, at that node's offset in the
+        # micro-batch; buckets nothing in the forward uses update after the first micro-batch.
+        uses = {
+            b.index: min((self.first_use[p] for p in b.params if p in self.first_use), default=-1)
+            for b in assigned
+        }
+        points = sorted({u for u in uses.values() if u >= 0})
+        at_point = {u: [b.index for b in assigned if uses[b.index] == u] for u in points}
+        leftover = [b.index for b in assigned if uses[b.index] < 0]
+        scatter, gather = comm["reduce_scatter"], comm["all_gather"]
+        mb_ms = self.microbatch_ms
+        gathered: dict[int, float] = {}  # the previous iteration's all-gather ends
+        comm_free = 0.0
+        clock = 0.0
+        starts: list[float] = []
+        comm_events: list[tuple[float, float]] = []  # (start, end) on the comm stream
+        for _ in range(ITERATIONS):
+            starts.append(clock)
+            # The first micro-batch: the forward, stretched by the updates it waits for.
+            offset = 0.0
+            shifts: list[tuple[int, float]] = []  # (forward node, delay of nodes from it on)
+            mb_start = clock
+            for node in points if gathered else ():
+                clock += self.begin_ms[node] - offset
+                offset = self.begin_ms[node]
+                for index in at_point[node]:
+                    clock = max(clock, gathered[index]) + update[index]
+                shifts.append((node, clock - mb_start - offset))
+            clock += mb_ms - offset
+            last_start, last_shifts = mb_start, shifts
+            for index in leftover if gathered else ():
+                clock = max(clock, gathered[index]) + update[index]
+            for _ in range(1, micro_batches):
+                last_start, last_shifts = clock, []
+                clock += mb_ms
+            # The last micro-batch's backward launches the reduce-scatters, FIFO.
+            scattered: dict[int, float] = {}
+            for bucket in launched:
+                ready = max(
+                    last_start + self.ready_ms[p] + _delay(last_shifts, self.ready_node[p])
+                    for p in bucket.params
+                )
+                start = max(comm_free, ready)
+                comm_free = start + scatter.time_us(bucket.grad_bytes) / 1e3
+                scattered[bucket.index] = comm_free
+                comm_events.append((start, comm_free))
+            gathered = {}
+            for bucket in reversed(launched):
+                start = max(comm_free, scattered[bucket.index])
+                comm_free = start + gather.time_us(bucket.grad_bytes) / 1e3
+                gathered[bucket.index] = comm_free
+                comm_events.append((start, comm_free))
+        iteration = (starts[-1] - starts[1]) / (ITERATIONS - 2)
+        compute = micro_batches * mb_ms + sum(update.values())
+        window = (starts[1], starts[2])
+        busy = sum(e - b for b, e in comm_events if in_window(b, *window))
+        return ReplaySummary(
+            iteration_time_ms=iteration,
+            compute_ms=compute,
+            exposed_comm_ms=max(0.0, iteration - compute),
+            comm_ms=busy,
+            buckets=timings,
         )
 
     def _timings(
@@ -158,3 +246,14 @@ class DataParallelReplay:
                 )
             )
         return out
+
+
+def _delay(shifts: list[tuple[int, float]], node: int) -> float:
+    """How late compute node ``node`` runs: the delay of the last insertion point before it
+    (updates go before their forward node, so a node at a point is delayed by that point)."""
+    delay = 0.0
+    for point, shift in shifts:
+        if point > node:
+            break
+        delay = shift
+    return delay

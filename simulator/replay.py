@@ -105,6 +105,16 @@ class ReplayResult:
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+EPSILON_MS = 1e-6
+
+
+def in_window(start_ms: float, begin_ms: float, end_ms: float) -> bool:
+    """Whether an event starting at ``start_ms`` belongs to the iteration ``[begin, end)``: an
+    event that starts as the iteration does (the last collective of the one before, launched
+    as its compute ends) belongs to it, whatever rounding the two sums took."""
+    return begin_ms - EPSILON_MS <= start_ms < end_ms - EPSILON_MS
+
+
 def transfer_durations(
     profiled: IterationGraph, node_ms: Mapping[int, float], graph: IterationGraph
 ) -> dict[int, float]:
@@ -210,7 +220,7 @@ class _Replayer:
         begin, end = starts[1], starts[-1]
         iteration_ms = (end - begin) / (self.iterations - 2)
         # The timeline and busy times of one steady iteration: the second.
-        window = [e for e in self.events if begin <= e.start_ms < starts[2]]
+        window = [e for e in self.events if in_window(e.start_ms, begin, starts[2])]
         compute = sum(e.end_ms - e.start_ms for e in window if e.stream == "compute")
         comm_busy = sum(e.end_ms - e.start_ms for e in window if e.stream == "comm")
         return ReplayResult(
@@ -336,21 +346,10 @@ def _first_forward_use(graph: IterationGraph) -> dict[int, int]:
     """For each optimizer node, the first forward node of a module that owns a parameter of its
     bucket: the executor waits for a bucket's all-gather, and updates the whole bucket, in the
     forward pre-hook of the first module that uses any of the bucket's parameters."""
-    owner = {p.name: p.module for p in graph.params}
-    first: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.kind == "compute" and node.phase == "forward":
-            first.setdefault(node.module, node.id)
-
-    def first_use(param: str) -> int | None:
-        module = owner.get(param, "")
-        # A module without ops of its own (its children do the work) starts at its first child.
-        found = [i for m, i in first.items() if m == module or m.startswith(f"{module}.")]
-        return min(found) if found else None
-
+    param_use = first_forward_use_of_params(graph)
     by_bucket: dict[int | None, int] = {}
     for node in graph.nodes_of("optimizer"):
-        use = first_use(node.param or "")
+        use = param_use.get(node.param or "")
         if use is not None:
             by_bucket[node.bucket] = min(use, by_bucket.get(node.bucket, use))
     return {
@@ -358,6 +357,23 @@ def _first_forward_use(graph: IterationGraph) -> dict[int, int]:
         for node in graph.nodes_of("optimizer")
         if node.bucket in by_bucket
     }
+
+
+def first_forward_use_of_params(graph: IterationGraph) -> dict[str, int]:
+    """Each parameter's first forward node: the first of its module's, or, for a module without
+    ops of its own (its children do the work), of its children's. Parameters of modules that
+    run no forward op are left out."""
+    first: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.kind == "compute" and node.phase == "forward":
+            first.setdefault(node.module, node.id)
+    out: dict[str, int] = {}
+    for param in graph.params:
+        module = param.module
+        found = [i for m, i in first.items() if m == module or m.startswith(f"{module}.")]
+        if found:
+            out[param.name] = min(found)
+    return out
 
 
 def comm_models_for_link(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.storages.journal import JournalFileBackend, JournalStorage
 
 from data.specs.strategy import Strategy
 from service.cli import main
@@ -93,6 +94,20 @@ def test_plans_over_the_memory_capacity_are_pruned(capsys: pytest.CaptureFixture
     assert "memory_gb(0.0)" in capsys.readouterr().err
 
 
+def test_verify_does_not_run_what_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    ddp_gib = _search(capsys, "--budget", "10")["baseline"]["peak_memory_gib"]
+    out = _search(
+        capsys,
+        *("--budget", "30", "--memory-gb", f"{ddp_gib * 0.9:.6f}"),
+        *("--verify", "--iters", "1", "--warmup", "1"),
+    )
+    assert not out["baseline"]["fits"] and out["best"]["fits"]
+    assert out["measured_baseline_ms"] is None and out["speedup"] is None
+    assert out["measured_best_ms"] > 0
+    assert "over the capacity" in out["not_run"]["baseline"]
+    assert "best" not in out["not_run"]
+
+
 def test_the_fusion_space_keeps_ddps_plan(capsys: pytest.CaptureFixture[str]) -> None:
     out = _search(capsys, "--space", "fusion", "--budget", "40")
     for row in out["top"]:
@@ -109,7 +124,19 @@ def test_autotune_measures_live_runs(capsys: pytest.CaptureFixture[str]) -> None
     assert "workers(2)" in capsys.readouterr().err
 
 
-def test_a_bad_storage_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([*BASE, "--algo", "tpe", "--storage", "nosuchdb://x"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "nosuchdb://x" in err[0]
+def test_workers_share_a_journal_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    storage = f"journal://{tmp_path / 'study.log'}"
+    args = ["--algo", "random", "--budget", "20", "--storage", storage, "--study-name", "j"]
+    out = _search(capsys, *args, "--workers", "2")
+    assert 1 < out["evaluations"] <= 20
+    journal = JournalStorage(JournalFileBackend(str(tmp_path / "study.log")))
+    study = optuna.load_study(study_name="j", storage=journal)
+    assert len(study.trials) >= 20
+    assert out["best"]["predicted_ms"] <= study.best_value + 1e-9
+
+
+def test_a_bad_storage_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    for bad in ("nosuchdb://x", f"journal://{tmp_path / 'no' / 'such' / 'study.log'}"):
+        assert main([*BASE, "--algo", "tpe", "--storage", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and bad.removeprefix("journal://") in err[0]

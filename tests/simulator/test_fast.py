@@ -36,6 +36,9 @@ STRATEGIES: list[dict[str, Any]] = [
     {"tensor_fusion": {"bucket_caps_mb": [65536]}},
     {"tensor_fusion": {"bucket_caps_mb": [0.1, 1, 0.5]}},
     {"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}},
+    {"tensor_fusion": {"bucket_cap_mb": 0.05, "dear": True}},
+    {"tensor_fusion": {"bucket_caps_mb": [65536], "dear": True}},
+    {"tensor_fusion": {"bucket_caps_mb": [0.1, 1, 0.5], "dear": True}},
 ]
 
 
@@ -51,7 +54,10 @@ def test_fast_replay_equals_the_full_replay(
     comm = _comm(busbw_gbps)
     order = base.grad_ready_order
     explicit = {"tensor_fusion": {"buckets": [order[1::2], order[0::2]]}}
-    for raw in [*STRATEGIES, explicit]:
+    explicit_dear = {
+        "tensor_fusion": {"buckets": [order[1::3], order[0::3], order[2::3]], "dear": True}
+    }
+    for raw in [*STRATEGIES, explicit, explicit_dear]:
         strategy = Strategy.from_dict(
             {**raw, "parallel": {"micro_batches": micro_batches}} if micro_batches > 1 else raw
         )
