@@ -169,7 +169,17 @@ def parse_batch(text: str) -> list[Job]:
     Raises:
         InvalidBatchError: naming the bad entry, key or kind.
     """
-    raw = load_json_or_file(text, "batch file", InvalidBatchError)
+    return parse_batch_data(load_json_or_file(text, "batch file", InvalidBatchError))
+
+
+def parse_batch_data(raw: Mapping[str, Any]) -> list[Job]:
+    """Jobs from a batch file's content (see :func:`parse_batch`).
+
+    Raises:
+        InvalidBatchError: naming the bad entry, key or kind.
+    """
+    if not isinstance(raw, Mapping):
+        raise InvalidBatchError(f"a batch must be a mapping with 'jobs' or 'product', got {raw!r}")
     check_keys(raw, {"jobs", "product"}, "batch file", InvalidBatchError)
     jobs: list[Job] = []
     for index, entry in enumerate(_list(raw.get("jobs", []), "jobs")):

@@ -15,6 +15,7 @@ from service import (
     cmd_profile,
     cmd_run,
     cmd_search,
+    cmd_serve,
     cmd_simulator,
     cmd_specs,
 )
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_predict.register(sub)
     cmd_simulator.register(sub)
     cmd_search.register(sub)
+    cmd_serve.register(sub)
     return parser
 
 

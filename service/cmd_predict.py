@@ -4,9 +4,11 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from data.errors import DdlsimError
 from data.graph.format import IterationGraph
 from data.specs.cluster import parse_bandwidth_gbps
 from data.specs.model import ModelSpec
@@ -30,17 +32,36 @@ from simulator.gnn import IterationCostModel
 from simulator.predict import Prediction, predict
 
 
+class MissingProfileError(DdlsimError, LookupError):
+    """The store has no kernel profile of a model at a micro-batch, and none may be taken now."""
+
+
 def kernel_profile_for(
-    store: Store, spec: ModelSpec, *, optimizer: str, iters: int
+    store: Store,
+    spec: ModelSpec,
+    *,
+    optimizer: str,
+    iters: int,
+    profile_missing: bool = True,
+    capture: Callable[[ModelSpec, CaptureOptions], IterationGraph] = capture_graph,
 ) -> tuple[IterationGraph, KernelProfileRecord, bool]:
     """The graph of ``spec`` (default strategy) and its newest CPU kernel profile; profiles it
     (one rank, one thread) and stores the profile when there is none. The flag says whether it
-    was profiled now."""
-    capture = CaptureOptions(optimizer="sgd" if optimizer == "sgd" else "adamw")
-    graph = capture_graph(spec, capture)
+    was profiled now.
+
+    Raises:
+        MissingProfileError: there is none and ``profile_missing`` is false.
+    """
+    graph = capture(spec, CaptureOptions(optimizer="sgd" if optimizer == "sgd" else "adamw"))
     stored = [p for p in store.kernel_profiles(graph_hash=graph.graph_hash) if p.device == "cpu"]
     if stored:
         return graph, stored[-1], False
+    if not profile_missing:
+        raise MissingProfileError(
+            f"no kernel profile of {spec.label} at batch {spec.inputs.batch_size} "
+            f"(a rank's micro-batch) in the store; profile it first (a profiling run with a "
+            f"'kernels' job for this model and batch_size {spec.inputs.batch_size})"
+        )
     progress(
         f"no kernel profile of {spec.label} at batch {spec.inputs.batch_size} yet: "
         f"profiling it on one rank ({iters} iterations)"
@@ -64,17 +85,24 @@ def predict_on_store(
     cost_model: tuple[IterationCostModel, dict[str, Any]] | None,
     optimizer: str = "adamw",
     profile_iters: int = 10,
+    profile_missing: bool = True,
+    capture: Callable[[ModelSpec, CaptureOptions], IterationGraph] = capture_graph,
 ) -> tuple[Prediction, KernelProfileRecord, bool]:
     """Predict ``strategy`` for ``spec`` with the store's kernel profile of the rank's
     micro-batch (taken now if there is none: the flag says so) and its gloo collective fits;
     compute is scaled for ranks sharing this machine's cores."""
     rank = rank_spec(spec, strategy, world_size)
     profiled, profile, profiled_now = kernel_profile_for(
-        store, rank, optimizer=optimizer, iters=profile_iters
+        store,
+        rank,
+        optimizer=optimizer,
+        iters=profile_iters,
+        profile_missing=profile_missing,
+        capture=capture,
     )
-    capture = CaptureOptions(strategy=strategy, optimizer="sgd" if optimizer == "sgd" else "adamw")
+    options = CaptureOptions(strategy=strategy, optimizer="sgd" if optimizer == "sgd" else "adamw")
     prediction = predict(
-        capture_graph(rank, capture),
+        capture(rank, options),
         profiled=profiled,
         node_ms=profile.node_ms,
         collective_profiles=store.collective_profiles(backend="gloo"),

@@ -137,15 +137,19 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_batch(args: argparse.Namespace) -> int:
-    jobs = parse_batch(args.spec)
-    trace_dir = Path(args.trace_dir) if args.trace_dir else None
-    runners: dict[str, JobRunner] = {
+def batch_runners(trace_dir: Path | None = None) -> dict[str, JobRunner]:
+    """What runs each kind of batch job."""
+    return {
         "kernels": functools.partial(run_kernel_job, trace_dir=trace_dir),
         "fusion": run_fusion_job,
         "collectives": run_collective_job,
         "run": run_executor_job,
     }
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    jobs = parse_batch(args.spec)
+    runners = batch_runners(Path(args.trace_dir) if args.trace_dir else None)
     with (
         Store.open(args.db) as store,
         tqdm(total=len(jobs), unit="job", disable=args.json, leave=False) as bar,

@@ -21,7 +21,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,26 @@ SPACES = ("all", "fusion")
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    payload = run_search(args)
+    if args.json:
+        emit_json(payload)
+    else:
+        _print(payload)
+    return 0
+
+
+Report = Callable[[float, str], None]
+
+
+def run_search(args: argparse.Namespace, report: Report | None = None) -> dict[str, Any]:
+    """The search ``args`` describe (``ddlsim search``'s arguments), as its JSON payload.
+
+    ``report(fraction, message)`` hears of progress: the strategies priced against the
+    budget, then the verifying runs. It may raise to stop the search.
+
+    Raises:
+        DdlsimError: bad arguments, a model or plan the tools cannot handle.
+    """
     _check(args)
     spec = _spec(args)
     with Store.open(args.db) as store:
@@ -81,7 +101,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         pareto: list[dict[str, Any]] = []
         pruned: dict[str, int] = {}
         with _bar(args) as bar:
-            evaluator.on_priced = lambda count: _advance(bar, count)
+            evaluator.on_priced = advance = _progress(bar, int(bar.total or 1), report)
             options = BacktrackOptions(
                 budget=args.budget, time_limit_s=args.time_limit, top=args.top
             )
@@ -95,7 +115,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             elif args.algo == "random" and args.space == "fusion":
                 result = random_fusion(evaluator, order, options, seed=args.seed)
             elif args.algo == "autotune":
-                result = _autotune(args, spec, sum(sizes) / 2**20, bar)
+                result = _autotune(args, spec, sum(sizes) / 2**20, advance)
             else:
                 result, pareto, pruned = _sample(args, spec, evaluator, space, order)
         payload = _payload(args, spec.label, evaluator, result)
@@ -103,12 +123,10 @@ def cmd_search(args: argparse.Namespace) -> int:
             payload["pareto"] = pareto
         payload["pruned"] = pruned
     if args.verify:
+        if report is not None:
+            report(1.0, "running the best strategy and the baseline for real")
         payload.update(_verify(args, spec, result, payload))
-    if args.json:
-        emit_json(payload)
-    else:
-        _print(payload)
-    return 0
+    return payload
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -216,8 +234,18 @@ def _bar(args: argparse.Namespace) -> Iterator[tqdm]:
 AUTOTUNE_RUNS = 10
 
 
-def _advance(bar: tqdm, count: int) -> None:
-    bar.update(count)
+def _progress(bar: tqdm, total: int, report: Report | None) -> Callable[[int], None]:
+    """Counts priced strategies onto the bar (on a terminal) and to ``report``."""
+    priced = 0
+
+    def advance(count: int) -> None:
+        nonlocal priced
+        priced += count
+        bar.update(count)
+        if report is not None:
+            report(min(1.0, priced / total), f"{priced} of {total} evaluations")
+
+    return advance
 
 
 def _sample(
@@ -306,7 +334,7 @@ def _worker(
 
 
 def _autotune(
-    args: argparse.Namespace, spec: ModelSpec, grad_mb: float, bar: tqdm
+    args: argparse.Namespace, spec: ModelSpec, grad_mb: float, advance: Callable[[int], None]
 ) -> SearchResult:
     remove_stale_namespaces()
     options = RunOptions(
@@ -326,7 +354,7 @@ def _autotune(
         time_limit_s=args.time_limit,
         seed=args.seed,
         top=args.top,
-        on_sample=lambda strategy, ms: _advance(bar, 1),
+        on_sample=lambda strategy, ms: advance(1),
     )
 
 

@@ -172,7 +172,9 @@ def _bench_graph(dataset: Dataset | None) -> tuple[IterationGraph, dict[int, flo
     return graph, node_ms, "gpt2-tiny@4 (FLOP-proportional durations)"
 
 
-def _random_partitions(order: list[str], count: int, seed: int) -> list[Strategy]:
+def _random_partitions(
+    order: list[str], count: int, seed: int, *, dear: bool = False
+) -> list[Strategy]:
     rng = random.Random(seed)
     seen: set[tuple[int, ...]] = set()
     out: list[Strategy] = []
@@ -183,7 +185,7 @@ def _random_partitions(order: list[str], count: int, seed: int) -> list[Strategy
         seen.add(cuts)
         bounds = [0, *cuts, len(order)]
         buckets = [order[a:b] for a, b in itertools.pairwise(bounds)]
-        out.append(Strategy.from_dict({"tensor_fusion": {"buckets": buckets}}))
+        out.append(Strategy.from_dict({"tensor_fusion": {"buckets": buckets, "dear": dear}}))
     return out
 
 
@@ -193,7 +195,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except InvalidOptionError:
         dataset = None
     graph, node_ms, what = _bench_graph(dataset)
-    strategies = _random_partitions(graph.grad_ready_order, args.strategies, seed=0)
+    strategies = _random_partitions(
+        graph.grad_ready_order, args.strategies, seed=0, dear=args.dear
+    )
     comm = comm_models_for_link(2, 1.0, alpha_us=300.0)
     loaded = (
         None
@@ -235,6 +239,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "graph": what,
         "num_nodes": len(graph.nodes),
         "strategies": len(strategies),
+        "dear": args.dear,
         "repeats": args.repeats,
         "evaluations_per_s": statistics.median(rates["cost_model"] or rates["replay"]),
         "replay_evaluations_per_s": statistics.median(rates["replay"]),
@@ -247,7 +252,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         emit_json(payload)
     else:
         print(
-            f"{payload['strategies']} distinct bucket partitions of {what} "
+            f"{payload['strategies']} distinct bucket partitions "
+            f"{'with DeAR ' if args.dear else ''}of {what} "
             f"({payload['num_nodes']} nodes), median of {args.repeats}:\n"
             f"  replay alone    {payload['replay_evaluations_per_s']:.0f} evaluations/s\n"
             f"  with cost model "
@@ -306,6 +312,7 @@ def register(commands: Any) -> None:
     bench.add_argument("--strategies", type=positive_int, default=2000)
     bench.add_argument("--batch", type=positive_int, default=256)
     bench.add_argument("--repeats", type=positive_int, default=3)
+    bench.add_argument("--dear", action="store_true", help="every partition with DeAR")
     bench.add_argument(
         "--simulator",
         metavar="replay|CKPT",

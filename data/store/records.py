@@ -12,6 +12,8 @@ from data.errors import InvalidOptionError
 
 JobStatus = Literal["running", "done", "failed"]
 JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
+TaskStatus = Literal["queued", "running", "done", "failed", "cancelled"]
+TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
 
 
 def _check_aware(value: datetime | None, where: str) -> None:
@@ -145,3 +147,36 @@ class JobRecord:
     error: str | None
     created_at: datetime
     finished_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TaskRecord:
+    """One request the service's workers run: a search, a profiling batch or an execution.
+
+    ``queued`` until a worker claims it, ``running`` while that worker's heartbeat
+    (``updated_at``) is fresh, then ``done`` (``result``), ``failed`` (``error``) or
+    ``cancelled``. ``progress`` is the fraction done (0 to 1), ``message`` what it is doing;
+    ``attempts`` counts claims (a task whose worker died is queued again once).
+    """
+
+    id: int
+    kind: str
+    status: TaskStatus
+    request: dict[str, Any]
+    result: dict[str, Any] | None
+    error: str | None
+    progress: float
+    message: str | None
+    cancel_requested: bool
+    attempts: int
+    worker: str | None
+    created_at: datetime
+    started_at: datetime | None
+    updated_at: datetime
+    finished_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for key in ("created_at", "started_at", "updated_at", "finished_at"):
+            out[key] = out[key].isoformat() if out[key] is not None else None
+        return out

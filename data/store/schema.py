@@ -14,6 +14,7 @@ from typing import Any, Self
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     CheckConstraint,
     DateTime,
     Dialect,
@@ -31,12 +32,14 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from data.store.records import (
     JOB_STATUSES,
+    TASK_STATUSES,
     CollectiveProfileRecord,
     FusionProfileRecord,
     JobRecord,
     KernelProfileRecord,
     MeasurementRecord,
     PredictionRecord,
+    TaskRecord,
 )
 
 TABLE_PREFIX = "ddlsim_"
@@ -309,3 +312,34 @@ class JobRow(Base):
     def to_record(self) -> JobRecord:
         # The check constraint holds status to JOB_STATUSES.
         return JobRecord(**_fields_of(self, JobRecord))
+
+
+class TaskRow(Base):
+    """A request the service's workers run (see :class:`TaskRecord`)."""
+
+    __tablename__ = "ddlsim_tasks"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN ({})".format(", ".join(f"'{s}'" for s in TASK_STATUSES)), name="status"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    kind: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker: Mapped[str | None] = mapped_column(String(NAME_LENGTH), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+    def to_record(self) -> TaskRecord:
+        # The check constraint holds status to TASK_STATUSES.
+        return TaskRecord(**_fields_of(self, TaskRecord))

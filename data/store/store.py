@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from data.errors import DdlsimError, one_line
 from data.graph.format import IterationGraph
+from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.store.records import (
     CollectiveProfileRecord,
@@ -229,17 +230,23 @@ def _require(session: Session, row_type: type[Base], key: str, what: str) -> Non
 # ----- session-level writers (usable inside Store.finish_job's callback) -------------------------
 
 
-def add_graph(session: Session, *, graph: IterationGraph) -> str:
-    """Add ``graph`` and its model spec unless present; return ``graph.graph_hash``."""
-    spec = graph.model.to_dict()
-    spec_hash = _sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")))
-    now = utc_now()
+def add_model_spec(session: Session, *, spec: ModelSpec) -> str:
+    """Add ``spec`` unless present; return the SHA-256 of its canonical JSON."""
+    raw = spec.to_dict()
+    spec_hash = _sha256(json.dumps(raw, sort_keys=True, separators=(",", ":")))
     if session.get(ModelSpecRow, spec_hash) is None:
         _insert_missing(
             session,
             ModelSpecRow,
-            {"spec_hash": spec_hash, "label": graph.model.label, "spec": spec, "created_at": now},
+            {"spec_hash": spec_hash, "label": spec.label, "spec": raw, "created_at": utc_now()},
         )
+    return spec_hash
+
+
+def add_graph(session: Session, *, graph: IterationGraph) -> str:
+    """Add ``graph`` and its model spec unless present; return ``graph.graph_hash``."""
+    spec_hash = add_model_spec(session, spec=graph.model)
+    now = utc_now()
     if session.get(GraphRow, graph.graph_hash) is None:
         _insert_missing(
             session,
@@ -428,6 +435,21 @@ class Store:
                 raise StoreError(f"graph {graph_hash} is not in the store")
             payload = row.graph_json_gz
         return IterationGraph.from_json(gzip.decompress(payload).decode())
+
+    def save_model_spec(self, *, spec: ModelSpec) -> str:
+        """Store ``spec`` (once per hash); return its hash."""
+        with self.transaction() as session:
+            return add_model_spec(session, spec=spec)
+
+    def model_specs(self, *, label: str | None = None) -> list[tuple[str, ModelSpec]]:
+        """Stored model specs as (hash, spec), oldest first; only those labelled ``label``
+        when given."""
+        query = select(ModelSpecRow).order_by(ModelSpecRow.created_at, ModelSpecRow.spec_hash)
+        if label is not None:
+            query = query.where(ModelSpecRow.label == label)
+        with self.transaction() as session:
+            rows = [(row.spec_hash, row.spec) for row in session.scalars(query)]
+        return [(spec_hash, ModelSpec.from_dict(raw)) for spec_hash, raw in rows]
 
     def save_strategy(self, *, strategy: Strategy) -> str:
         """Store ``strategy`` (once per hash); return :func:`strategy_hash` of it."""

@@ -12,8 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +22,6 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, func, inspect, select, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from data.errors import DdlsimError, InvalidOptionError
@@ -45,51 +43,7 @@ from data.store import (
 from data.store.schema import TABLE_PREFIX, VERSION_TABLE, Base, GraphRow
 
 ROOT = Path(__file__).resolve().parents[2]
-POSTGRES_ENV = "DDLSIM_TEST_POSTGRES_URL"
 URL_FORMS = '"sqlite:///PATH" or "postgresql+psycopg://USER:PASS@HOST/DB"'
-
-
-# ----- backends ----------------------------------------------------------------------------------
-
-
-def _postgres_base_url() -> str:
-    url = os.environ.get(POSTGRES_ENV, "").strip()
-    if not url:
-        message = f'{POSTGRES_ENV} is not set; as root run: eval "$(bash scripts/postgres.sh)"'
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"{message} (CI=true: the PostgreSQL store must be tested)")
-        pytest.skip(message)
-    return url
-
-
-def _fresh_postgres_schema(base_url: str) -> Iterator[str]:
-    """A URL whose connections see only a new, empty schema; the schema is dropped after."""
-    schema = f"ddlsim_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base_url)
-    with admin.begin() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(base_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The URL of an empty database on each backend."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        yield from _fresh_postgres_schema(_postgres_base_url())
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    with Store.open(store_url) as opened:
-        yield opened
 
 
 # ----- records -----------------------------------------------------------------------------------
@@ -152,7 +106,7 @@ def test_migrations_create_prefixed_tables_and_version_table(store: Store) -> No
     assert all(name.startswith(TABLE_PREFIX) for name in tables)
     with store.engine.connect() as connection:
         versions = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all()
-    assert [row[0] for row in versions] == ["0003"]
+    assert [row[0] for row in versions] == ["0004"]
 
 
 def test_migration_matches_the_models(store: Store) -> None:

@@ -86,7 +86,9 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
     assert plain["fused_blocks"] == []
     bench = _json(capsys, "simulator", "bench", "--strategies", "40", "--repeats", "1")
     assert bench["cost_model_evaluations_per_s"] > 0 and bench["replay_evaluations_per_s"] > 0
-    assert bench["num_nodes"] > 100
+    assert bench["num_nodes"] > 100 and bench["dear"] is False
+    dear = _json(capsys, "simulator", "bench", "--strategies", "40", "--repeats", "1", "--dear")
+    assert dear["dear"] is True and dear["replay_evaluations_per_s"] > 0
 
 
 def test_eval_reports_every_predictor_on_the_held_out_family(

@@ -1,0 +1,112 @@
+"""``ddlsim serve`` (the REST API, with a worker process by default) and ``ddlsim worker``.
+
+The bearer token for mutating requests comes from ``$DDLSIM_API_TOKEN``, else from the token
+file (``--token-file``, default ``api-token`` in the user's data directory), which the first
+start creates with a random token and prints.
+"""
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import uvicorn
+
+from data.errors import InvalidOptionError
+from data.store import default_url, mask_url
+from service.api import Settings, create_app
+from service.worker import cmd_worker
+
+TOKEN_ENV = "DDLSIM_API_TOKEN"
+WORKER_STOP_S = 30.0
+
+
+def default_token_file() -> Path:
+    return Path(platformdirs.user_data_dir("ddlsim")) / "api-token"
+
+
+def load_token(path: Path) -> tuple[str, bool]:
+    """The API token from ``$DDLSIM_API_TOKEN`` or ``path``, creating the file (mode 0600)
+    with a new random token when neither has one. The flag says whether it was created now."""
+    from_env = os.environ.get(TOKEN_ENV, "").strip()
+    if from_env:
+        return from_env, False
+    if path.is_file():
+        token = path.read_text("utf-8").strip()
+        if token:
+            return token, False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+        out.write(token + "\n")
+    return token, True
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise InvalidOptionError(f"port({args.port}) must be between 1 and 65535")
+    url = args.db or default_url()
+    token_file = Path(args.token_file) if args.token_file else default_token_file()
+    token, created = load_token(token_file)
+    app = create_app(Settings(db=url, token=token, simulator=args.simulator))
+    worker = None if args.no_worker else _start_worker(url, args.simulator)
+    address = f"http://{args.host}:{args.port}"
+    print(f"ddlsim serving {mask_url(url)} on {address}", flush=True)
+    print(f"  dashboard {address}/  API docs {address}/docs", flush=True)
+    if created:
+        print(f"  API token (new, saved in {token_file}): {token}", flush=True)
+    elif not os.environ.get(TOKEN_ENV):
+        print(f"  API token in {token_file}", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        if worker is not None:
+            _stop(worker)
+    return 0
+
+
+def _start_worker(url: str, simulator: str | None) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "service.cli", "worker", "--db", url]
+    if simulator:
+        command += ["--simulator", simulator]
+    # Its own session, so that its executor ranks end with it.
+    return subprocess.Popen(command, start_new_session=True)
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    """End the worker by its id: SIGTERM (its task goes back in the queue), then SIGKILL."""
+    if worker.poll() is not None:
+        return
+    os.killpg(worker.pid, signal.SIGTERM)
+    try:
+        worker.wait(timeout=WORKER_STOP_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+
+
+def register(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="the REST API and dashboard, with a worker process")
+    serve.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--no-worker", action="store_true", help="start no worker (run `ddlsim worker` apart)"
+    )
+    serve.add_argument("--token-file", help=f"the API token's file (unless ${TOKEN_ENV} is set)")
+    serve.add_argument("--simulator", help="replay, or a cost-model checkpoint")
+    serve.add_argument("--log-level", default="warning", help="uvicorn's log level")
+    serve.set_defaults(handler=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run the queued jobs of a store, one at a time")
+    worker.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    worker.add_argument("--poll", type=float, default=1.0, help="seconds between queue checks")
+    worker.add_argument("--once", action="store_true", help="stop when the queue is empty")
+    worker.add_argument("--simulator", help="replay, or a cost-model checkpoint")
+    worker.set_defaults(handler=cmd_worker)

@@ -1,0 +1,79 @@
+"""The service's task queue: claims are exclusive, progress and cancellation reach the worker,
+and a task whose worker died is queued again once, then failed, never lost."""
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+
+from data.store import Store
+from data.store.schema import utc_now
+from data.store.tasks import TaskCancelledError, TaskNotFoundError, TaskQueue
+
+
+def test_a_task_runs_from_queued_to_done(store: Store) -> None:
+    queue = TaskQueue(store)
+    task = queue.submit("search", {"model": "mlp"})
+    assert task.status == "queued" and task.attempts == 0 and task.request == {"model": "mlp"}
+    claimed = queue.claim("w1")
+    assert claimed is not None and claimed.id == task.id
+    assert claimed.status == "running" and claimed.worker == "w1" and claimed.attempts == 1
+    assert queue.claim("w2") is None, "one task, claimed once"
+    queue.report(task.id, progress=0.5, message="pricing")
+    running = queue.get(task.id)
+    assert running.progress == 0.5 and running.message == "pricing"
+    queue.finish(task.id, {"best": 1.0})
+    done = queue.get(task.id)
+    assert done.status == "done" and done.result == {"best": 1.0} and done.progress == 1.0
+    assert done.finished_at is not None
+    assert queue.counts() == {("search", "done"): 1}
+    assert [t.id for t in queue.list(kind="search")] == [task.id]
+    assert queue.list(status="queued") == []
+
+
+def test_claims_are_exclusive_under_concurrency(store_url: str) -> None:
+    with Store.open(store_url) as store:
+        queue = TaskQueue(store)
+        ids = [queue.submit("execution", {"n": i}).id for i in range(12)]
+
+        def drain(worker: str) -> list[int]:
+            got = []
+            while (task := queue.claim(worker)) is not None:
+                got.append(task.id)
+            return got
+
+        with ThreadPoolExecutor(4) as pool:
+            claimed = [i for got in pool.map(drain, ["a", "b", "c", "d"]) for i in got]
+    assert sorted(claimed) == ids, "every task claimed exactly once"
+
+
+def test_cancel_stops_queued_and_running_tasks(store: Store) -> None:
+    queue = TaskQueue(store)
+    waiting = queue.submit("search", {})
+    assert queue.cancel(waiting.id).status == "cancelled"
+    running = queue.submit("search", {})
+    assert queue.claim("w") is not None
+    assert queue.cancel(running.id).cancel_requested
+    with pytest.raises(TaskCancelledError):
+        queue.report(running.id, progress=0.1)
+    queue.cancelled(running.id)
+    assert queue.get(running.id).status == "cancelled"
+    assert queue.claim("w") is None, "a cancelled task is never claimed"
+    with pytest.raises(TaskNotFoundError, match="no task 999"):
+        queue.cancel(999)
+
+
+def test_a_task_whose_worker_died_is_queued_again_then_failed(store: Store) -> None:
+    queue = TaskQueue(store, stale_s=30)
+    task = queue.submit("profile", {})
+    assert queue.claim("dead") is not None
+    assert queue.recover().requeued == (), "a fresh heartbeat is left alone"
+    later = utc_now() + timedelta(seconds=31)
+    assert queue.recover(now=later).requeued == (task.id,)
+    again = queue.get(task.id)
+    assert again.status == "queued" and "dead" in (again.message or "")
+    assert queue.claim("dead-too") is not None
+    assert queue.recover(now=utc_now() + timedelta(seconds=31)).failed == (task.id,)
+    failed = queue.get(task.id)
+    assert failed.status == "failed" and "dead-too" in (failed.error or "")
+    assert failed.attempts == 2

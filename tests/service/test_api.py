@@ -1,0 +1,232 @@
+"""The REST API: reads, authorised writes, bad input as 4xx naming the field, and jobs that a
+worker runs to the end (a profiling run, a search, an execution), cancels or hands back."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from data.store import Store
+from data.zoo import ZOO
+from service import worker as worker_module
+from service.api import Settings, create_app
+from service.worker import Worker
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+MLP = {"model": "mlp", "batch_size": 16}
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'api.db'}"
+
+
+@pytest.fixture
+def client(db: str) -> Iterator[TestClient]:
+    app = create_app(Settings(db=db, token=TOKEN, max_body_bytes=64 * 1024, simulator="replay"))
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def _work(db: str) -> int:
+    return Worker(db, poll_s=0.05, simulator="replay").run(once=True)
+
+
+def test_reads_need_no_token(client: TestClient) -> None:
+    assert client.get("/healthz").json()["status"] == "ok"
+    names = [m["name"] for m in client.get("/v1/models").json()["models"]]
+    assert names[: len(ZOO)] == list(ZOO)
+    assert client.get("/v1/models/gpt2-tiny").json()["class"] == "GPT2LMHeadModel"
+    versions = client.get("/v1/simulator/versions").json()
+    assert versions["simulator"].startswith("replay") and versions["checkpoint"] is None
+    assert client.get("/openapi.json").json()["info"]["title"] == "ddlsim"
+
+
+def test_writes_need_the_token(client: TestClient) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"}):
+        response = client.post("/v1/predictions", json=MLP, headers=headers)
+        assert response.status_code in (401, 403)
+        assert response.json()["field"] == "header.authorization"
+    assert client.post("/v1/jobs/1/cancel").status_code == 401
+
+
+def test_bad_input_is_a_4xx_naming_the_field(client: TestClient) -> None:
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"model": "mlp", "world_size": 0}, "body.world_size"),
+        ({"model": "mlp", "nonsense": 1}, "body.nonsense"),
+        ({"model": 5}, "body.model"),
+        ({"model": "no-such-model"}, "body.model"),
+        ({"model": "/etc/passwd"}, "body.model"),
+        ({"model": "mlp", "strategy": {"tensor_fusion": {"bucket_cap_mb": -1}}}, "body.strategy"),
+        ({"model": {"source": "transformers", "class": "NoSuchModel"}}, "body.model"),
+    ]
+    for body, field in cases:
+        response = client.post("/v1/predictions", json=body, headers=AUTH)
+        assert 400 <= response.status_code < 500, (body, response.text)
+        payload = response.json()
+        assert payload["field"].startswith(field), (body, payload)
+        assert payload["error"]
+    response = client.post(
+        "/v1/predictions",
+        content=b"{not json",
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert response.status_code == 422
+    big = client.post("/v1/predictions", content=b"x" * 70_000, headers=AUTH)
+    assert big.status_code == 413 and big.json()["field"] == "body"
+    assert client.get("/v1/jobs/12345").status_code == 404
+    assert client.get("/v1/graphs/nope").status_code == 404
+
+
+def test_register_a_model_spec(client: TestClient) -> None:
+    spec = {**ZOO["gpt2-tiny"].to_dict(), "name": "my-gpt2"}
+    created = client.post("/v1/models", json={"spec": spec}, headers=AUTH)
+    assert created.status_code == 201 and created.json()["name"] == "my-gpt2"
+    assert client.get("/v1/models/my-gpt2").json()["config"] == spec["config"]
+    assert "my-gpt2" in [m["name"] for m in client.get("/v1/models").json()["models"]]
+    clash = client.post("/v1/models", json={"spec": ZOO["mlp"].to_dict()}, headers=AUTH)
+    assert clash.status_code == 400 and clash.json()["field"] == "body.spec.name"
+    bad = {**spec, "class": "os.system"}
+    refused = client.post("/v1/models", json={"spec": bad}, headers=AUTH)
+    assert refused.status_code == 422 and refused.json()["field"] == "body.spec"
+
+
+def test_a_profiling_run_then_predictions_and_graphs(client: TestClient, db: str) -> None:
+    missing = client.post("/v1/predictions", json=MLP, headers=AUTH)
+    assert missing.status_code == 409 and "profile" in missing.json()["error"]
+    run = client.post(
+        "/v1/profiling-runs",
+        json={"jobs": [{"kind": "kernels", "model": "mlp", "batch_size": 8, "iters": 2}]},
+        headers=AUTH,
+    )
+    assert run.status_code == 202 and run.json()["status"] == "queued"
+    assert _work(db) == 1
+    done = client.get(f"/v1/profiling-runs/{run.json()['id']}").json()
+    assert done["status"] == "done" and done["progress"] == 1.0, done
+    assert len(done["result"]["done"]) == 1
+    predicted = client.post("/v1/predictions", json=MLP, headers=AUTH)
+    assert predicted.status_code == 200, predicted.text
+    assert predicted.json()["iteration_time_ms"] > 0
+    graph = client.post("/v1/graphs", json={**MLP, "world_size": 2}, headers=AUTH).json()
+    assert graph["num_nodes"] > 10
+    assert client.get(f"/v1/graphs/{graph['graph_hash']}").json() == graph
+
+
+def test_a_strategy_request_runs_to_a_result(client: TestClient, db: str) -> None:
+    body = {**MLP, "world_size": 2, "budget": 20, "space": "fusion"}
+    task = client.post("/v1/strategy-requests", json=body, headers=AUTH).json()
+    assert task["kind"] == "search" and task["status"] == "queued"
+    assert _work(db) == 1
+    done = client.get(f"/v1/strategy-requests/{task['id']}").json()
+    assert done["status"] == "done", done
+    result = done["result"]
+    assert result["best"]["predicted_ms"] <= result["baseline"]["predicted_ms"]
+    assert 0 < result["evaluations"] <= 20 and result["top"]
+    assert client.get(f"/v1/executions/{task['id']}").status_code == 404
+    listed = client.get("/v1/strategy-requests").json()["jobs"]
+    assert [t["id"] for t in listed] == [task["id"]]
+    metrics = client.get("/metrics").text
+    assert 'ddlsim_tasks{kind="search",status="done"} 1.0' in metrics
+    assert "ddlsim_http_requests_total" in metrics
+
+
+def test_an_execution_is_measured_and_predicted(client: TestClient, db: str) -> None:
+    body = {**MLP, "world_size": 2, "bandwidth": None, "iters": 2, "warmup": 1}
+    task = client.post("/v1/executions", json=body, headers=AUTH).json()
+    assert _work(db) == 1
+    done = client.get(f"/v1/executions/{task['id']}").json()
+    assert done["status"] == "done", done
+    result = done["result"]
+    assert result["measured_ms"] > 0 and result["predicted_ms"] > 0
+    with Store.open(db) as store:
+        assert [m.id for m in store.measurements()] == [result["measurement_id"]]
+        assert [p.id for p in store.predictions()] == [result["prediction_id"]]
+
+
+def test_cancel_and_a_failing_job(client: TestClient, db: str) -> None:
+    queued = client.post("/v1/strategy-requests", json=MLP, headers=AUTH).json()
+    cancelled = client.post(f"/v1/jobs/{queued['id']}/cancel", headers=AUTH).json()
+    assert cancelled["status"] == "cancelled"
+    bad = {"jobs": [{"kind": "kernels", "model": {"source": "reference", "class": "MLP"}}]}
+    refused = client.post("/v1/profiling-runs", json=bad, headers=AUTH)
+    assert refused.status_code == 422 and refused.json()["field"].startswith("body.jobs.0.model")
+    failing = {**MLP, "world_size": 3}  # 16 does not split over 3 ranks
+    task = client.post("/v1/strategy-requests", json=failing, headers=AUTH).json()
+    assert _work(db) == 1
+    failed = client.get(f"/v1/jobs/{task['id']}").json()
+    assert failed["status"] == "failed" and failed["error"]
+
+
+def test_a_stopping_worker_hands_its_task_back(
+    client: TestClient, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = Worker(db, poll_s=0.05)
+
+    def stops(w: Worker, store: Store, request: dict[str, Any], report: Any) -> dict[str, Any]:
+        w.stop.set()
+        report(0.5, "half way")
+        return {}
+
+    monkeypatch.setitem(worker_module.HANDLERS, "search", stops)
+    task = client.post("/v1/strategy-requests", json=MLP, headers=AUTH).json()
+    assert worker.run() == 1
+    back = client.get(f"/v1/jobs/{task['id']}").json()
+    assert back["status"] == "queued" and back["attempts"] == 0 and "stopped" in back["message"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_serve_starts_the_api_and_its_worker_and_ends_both(tmp_path: Path) -> None:
+    port = _free_port()
+    token_file = tmp_path / "token"
+    env = {k: v for k, v in os.environ.items() if k != "DDLSIM_API_TOKEN"}
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "service.cli", "serve", "--port", str(port)),
+            *("--db", f"sqlite:///{tmp_path / 's.db'}", "--token-file", str(token_file)),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                    assert json.load(r)["status"] == "ok"
+                    break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline
+                time.sleep(0.3)
+        token = token_file.read_text().strip()
+        assert len(token) >= 32 and (token_file.stat().st_mode & 0o777) == 0o600
+        children = subprocess.run(
+            ["pgrep", "-P", str(server.pid)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        worker_pids = [int(p) for p in children if int(p) != server.pid]
+        assert worker_pids, "the embedded worker runs"
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        server.wait(timeout=60)
+    assert token in (server.stdout.read() if server.stdout else "")
+    time.sleep(0.5)
+    for pid in worker_pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
