@@ -7,6 +7,12 @@ bash scripts/bootstrap.sh --dev
 if [[ -z ${DDLSIM_TEST_POSTGRES_URL:-} && $(id -u) -eq 0 ]]; then
     eval "$(bash scripts/postgres.sh)"
 fi
+# The dashboard's test drives Debian's headless Chromium; as root, install it when missing.
+if [[ $(id -u) -eq 0 ]] && ! command -v chromedriver >/dev/null; then
+    apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        chromium chromium-driver >&2
+fi
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy

@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,6 +39,7 @@ from data.zoo import ZOO
 from profiler.batch import parse_batch_data
 from profiler.capture import CaptureOptions, capture_graph
 from service.cmd_predict import MissingProfileError, cost_model_for, predict_on_store
+from service.dashboard import dashboard_data, page
 from simulator.costs import rank_spec
 from simulator.predict import COST_MODEL_VERSION, SIMULATOR_VERSION
 
@@ -223,6 +224,14 @@ def create_app(settings: Settings) -> FastAPI:
             content={"error": one_line(exc, limit=2000), "field": field},
             headers=headers,
         )
+
+    @app.get("/", tags=["dashboard"], response_class=HTMLResponse, include_in_schema=False)
+    def dashboard() -> HTMLResponse:
+        return HTMLResponse(page())
+
+    @app.get("/v1/dashboard", tags=["dashboard"])
+    def dashboard_json() -> dict[str, Any]:
+        return dashboard_data(store, queue)
 
     @app.get("/healthz", tags=["service"])
     def healthz() -> dict[str, Any]:

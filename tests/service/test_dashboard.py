@@ -1,0 +1,178 @@
+"""The dashboard: its data pairs measurements with predictions, and the page, loaded in headless
+Chromium, plots every stored point and search.
+
+The browser test needs Debian's ``chromium`` and ``chromium-driver`` (``scripts/test.sh``
+installs them as root); without them it skips, except under ``CI=true``, where it fails."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from data.graph.format import IterationGraph
+from data.specs.strategy import Strategy
+from data.store import MeasurementRecord, PredictionRecord, Store, strategy_hash
+from data.store.tasks import TaskQueue
+from service.api import Settings, create_app
+
+GraphOf = Callable[[str], IterationGraph]
+DEAR = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}})
+
+
+def _seed(db: str, graph: IterationGraph) -> None:
+    """Two runs of mlp (DDP's defaults, DeAR), each with its prediction, and a finished search."""
+    with Store.open(db) as store:
+        graph_hash = store.save_graph(graph=graph)
+        for strategy, measured, predicted in ((Strategy(), 100.0, 90.0), (DEAR, 200.0, 150.0)):
+            store.save_strategy(strategy=strategy)
+            store.save_measurement(
+                measurement=MeasurementRecord(
+                    model="mlp",
+                    graph_hash=graph_hash,
+                    strategy_hash=strategy_hash(strategy),
+                    world_size=2,
+                    bandwidth="1gbit",
+                    network="netns",
+                    iteration_time_ms=[measured, measured * 1.1, measured * 0.9],
+                    peak_memory_bytes=[1, 1],
+                    applied={},
+                    env={},
+                )
+            )
+            store.save_prediction(
+                prediction=PredictionRecord(
+                    model="mlp",
+                    graph_hash=graph_hash,
+                    strategy_hash=strategy_hash(strategy),
+                    cluster={"world_size": 2, "bandwidth": "1gbit", "backend": "gloo"},
+                    iteration_time_ms=predicted,
+                    breakdown={},
+                    simulator_version="test",
+                )
+            )
+        queue = TaskQueue(store)
+        task = queue.submit("search", {"model": "mlp"})
+        queue.claim("w")
+        queue.finish(
+            task.id,
+            {
+                "model": "mlp",
+                "world_size": 2,
+                "algo": "tpe",
+                "baseline": {"predicted_ms": 100.0},
+                "best": {"predicted_ms": 80.0},
+                "convergence": [100.0, 95.0, 80.0, 80.0],
+            },
+        )
+
+
+@pytest.fixture
+def seeded(tmp_path: Path, zoo_graph: GraphOf) -> str:
+    db = f"sqlite:///{tmp_path / 'dash.db'}"
+    _seed(db, zoo_graph("mlp"))
+    return db
+
+
+def test_the_data_pairs_runs_with_their_predictions(seeded: str) -> None:
+    with TestClient(create_app(Settings(db=seeded, token="t", simulator="replay"))) as client:
+        data = client.get("/v1/dashboard").json()
+        page = client.get("/").text
+    points = sorted(data["points"], key=lambda p: p["measured_ms"])
+    assert [(p["kind"], p["measured_ms"], p["predicted_ms"]) for p in points] == [
+        ("buckets", 100.0, 90.0),
+        ("dear", 200.0, 150.0),
+    ]
+    assert points[1]["error"] == pytest.approx(-0.25)
+    assert data["errors"]["by_kind"] == [
+        {"kind": "buckets", "points": 1, "mape": pytest.approx(0.1), "median_error": -0.1},
+        {"kind": "dear", "points": 1, "mape": pytest.approx(0.25), "median_error": -0.25},
+    ]
+    (family,) = data["errors"]["by_family"]
+    assert family["points"] == 2 and family["mape"] == pytest.approx(0.175)
+    (search,) = data["searches"]
+    assert search["convergence"] == [100.0, 95.0, 80.0, 80.0]
+    assert 'id="scatter"' in page and "/v1/dashboard" in page
+
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+def _browser_or_skip() -> None:
+    if CHROMIUM and DRIVER:
+        return
+    message = "Debian's chromium and chromium-driver are not installed"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{message} (CI=true: the dashboard must be tested in a browser)")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def server(seeded: str, tmp_path: Path) -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "DDLSIM_API_TOKEN": "t"}
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "service.cli", "serve", "--no-worker"),
+            *("--db", seeded, "--port", str(port), "--simulator", "replay"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{address}/healthz", timeout=2):
+                    break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline
+                time.sleep(0.3)
+        yield address
+    finally:
+        os.killpg(process.pid, signal.SIGINT)
+        process.wait(timeout=30)
+
+
+def test_the_page_plots_the_stored_points_in_chromium(server: str) -> None:
+    _browser_or_skip()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
+    try:
+        driver.get(f"{server}/")
+        WebDriverWait(driver, 30).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 2
+        )
+        tips = [
+            t.get_attribute("textContent")
+            for t in driver.find_elements(By.CSS_SELECTOR, "#scatter circle.point title")
+        ]
+        assert all("mlp on 2 ranks" in tip for tip in tips), tips
+        assert any("DeAR" in tip for tip in tips)
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#convergence polyline.curve")) == 1
+        rows = driver.find_elements(By.CSS_SELECTOR, "#by-kind tbody tr")
+        assert [r.find_element(By.TAG_NAME, "td").text for r in rows] == ["buckets", "dear"]
+        status = driver.find_element(By.ID, "status").text
+        assert status.startswith("2 measured runs"), status
+    finally:
+        driver.quit()
