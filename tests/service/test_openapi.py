@@ -1,0 +1,35 @@
+"""Schemathesis against the API's OpenAPI spec: generated requests, valid and not, to every
+operation (with the token, so that writes get past it), and no answer may be a 5xx."""
+
+from pathlib import Path
+
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import not_a_server_error
+
+from service.api import Settings, create_app
+
+TOKEN = "fuzz-token"
+EXAMPLES = 30  # an operation
+
+
+def test_no_request_gets_a_server_error(tmp_path: Path) -> None:
+    app = create_app(Settings(db=f"sqlite:///{tmp_path / 'api.db'}", token=TOKEN))
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 15, [o.label for o in operations]
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def no_server_error(case: schemathesis.Case) -> None:
+            case.call_and_validate(
+                headers={"Authorization": f"Bearer {TOKEN}"}, checks=[not_a_server_error]
+            )
+
+        no_server_error()
