@@ -164,7 +164,7 @@ def test_the_page_plots_the_stored_points_in_chromium(server: str) -> None:
             lambda d: len(d.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 2
         )
         tips = [
-            t.get_attribute("textContent")
+            t.get_attribute("textContent") or ""
             for t in driver.find_elements(By.CSS_SELECTOR, "#scatter circle.point title")
         ]
         assert all("mlp on 2 ranks" in tip for tip in tips), tips
