@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Set up and run the main job on embedded defaults: list the zoo, capture and summarize the
-# training-iteration graph of GPT-2 small (written to out/), time every node of a small GPT-2 on
-# this CPU, predict its iteration on two ranks with the shipped simulator, then train it on two
-# real ranks with DeAR and measure it; profiles, prediction and measurement go to the default
-# store (SQLite in the user data dir).
+# Set up and run the main job on embedded defaults: start the service (REST API, dashboard and
+# a worker) on the default SQLite store with the shipped simulator, run a small end-to-end
+# pipeline through its API (profile -> predict -> search -> execute on 2 emulated ranks, all
+# stored), print the dashboard's address and keep serving until Ctrl-C.
+#   DDLSIM_PORT (default 8000) sets the port; DDLSIM_QUICKSTART_EXIT=1 stops after the pipeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-mkdir -p out
-.venv/bin/ddlsim models
-.venv/bin/ddlsim graph gpt2-small --out out/gpt2-small.graph.json
-.venv/bin/ddlsim profile kernels gpt2-tiny --iters 10 --trace-dir out
-.venv/bin/ddlsim predict gpt2-tiny --world-size 2 --bandwidth 1gbit --profile-iters 5 \
-    --strategy '{"tensor_fusion": {"bucket_cap_mb": 1, "dear": true}}'
-.venv/bin/ddlsim run gpt2-tiny --world-size 2 --iters 5 --bandwidth 1gbit \
-    --strategy '{"tensor_fusion": {"bucket_cap_mb": 1, "dear": true}}'
+port="${DDLSIM_PORT:-8000}"
+url="http://127.0.0.1:${port}"
+.venv/bin/ddlsim serve --port "$port" &
+server=$!
+# End the server (and, through it, its worker) by its id, however this script ends.
+trap 'kill -INT "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT
+for _ in $(seq 120); do
+    if .venv/bin/python -c "import urllib.request; urllib.request.urlopen('$url/healthz', timeout=2)" \
+        2>/dev/null; then
+        break
+    fi
+    kill -0 "$server" 2>/dev/null || { echo "quickstart: the service did not start" >&2; exit 1; }
+    sleep 0.5
+done
+.venv/bin/ddlsim demo --url "$url"
+echo "The service keeps running: open $url/ (API docs: $url/docs); Ctrl-C stops it."
+[ "${DDLSIM_QUICKSTART_EXIT:-0}" = "1" ] || wait "$server"

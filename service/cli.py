@@ -18,6 +18,7 @@ from service import (
     cmd_serve,
     cmd_simulator,
     cmd_specs,
+    demo,
 )
 
 EXIT_BAD_INPUT = 2
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmd_simulator.register(sub)
     cmd_search.register(sub)
     cmd_serve.register(sub)
+    demo.register(sub)
     return parser
 
 
