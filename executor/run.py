@@ -54,6 +54,8 @@ class RunOptions:
     dropout: bool = False
     timeout_s: float = 1800.0
     collective_timeout_s: float = 300.0
+    # One more step after the measured ones, profiled on rank 0: RunResult.trace.
+    trace: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (("world_size", 1), ("iters", 1), ("warmup", 0), ("seed", 0)):
@@ -128,6 +130,8 @@ class RunResult:
     network: str
     rank_cores: dict[int, list[int]]
     wall_s: float
+    # With RunOptions.trace: rank 0's profiled step ({name, lane, start_ms, end_ms}).
+    trace: list[dict[str, Any]] | None = None
 
     @property
     def median_ms(self) -> float:
@@ -223,6 +227,7 @@ def run_training(
         "collective_timeout_s": options.collective_timeout_s,
         "device": options.device,
         "backend": options.resolved_backend,
+        "trace": options.trace,
     }
     with tempfile.TemporaryDirectory(prefix="ddlsim-run-") as tmp:
         config_path = Path(tmp) / "config.json"
@@ -262,6 +267,7 @@ def run_training(
         network=launched.network,
         rank_cores=launched.rank_cores,
         wall_s=launched.wall_s,
+        trace=raw.get("trace"),
     )
 
 

@@ -86,6 +86,49 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+TRACE_MIN_US = 20.0
+TRACE_MAX_EVENTS = 4000
+
+
+def _traced_step(trainer: Any, device: torch.device, *, record: bool) -> list[dict[str, Any]]:
+    """Run one step; on the recording rank under ``torch.profiler``, whose top-level events of
+    each thread come back as ``{name, lane, start_ms, end_ms}`` from the step's start (lane 0 is
+    the training thread, the busiest; events under ``TRACE_MIN_US`` are left out)."""
+    _synchronize(device)
+    if not record:
+        trainer.step()
+        _synchronize(device)
+        return []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        trainer.step()
+        _synchronize(device)
+    top = [
+        e
+        for e in prof.events()
+        if e.cpu_parent is None and e.time_range.elapsed_us() >= TRACE_MIN_US
+    ]
+    if not top:
+        return []
+    busy: dict[int, float] = {}
+    for e in top:
+        busy[e.thread] = busy.get(e.thread, 0.0) + e.time_range.elapsed_us()
+    lanes = {tid: lane for lane, tid in enumerate(sorted(busy, key=lambda t: -busy[t]))}
+    top = sorted(top, key=lambda e: -e.time_range.elapsed_us())[:TRACE_MAX_EVENTS]
+    origin = min(e.time_range.start for e in top)
+    return sorted(
+        (
+            {
+                "name": e.name,
+                "lane": lanes[e.thread],
+                "start_ms": (e.time_range.start - origin) / 1e3,
+                "end_ms": (e.time_range.end - origin) / 1e3,
+            }
+            for e in top
+        ),
+        key=lambda row: (row["lane"], row["start_ms"]),
+    )
+
+
 def run_rank(config: dict[str, Any], output: Path) -> None:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -124,6 +167,8 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
                 else (f"iteration {index - warmup + 1}/{iters}")
             )
             print(f"{done}: {times_ms[-1]:.1f} ms on rank 0", flush=True)
+    # One more step, profiled on rank 0, for the run's trace (kept out of the samples).
+    trace = _traced_step(trainer, device, record=rank == 0) if config.get("trace") else None
     trainer.finish()
     # NCCL reduces device tensors only; gloo takes either.
     losses = torch.stack([s.detach().float().reshape(()).to(device) for s in shares])
@@ -157,6 +202,7 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
             "losses": losses.cpu().tolist(),
             "peak_memory_bytes": [int(g["peak_memory_bytes"]) for g in gathered],
             "applied": applied,
+            "trace": trace,
         }
         tmp = output.with_suffix(".tmp")
         tmp.write_text(json.dumps(result), encoding="utf-8")

@@ -135,6 +135,7 @@ class ExecutionRequest(Inputs):
     iters: Annotated[int, Field(ge=1, le=1000)] = 6
     warmup: Annotated[int, Field(ge=0, le=100)] = 2
     seed: int = 0
+    trace: bool = Field(True, description="profile one more step on rank 0, for the dashboard")
 
 
 # ----- the app -----------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ def dashboard_data(store: Store, queue: TaskQueue) -> dict[str, Any]:
             "by_kind": _errors(points, "kind"),
         },
         "searches": _searches(queue),
+        "timelines": _timelines(queue),
     }
 
 
@@ -135,4 +136,25 @@ def _searches(queue: TaskQueue) -> list[dict[str, Any]]:
                 "convergence": curve,
             }
         )
+    return out
+
+
+def _timelines(queue: TaskQueue) -> list[dict[str, Any]]:
+    """Executions with both a replayed timeline and a measured trace, newest first (the page
+    fetches one's events from ``/v1/executions/{id}``)."""
+    out = []
+    for task in queue.list(kind="execution", status="done", limit=50):
+        result = task.result or {}
+        if result.get("predicted_timeline") and result.get("measured_trace"):
+            strategy = Strategy.from_dict(task.request["strategy"])
+            out.append(
+                {
+                    "id": task.id,
+                    "model": (task.request.get("model") or {}).get("name"),
+                    "world_size": task.request.get("world_size"),
+                    "kind": strategy_kind(strategy),
+                    "measured_ms": result.get("measured_ms"),
+                    "predicted_ms": result.get("predicted_ms"),
+                }
+            )
     return out

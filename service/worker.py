@@ -32,6 +32,7 @@ from profiler.cluster import remove_stale_namespaces
 from service.cmd_predict import cost_model_for, normalized_bandwidth, predict_on_store
 
 HEARTBEAT_S = 10.0
+TIMELINE_MAX_EVENTS = 4000
 Report = Callable[[float | None, str], None]
 
 
@@ -174,6 +175,7 @@ def _execution(
         iters=request["iters"],
         warmup=request["warmup"],
         seed=request.get("seed", 0),
+        trace=bool(request.get("trace", True)),
     )
     remove_stale_namespaces()
     report(0.0, f"running {spec.label} on {options.world_size} ranks")
@@ -201,6 +203,12 @@ def _execution(
             out["prediction_id"] = add_prediction(session, prediction=prediction.record())
         out["predicted_ms"] = prediction.iteration_time_ms
         out["prediction"] = prediction.to_json()
+        out["predicted_timeline"] = [
+            {"name": e.name, "lane": e.stream, "start_ms": e.start_ms, "end_ms": e.end_ms}
+            for e in prediction.result.timeline[:TIMELINE_MAX_EVENTS]
+        ]
+    if result.trace is not None:
+        out["measured_trace"] = result.trace
     return out
 
 

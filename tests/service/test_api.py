@@ -149,6 +149,10 @@ def test_an_execution_is_measured_and_predicted(client: TestClient, db: str) -> 
     assert done["status"] == "done", done
     result = done["result"]
     assert result["measured_ms"] > 0 and result["predicted_ms"] > 0
+    trace, timeline = result["measured_trace"], result["predicted_timeline"]
+    assert trace and {e["lane"] for e in trace} >= {0}
+    assert all(e["end_ms"] >= e["start_ms"] >= 0 for e in trace)
+    assert {e["lane"] for e in timeline} >= {"compute"}
     with Store.open(db) as store:
         assert [m.id for m in store.measurements()] == [result["measurement_id"]]
         assert [p.id for p in store.predictions()] == [result["prediction_id"]]

@@ -60,12 +60,31 @@ def _seed(db: str, graph: IterationGraph) -> None:
                 )
             )
         queue = TaskQueue(store)
+        run = queue.submit(
+            "execution", {"model": {"name": "mlp"}, "world_size": 2, "strategy": {}}
+        )
+        queue.claim("w")
+        queue.finish(
+            run.id,
+            {
+                "measured_ms": 100.0,
+                "predicted_ms": 90.0,
+                "predicted_timeline": [
+                    {"name": "aten.mm", "lane": "compute", "start_ms": 5.0, "end_ms": 50.0},
+                    {"name": "all_reduce", "lane": "comm", "start_ms": 30.0, "end_ms": 90.0},
+                ],
+                "measured_trace": [
+                    {"name": "step", "lane": 0, "start_ms": 0.0, "end_ms": 60.0},
+                    {"name": "gloo:all_reduce", "lane": 1, "start_ms": 35.0, "end_ms": 99.0},
+                ],
+            },
+        )
         task = queue.submit("search", {"model": "mlp"})
         queue.claim("w")
         queue.finish(
             task.id,
             {
-                "model": "mlp",
+                "model": "<i>evil</i>",
                 "world_size": 2,
                 "algo": "tpe",
                 "baseline": {"predicted_ms": 100.0},
@@ -100,6 +119,8 @@ def test_the_data_pairs_runs_with_their_predictions(seeded: str) -> None:
     assert family["points"] == 2 and family["mape"] == pytest.approx(0.175)
     (search,) = data["searches"]
     assert search["convergence"] == [100.0, 95.0, 80.0, 80.0]
+    (run,) = data["timelines"]
+    assert run["model"] == "mlp" and run["kind"] == "buckets" and run["measured_ms"] == 100.0
     assert 'id="scatter"' in page and "/v1/dashboard" in page
 
 
@@ -174,5 +195,14 @@ def test_the_page_plots_the_stored_points_in_chromium(server: str) -> None:
         assert [r.find_element(By.TAG_NAME, "td").text for r in rows] == ["buckets", "dear"]
         status = driver.find_element(By.ID, "status").text
         assert status.startswith("2 measured runs"), status
+        # a name from the store is shown as text, never parsed as markup
+        legend = driver.find_element(By.ID, "search-legend")
+        assert "<i>evil</i>" in legend.text and not legend.find_elements(By.TAG_NAME, "i")
+        # the chosen run's replayed streams and measured threads, one bar per event
+        WebDriverWait(driver, 30).until(
+            lambda d: len(d.find_elements(By.CSS_SELECTOR, "#timeline rect.event")) == 4
+        )
+        labels = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#timeline text")]
+        assert "replay: compute" in labels and "measured: training thread" in labels
     finally:
         driver.quit()
