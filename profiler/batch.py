@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from profiler.collectives import CollectiveProfile, parse_sizes, profile_collect
 from profiler.fusion import FusionProfile, profile_fusion
 from profiler.kernels import KernelProfile, profile_kernels
 
+MAX_JOBS = 10_000
 KINDS: dict[str, frozenset[str]] = {
     "kernels": frozenset(
         {
@@ -150,7 +152,7 @@ class BatchOutcome:
 
 def _job(raw: Mapping[str, Any], where: str) -> Job:
     kind = raw.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise InvalidBatchError(
             f"{where}.kind {kind!r} is not a job kind; allowed: {', '.join(KINDS)}"
         )
@@ -182,7 +184,12 @@ def parse_batch_data(raw: Mapping[str, Any]) -> list[Job]:
         raise InvalidBatchError(f"a batch must be a mapping with 'jobs' or 'product', got {raw!r}")
     check_keys(raw, {"jobs", "product"}, "batch file", InvalidBatchError)
     jobs: list[Job] = []
-    for index, entry in enumerate(_list(raw.get("jobs", []), "jobs")):
+    listed = _list(raw.get("jobs", []), "jobs")
+    if len(listed) > MAX_JOBS:
+        raise InvalidBatchError(f"jobs holds {len(listed)}; a batch holds at most {MAX_JOBS}")
+    for index, entry in enumerate(listed):
+        if not isinstance(entry, Mapping):
+            raise InvalidBatchError(f"jobs[{index}] must be a mapping, got {entry!r}")
         jobs.append(_job(entry, f"jobs[{index}]"))
     for index, entry in enumerate(_list(raw.get("product", []), "product")):
         where = f"product[{index}]"
@@ -190,6 +197,11 @@ def parse_batch_data(raw: Mapping[str, Any]) -> list[Job]:
             raise InvalidBatchError(f"{where} must be a mapping of lists, got {entry!r}")
         keys = sorted(entry)
         axes = [_list(entry[key], f"{where}.{key}") for key in keys]
+        size = math.prod(len(axis) for axis in axes)
+        if len(jobs) + size > MAX_JOBS:
+            raise InvalidBatchError(
+                f"{where} makes {size} jobs; a batch holds at most {MAX_JOBS} in all"
+            )
         for values in itertools.product(*axes):
             jobs.append(_job(dict(zip(keys, values, strict=True)), where))
     if not jobs:

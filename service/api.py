@@ -81,7 +81,7 @@ PositiveInt = Annotated[int, Field(ge=1, le=1 << 20)]
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Inputs(Body):
@@ -323,8 +323,21 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/profiling-runs", tags=["jobs"], status_code=202, dependencies=write)
     def profiling_run(body: ProfilingRun) -> dict[str, Any]:
         raw = body.model_dump()
+        _finite(raw, field="body")
         for section in ("jobs", "product"):
             for index, entry in enumerate(raw[section]):
+                if "strategy" in entry:
+                    # Objects only: a string would be read as a path on the worker.
+                    where = f"body.{section}.{index}.strategy"
+                    given = entry["strategy"]
+                    if section == "product":
+                        if not isinstance(given, list):
+                            raise BadRequestError(
+                                "a product's strategy must be a list", field=where, status=422
+                            )
+                        entry["strategy"] = [_strategy_object(g, field=where) for g in given]
+                    else:
+                        entry["strategy"] = _strategy_object(given, field=where)
                 if "model" in entry:
                     where = f"body.{section}.{index}.model"
                     models = entry["model"] if section == "product" else [entry["model"]]
@@ -470,6 +483,7 @@ def _latest_by_name(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _spec_of(raw: Any, *, field: str) -> ModelSpec:
+    _finite(raw, field=field)
     try:
         spec = ModelSpec.from_dict(raw)
         check_model_spec(spec)
@@ -513,10 +527,32 @@ def _inputs(store: Store, body: Inputs) -> ModelSpec:
 
 
 def _strategy(raw: dict[str, Any] | None) -> Strategy:
+    if raw is None:
+        return Strategy()
+    return Strategy.from_dict(_strategy_object(raw, field="body.strategy"))
+
+
+def _strategy_object(raw: Any, *, field: str) -> dict[str, Any]:
+    """A strategy given as an object, checked, in canonical form."""
+    if not isinstance(raw, dict):
+        raise BadRequestError(
+            f"a strategy is an object, got {type(raw).__name__}", field=field, status=422
+        )
+    _finite(raw, field=field)
     try:
-        return Strategy.from_dict(raw) if raw is not None else Strategy()
+        return Strategy.from_dict(raw).to_dict()
     except DdlsimError as exc:
-        raise BadRequestError(one_line(exc), field="body.strategy", status=422) from None
+        raise BadRequestError(one_line(exc), field=field, status=422) from None
+
+
+def _finite(raw: Any, *, field: str) -> None:
+    """Refuse NaN and infinities anywhere in ``raw`` (JSON has none; some databases refuse)."""
+    try:
+        json.dumps(raw, allow_nan=False)
+    except ValueError:
+        raise BadRequestError(
+            "NaN and infinite numbers are not allowed", field=field, status=422
+        ) from None
 
 
 def _rank(spec: ModelSpec, strategy: Strategy, world_size: int) -> ModelSpec:

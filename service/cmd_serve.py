@@ -11,6 +11,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from service.worker import cmd_worker
 
 TOKEN_ENV = "DDLSIM_API_TOKEN"
 WORKER_STOP_S = 30.0
+RESTART_PAUSE_S = 5.0
 
 
 def default_token_file() -> Path:
@@ -55,7 +57,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token_file = Path(args.token_file) if args.token_file else default_token_file()
     token, created = load_token(token_file)
     app = create_app(Settings(db=url, token=token, simulator=args.simulator))
-    worker = None if args.no_worker else _start_worker(url, args.simulator)
+    worker = None if args.no_worker else _Supervisor(url, args.simulator)
     address = f"http://{args.host}:{args.port}"
     print(f"ddlsim serving {mask_url(url)} on {address}", flush=True)
     print(f"  dashboard {address}/  API docs {address}/docs", flush=True)
@@ -67,8 +69,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         if worker is not None:
-            _stop(worker)
+            worker.stop()
     return 0
+
+
+class _Supervisor:
+    """Keeps one worker process running beside the server: one that exits is started again
+    (after a pause); :meth:`stop` ends it by its id."""
+
+    def __init__(self, url: str, simulator: str | None) -> None:
+        self.url = url
+        self.simulator = simulator
+        self.stopping = threading.Event()
+        self.process = _start_worker(url, simulator)
+        self.thread = threading.Thread(target=self._watch, name="ddlsim-worker-watch", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            code = self.process.wait()
+            if self.stopping.wait(RESTART_PAUSE_S if code != 0 else 0.0) or self.stopping.is_set():
+                return
+            print(f"ddlsim serve: the worker exited ({code}); starting another", flush=True)
+            self.process = _start_worker(self.url, self.simulator)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        _stop(self.process)
+        self.thread.join(timeout=WORKER_STOP_S)
 
 
 def _start_worker(url: str, simulator: str | None) -> subprocess.Popen[bytes]:

@@ -16,7 +16,9 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +27,7 @@ from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.store import Store, add_graph, add_prediction, add_strategy, default_url
 from data.store.records import TaskRecord
-from data.store.tasks import STALE_S, TaskCancelledError, TaskQueue
+from data.store.tasks import STALE_S, TaskCancelledError, TaskLostError, TaskQueue
 from executor.run import RunOptions, run_training
 from profiler.batch import JobRunner, parse_batch_data, run_batch
 from profiler.cluster import remove_stale_namespaces
@@ -36,8 +38,9 @@ TIMELINE_MAX_EVENTS = 4000
 Report = Callable[[float | None, str], None]
 
 
-class WorkerStoppedError(Exception):
-    """The worker was told to stop while a task ran."""
+class WorkerStoppedError(BaseException):
+    """The worker was told to stop while a task ran (a ``BaseException``: code that catches
+    ``Exception``, such as a profiling batch's job loop, lets it through)."""
 
 
 class Worker:
@@ -58,16 +61,22 @@ class Worker:
         self.stale_s = stale_s
         self.simulator = simulator
         self.stop = threading.Event()
+        self.in_task = False  # a task's handler is running (SIGTERM may interrupt it)
 
     def run(self, *, once: bool = False) -> int:
         """Run tasks until :attr:`stop` is set (``once``: until the queue is empty); returns
-        how many ran."""
+        how many ran. A failing database is retried (with a pause), not fatal."""
         ran = 0
         with Store.open(self.db) as store:
             queue = TaskQueue(store, stale_s=self.stale_s)
             while not self.stop.is_set():
-                queue.recover()
-                task = queue.claim(self.name)
+                try:
+                    queue.recover()
+                    task = queue.claim(self.name)
+                except Exception as exc:  # the database is down or locked: wait, try again
+                    _say(f"worker {self.name}: the queue is unreachable ({one_line(exc)})")
+                    self.stop.wait(min(30.0, 10 * self.poll_s))
+                    continue
                 if task is None:
                     if once:
                         break
@@ -79,42 +88,75 @@ class Worker:
 
     def _run(self, queue: TaskQueue, store: Store, task: TaskRecord) -> None:
         cancelled = threading.Event()
+        lost = threading.Event()
         done = threading.Event()
 
         def heartbeat() -> None:
             while not done.wait(HEARTBEAT_S):
                 try:
-                    queue.report(task.id)
+                    queue.report(task)
                 except TaskCancelledError:
                     cancelled.set()
+                except TaskLostError:
+                    lost.set()
+                    return
                 except Exception:  # a database hiccup: the next beat tries again
                     continue
 
         def report(fraction: float | None, message: str) -> None:
             if self.stop.is_set():
                 raise WorkerStoppedError(f"worker {self.name} is stopping")
+            if lost.is_set():
+                raise TaskLostError(f"task {task.id} was taken from worker {self.name}")
             if cancelled.is_set():
                 raise TaskCancelledError(f"task {task.id} was cancelled")
-            queue.report(task.id, progress=fraction, message=message[:500])
+            queue.report(task, progress=fraction, message=message[:500])
 
         beat = threading.Thread(target=heartbeat, name=f"ddlsim-heartbeat-{task.id}", daemon=True)
         beat.start()
+        ending: Callable[[], bool]
         try:
-            result = HANDLERS[task.kind](self, store, task.request, report)
+            self.in_task = True
+            try:
+                result = HANDLERS[task.kind](self, store, task.request, report)
+            finally:
+                self.in_task = False
         except TaskCancelledError:
-            queue.cancelled(task.id)
-        except (WorkerStoppedError, KeyboardInterrupt):
-            queue.release(task.id, f"worker {self.name} stopped while it ran; queued again")
+            ending = functools.partial(queue.cancelled, task)
+        except TaskLostError:
+            ending = lambda: False  # noqa: E731 - another worker owns it now
+        except (WorkerStoppedError, KeyboardInterrupt, SystemExit):
+            # SystemExit: the emulated cluster turns SIGTERM into one while ranks run.
+            message = f"worker {self.name} stopped while it ran; queued again"
+            ending = functools.partial(queue.release, task, message)
             self.stop.set()
         except DdlsimError as exc:
-            queue.fail(task.id, one_line(exc, limit=2000))
+            ending = functools.partial(queue.fail, task, one_line(exc, limit=2000))
         except Exception as exc:  # a crashed task must not end the worker
-            queue.fail(task.id, f"{type(exc).__name__}: {one_line(exc, limit=2000)}")
+            error = f"{type(exc).__name__}: {one_line(exc, limit=2000)}"
+            ending = functools.partial(queue.fail, task, error)
         else:
-            queue.finish(task.id, result)
+            ending = functools.partial(queue.finish, task, result)
         finally:
             done.set()
             beat.join()
+        _retry(ending, f"task {task.id}")
+
+
+def _retry(write: Callable[[], bool], what: str, attempts: int = 5) -> None:
+    """A task's final status, written again after a pause when the database fails."""
+    for attempt in range(attempts):
+        try:
+            write()
+            return
+        except Exception as exc:
+            _say(f"could not record the end of {what} ({one_line(exc)}); attempt {attempt + 1}")
+            time.sleep(min(30.0, 2.0**attempt))
+    _say(f"gave up recording the end of {what}: its stale heartbeat will queue it again")
+
+
+def _say(message: str) -> None:
+    print(f"ddlsim worker: {message}", file=sys.stderr, flush=True)
 
 
 # ----- the tasks ---------------------------------------------------------------------------------
@@ -224,7 +266,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     def stop(signum: int, frame: Any) -> None:
         worker.stop.set()
-        raise KeyboardInterrupt  # out of a running task: it is queued again
+        if worker.in_task:  # out of the running task: it is queued again
+            raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, stop)
     with contextlib.suppress(KeyboardInterrupt):

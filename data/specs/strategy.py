@@ -24,6 +24,17 @@ ReduceScatterImplementation = Literal["auto", "ring", "native"]
 REDUCE_SCATTER_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ring", "native")
 
 
+MAX_CAP_MB = float(1 << 30)  # a PiB: above any model's gradients, and bytes that fit an int
+
+
+def _cap(value: Any, where: str) -> float:
+    """A bucket cap in MiB: a finite number in (0, MAX_CAP_MB]."""
+    cap = expect_number(value, where, InvalidStrategyError)
+    if cap > MAX_CAP_MB:
+        raise InvalidStrategyError(f"{where} must be at most {MAX_CAP_MB:.0f} MiB, got {value!r}")
+    return cap
+
+
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
 class ParallelPlan:
     """``dp * tp * pp`` ranks; ``dp=None`` takes whatever the world size leaves.
@@ -134,10 +145,8 @@ class TensorFusionPlan:
                 "tensor_fusion.implementation 'ddp' takes bucket caps only: explicit buckets "
                 "and dear need 'hooks' (or 'auto')"
             )
-        expect_number(self.bucket_cap_mb, "tensor_fusion.bucket_cap_mb", InvalidStrategyError)
-        expect_number(
-            self.first_bucket_cap_mb, "tensor_fusion.first_bucket_cap_mb", InvalidStrategyError
-        )
+        _cap(self.bucket_cap_mb, "tensor_fusion.bucket_cap_mb")
+        _cap(self.first_bucket_cap_mb, "tensor_fusion.first_bucket_cap_mb")
         if not isinstance(self.dear, bool):
             raise InvalidStrategyError(
                 f"tensor_fusion.dear must be true or false, got {self.dear!r}"
@@ -172,7 +181,7 @@ class TensorFusionPlan:
                     f"got {self.bucket_caps_mb!r}"
                 )
             caps = tuple(
-                expect_number(cap, f"tensor_fusion.bucket_caps_mb[{i}]", InvalidStrategyError)
+                _cap(cap, f"tensor_fusion.bucket_caps_mb[{i}]")
                 for i, cap in enumerate(self.bucket_caps_mb)
             )
             if not caps:

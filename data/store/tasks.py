@@ -4,8 +4,10 @@ Any number of workers, on one machine or several, share one queue through the da
 claim is one conditional ``UPDATE`` (``status = 'queued'`` still true), so two workers never
 run the same task. A running task's worker beats its heartbeat (``updated_at``); a task whose
 heartbeat is older than ``stale_s`` has lost its worker (a crash, a restart of the server) and
-is queued again once, then failed on the second loss: never silently lost. Cancelling a queued
-task ends it at once; a running one is asked to stop and stops at its next progress report.
+is queued again once, then failed on the second loss: never silently lost. Every write of a
+running task names its claim (worker and attempt), so a worker whose task was taken from it can
+no longer touch it. Cancelling a queued task ends it at once; a running one is asked to stop
+and stops at its next progress report.
 """
 
 import dataclasses
@@ -29,8 +31,14 @@ class TaskNotFoundError(StoreError):
     """No task has this id."""
 
 
-class TaskCancelledError(Exception):
-    """Raised inside a running task when it has been asked to stop."""
+class TaskCancelledError(BaseException):
+    """Raised inside a running task when it has been asked to stop (a ``BaseException``, as
+    ``KeyboardInterrupt`` is, so that code catching ``Exception`` does not swallow it)."""
+
+
+class TaskLostError(BaseException):
+    """Raised inside a running task whose claim is no longer its worker's: its heartbeat went
+    stale and the task was queued again (another worker may be running it)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,7 +111,7 @@ class TaskQueue:
             with self.store.transaction() as session:
                 task_id = session.scalar(
                     select(TaskRow.id)
-                    .where(TaskRow.status == "queued")
+                    .where(TaskRow.status == "queued", TaskRow.cancel_requested.is_(False))
                     .order_by(TaskRow.id)
                     .limit(1)
                 )
@@ -130,12 +138,14 @@ class TaskQueue:
             # another worker took it first: try the next one
 
     def report(
-        self, task_id: int, *, progress: float | None = None, message: str | None = None
+        self, task: TaskRecord, *, progress: float | None = None, message: str | None = None
     ) -> None:
-        """Beat the heartbeat of a running task, with its progress (0 to 1) and what it does.
+        """Beat the heartbeat of a task this worker claimed (``task`` as :meth:`claim` gave it),
+        with its progress (0 to 1) and what it does.
 
         Raises:
             TaskCancelledError: the task has been asked to stop (its worker ends it).
+            TaskLostError: the claim is no longer this worker's.
         """
         values: dict[str, Any] = {"updated_at": utc_now()}
         if progress is not None:
@@ -143,41 +153,39 @@ class TaskQueue:
         if message is not None:
             values["message"] = message
         with self.store.transaction() as session:
-            session.execute(
-                update(TaskRow)
-                .where(TaskRow.id == task_id, TaskRow.status == "running")
-                .values(**values)
-            )
-            cancel = session.scalar(select(TaskRow.cancel_requested).where(TaskRow.id == task_id))
+            beat = session.execute(update(TaskRow).where(*_owned(task)).values(**values))
+            cancel = session.scalar(select(TaskRow.cancel_requested).where(TaskRow.id == task.id))
+        if beat.rowcount != 1:  # type: ignore[attr-defined]
+            raise TaskLostError(f"task {task.id} is no longer claimed by {task.worker}")
         if cancel:
-            raise TaskCancelledError(f"task {task_id} was cancelled")
+            raise TaskCancelledError(f"task {task.id} was cancelled")
 
-    def finish(self, task_id: int, result: Mapping[str, Any]) -> None:
-        self._end(task_id, status="done", result=dict(result), progress=1.0)
+    def finish(self, task: TaskRecord, result: Mapping[str, Any]) -> bool:
+        """Mark the claimed task done with ``result``; ``False`` when the claim was lost."""
+        return self._end(task, status="done", result=dict(result), progress=1.0)
 
-    def fail(self, task_id: int, error: str) -> None:
-        self._end(task_id, status="failed", error=error)
+    def fail(self, task: TaskRecord, error: str) -> bool:
+        return self._end(task, status="failed", error=error)
 
-    def cancelled(self, task_id: int) -> None:
-        """Mark a running task cancelled (its worker stopped it on request)."""
-        self._end(task_id, status="cancelled", error="cancelled on request")
+    def cancelled(self, task: TaskRecord) -> bool:
+        """Mark a claimed task cancelled (its worker stopped it on request)."""
+        return self._end(task, status="cancelled", error="cancelled on request")
 
-    def release(self, task_id: int, message: str) -> None:
-        """Put a running task back in the queue (its worker is stopping), the claim not
-        counted against it."""
+    def release(self, task: TaskRecord, message: str) -> bool:
+        """Put a claimed task back in the queue (its worker is stopping), the claim not counted
+        against it; a task asked to stop is cancelled instead."""
         now = utc_now()
         with self.store.transaction() as session:
-            session.execute(
-                update(TaskRow)
-                .where(TaskRow.id == task_id, TaskRow.status == "running")
-                .values(
-                    status="queued",
-                    message=message,
-                    worker=None,
-                    attempts=TaskRow.attempts - 1,
-                    updated_at=now,
-                )
-            )
+            row = session.get(TaskRow, task.id, with_for_update=True)
+            if row is None or row.status != "running" or row.worker != task.worker:
+                return False
+            if row.cancel_requested:
+                row.status, row.error, row.finished_at = "cancelled", "cancelled on request", now
+            else:
+                row.status, row.message, row.worker = "queued", message, None
+                row.attempts = max(0, row.attempts - 1)
+            row.updated_at = now
+        return True
 
     def cancel(self, task_id: int) -> TaskRecord:
         """Cancel a queued task at once, or ask a running one to stop; a finished task is
@@ -201,39 +209,69 @@ class TaskQueue:
             return row.to_record()
 
     def recover(self, *, now: datetime | None = None) -> Recovery:
-        """Queue again (once) or fail the running tasks whose heartbeat is stale."""
+        """Queue again (once) or fail the running tasks whose heartbeat is stale.
+
+        Each change is a conditional update (still running, still stale), so a task that ends
+        meanwhile stays as it ended. Workers' clocks are compared: keep them in sync (NTP).
+        """
         now = now or utc_now()
         cutoff = now - timedelta(seconds=self.stale_s)
         requeued: list[int] = []
         failed: list[int] = []
         with self.store.transaction() as session:
-            stale = session.scalars(
-                select(TaskRow)
-                .where(TaskRow.status == "running", TaskRow.updated_at < cutoff)
-                .with_for_update()
-            )
-            for row in stale:
-                lost = (
-                    f"its worker {row.worker} stopped while it ran (last heard of "
-                    f"{row.updated_at.isoformat()})"
+            stale = list(
+                session.execute(
+                    select(
+                        TaskRow.id,
+                        TaskRow.worker,
+                        TaskRow.updated_at,
+                        TaskRow.attempts,
+                        TaskRow.cancel_requested,
+                    ).where(TaskRow.status == "running", TaskRow.updated_at < cutoff)
                 )
-                if row.cancel_requested:
-                    row.status, row.error, row.finished_at = "cancelled", "cancelled", now
-                    failed.append(row.id)
-                elif row.attempts < MAX_ATTEMPTS:
-                    row.status, row.message, row.worker = "queued", f"queued again: {lost}", None
-                    requeued.append(row.id)
-                else:
-                    row.status, row.error, row.finished_at = "failed", lost, now
-                    failed.append(row.id)
-                row.updated_at = now
+            )
+        for task_id, worker, updated_at, attempts, cancel in stale:
+            lost = (
+                f"its worker {worker} stopped while it ran (last heard of "
+                f"{updated_at.isoformat()})"
+            )
+            values: dict[str, Any]
+            if cancel:
+                values = {"status": "cancelled", "error": "cancelled", "finished_at": now}
+            elif attempts < MAX_ATTEMPTS:
+                values = {"status": "queued", "message": f"queued again: {lost}", "worker": None}
+            else:
+                values = {"status": "failed", "error": lost, "finished_at": now}
+            with self.store.transaction() as session:
+                changed = session.execute(
+                    update(TaskRow)
+                    .where(
+                        TaskRow.id == task_id,
+                        TaskRow.status == "running",
+                        TaskRow.updated_at < cutoff,
+                    )
+                    .values(updated_at=now, **values)
+                )
+            if changed.rowcount == 1:  # type: ignore[attr-defined]
+                (requeued if values["status"] == "queued" else failed).append(task_id)
         return Recovery(requeued=tuple(requeued), failed=tuple(failed))
 
-    def _end(self, task_id: int, *, status: str, **values: Any) -> None:
+    def _end(self, task: TaskRecord, *, status: str, **values: Any) -> bool:
         now = utc_now()
         with self.store.transaction() as session:
-            session.execute(
+            ended = session.execute(
                 update(TaskRow)
-                .where(TaskRow.id == task_id, TaskRow.status == "running")
+                .where(*_owned(task))
                 .values(status=status, finished_at=now, updated_at=now, **values)
             )
+        return bool(ended.rowcount == 1)  # type: ignore[attr-defined]
+
+
+def _owned(task: TaskRecord) -> tuple[Any, ...]:
+    """The row of ``task`` while it runs under the claim ``task`` records."""
+    return (
+        TaskRow.id == task.id,
+        TaskRow.status == "running",
+        TaskRow.worker == task.worker,
+        TaskRow.attempts == task.attempts,
+    )

@@ -8,7 +8,7 @@ import pytest
 
 from data.store import Store
 from data.store.schema import utc_now
-from data.store.tasks import TaskCancelledError, TaskNotFoundError, TaskQueue
+from data.store.tasks import TaskCancelledError, TaskLostError, TaskNotFoundError, TaskQueue
 
 
 def test_a_task_runs_from_queued_to_done(store: Store) -> None:
@@ -19,10 +19,10 @@ def test_a_task_runs_from_queued_to_done(store: Store) -> None:
     assert claimed is not None and claimed.id == task.id
     assert claimed.status == "running" and claimed.worker == "w1" and claimed.attempts == 1
     assert queue.claim("w2") is None, "one task, claimed once"
-    queue.report(task.id, progress=0.5, message="pricing")
+    queue.report(claimed, progress=0.5, message="pricing")
     running = queue.get(task.id)
     assert running.progress == 0.5 and running.message == "pricing"
-    queue.finish(task.id, {"best": 1.0})
+    assert queue.finish(claimed, {"best": 1.0})
     done = queue.get(task.id)
     assert done.status == "done" and done.result == {"best": 1.0} and done.progress == 1.0
     assert done.finished_at is not None
@@ -52,12 +52,20 @@ def test_cancel_stops_queued_and_running_tasks(store: Store) -> None:
     waiting = queue.submit("search", {})
     assert queue.cancel(waiting.id).status == "cancelled"
     running = queue.submit("search", {})
-    assert queue.claim("w") is not None
+    claimed = queue.claim("w")
+    assert claimed is not None
     assert queue.cancel(running.id).cancel_requested
     with pytest.raises(TaskCancelledError):
-        queue.report(running.id, progress=0.1)
-    queue.cancelled(running.id)
+        queue.report(claimed, progress=0.1)
+    assert queue.cancelled(claimed)
     assert queue.get(running.id).status == "cancelled"
+    # a task asked to stop while its worker hands it back is cancelled, not queued again
+    stopping = queue.submit("search", {})
+    claimed = queue.claim("w")
+    assert claimed is not None and claimed.id == stopping.id
+    queue.cancel(stopping.id)
+    assert queue.release(claimed, "worker stopping")
+    assert queue.get(stopping.id).status == "cancelled"
     assert queue.claim("w") is None, "a cancelled task is never claimed"
     with pytest.raises(TaskNotFoundError, match="no task 999"):
         queue.cancel(999)
@@ -66,14 +74,41 @@ def test_cancel_stops_queued_and_running_tasks(store: Store) -> None:
 def test_a_task_whose_worker_died_is_queued_again_then_failed(store: Store) -> None:
     queue = TaskQueue(store, stale_s=30)
     task = queue.submit("profile", {})
-    assert queue.claim("dead") is not None
+    first = queue.claim("dead")
+    assert first is not None
     assert queue.recover().requeued == (), "a fresh heartbeat is left alone"
     later = utc_now() + timedelta(seconds=31)
     assert queue.recover(now=later).requeued == (task.id,)
     again = queue.get(task.id)
     assert again.status == "queued" and "dead" in (again.message or "")
-    assert queue.claim("dead-too") is not None
+    second = queue.claim("dead-too")
+    assert second is not None
+    # the first worker comes back: its claim is gone, it can no longer touch the task
+    with pytest.raises(TaskLostError):
+        queue.report(first, progress=0.9)
+    assert not queue.finish(first, {"stale": True})
+    assert not queue.release(first, "stopping")
+    assert queue.get(task.id).status == "running" and queue.get(task.id).worker == "dead-too"
     assert queue.recover(now=utc_now() + timedelta(seconds=31)).failed == (task.id,)
     failed = queue.get(task.id)
     assert failed.status == "failed" and "dead-too" in (failed.error or "")
     assert failed.attempts == 2
+
+
+def test_recovery_leaves_a_task_that_ended_meanwhile(store: Store) -> None:
+    queue = TaskQueue(store, stale_s=30)
+    task = queue.submit("search", {})
+    claimed = queue.claim("w")
+    assert claimed is not None and queue.finish(claimed, {"ok": 1})
+    assert queue.recover(now=utc_now() + timedelta(seconds=31)) == queue.recover()
+    assert queue.get(task.id).status == "done"
+
+
+def test_a_stopping_worker_hands_its_task_back_uncounted(store: Store) -> None:
+    queue = TaskQueue(store)
+    task = queue.submit("execution", {})
+    claimed = queue.claim("w")
+    assert claimed is not None and queue.release(claimed, "worker stopping")
+    back = queue.get(task.id)
+    assert back.status == "queued" and back.attempts == 0 and back.worker is None
+    assert queue.claim("w2") is not None

@@ -85,6 +85,37 @@ def test_bad_input_is_a_4xx_naming_the_field(client: TestClient) -> None:
     assert response.status_code == 422
     big = client.post("/v1/predictions", content=b"x" * 70_000, headers=AUTH)
     assert big.status_code == 413 and big.json()["field"] == "body"
+    huge = {"model": "mlp", "strategy": {"tensor_fusion": {"bucket_cap_mb": 1e308}}}
+    for path in ("/v1/predictions", "/v1/graphs", "/v1/executions"):
+        response = client.post(path, json=huge, headers=AUTH)
+        assert response.status_code == 422 and response.json()["field"] == "body.strategy"
+    nan = b'{"model": "mlp", "strategy": {"tensor_fusion": {"bucket_cap_mb": NaN}}}'
+    response = client.post(
+        "/v1/executions", content=nan, headers={**AUTH, "content-type": "application/json"}
+    )
+    assert response.status_code == 422, response.text
+    runs: list[tuple[dict[str, Any], str]] = [
+        # a strategy is an object: a string would be a path on the server
+        ({"jobs": [{"kind": "run", "model": "mlp", "strategy": "/etc/hosts"}]}, "body.jobs.0"),
+        ({"jobs": [{"kind": ["x"]}]}, "body"),
+        (
+            {
+                "product": [
+                    {
+                        "kind": ["kernels"],
+                        "model": ["mlp"],
+                        "iters": list(range(1, 200)),
+                        "warmup": list(range(200)),
+                    }
+                ]
+            },
+            "body",
+        ),
+    ]
+    for body, field in runs:
+        response = client.post("/v1/profiling-runs", json=body, headers=AUTH)
+        assert 400 <= response.status_code < 500, (body, response.text)
+        assert response.json()["field"].startswith(field), response.json()
     assert client.get("/v1/jobs/12345").status_code == 404
     assert client.get("/v1/graphs/nope").status_code == 404
 
@@ -189,6 +220,11 @@ def test_a_stopping_worker_hands_its_task_back(
     assert back["status"] == "queued" and back["attempts"] == 0 and "stopped" in back["message"]
 
 
+def _children(pid: int) -> list[str]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
+    return found.stdout.split()
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -221,11 +257,19 @@ def test_serve_starts_the_api_and_its_worker_and_ends_both(tmp_path: Path) -> No
                 time.sleep(0.3)
         token = token_file.read_text().strip()
         assert len(token) >= 32 and (token_file.stat().st_mode & 0o777) == 0o600
-        children = subprocess.run(
-            ["pgrep", "-P", str(server.pid)], capture_output=True, text=True, check=False
-        ).stdout.split()
+        children = _children(server.pid)
         worker_pids = [int(p) for p in children if int(p) != server.pid]
         assert worker_pids, "the embedded worker runs"
+        # a worker that dies is started again
+        os.kill(worker_pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            again = [int(p) for p in _children(server.pid) if int(p) not in worker_pids]
+            if again:
+                worker_pids += again
+                break
+            assert time.monotonic() < deadline, "no new worker"
+            time.sleep(0.5)
     finally:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=60)
