@@ -60,12 +60,11 @@ def _seed(db: str, graph: IterationGraph) -> None:
                 )
             )
         queue = TaskQueue(store)
-        run = queue.submit(
-            "execution", {"model": {"name": "mlp"}, "world_size": 2, "strategy": {}}
-        )
-        queue.claim("w")
+        queue.submit("execution", {"model": {"name": "mlp"}, "world_size": 2, "strategy": {}})
+        run = queue.claim("w")
+        assert run is not None
         queue.finish(
-            run.id,
+            run,
             {
                 "measured_ms": 100.0,
                 "predicted_ms": 90.0,
@@ -79,10 +78,11 @@ def _seed(db: str, graph: IterationGraph) -> None:
                 ],
             },
         )
-        task = queue.submit("search", {"model": "mlp"})
-        queue.claim("w")
+        queue.submit("search", {"model": "mlp"})
+        task = queue.claim("w")
+        assert task is not None
         queue.finish(
-            task.id,
+            task,
             {
                 "model": "<i>evil</i>",
                 "world_size": 2,
