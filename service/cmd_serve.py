@@ -101,6 +101,7 @@ class _Supervisor:
 
 def _start_worker(url: str, simulator: str | None) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "service.cli", "worker", "--db", url]
+    command += ["--parent", str(os.getpid())]
     if simulator:
         command += ["--simulator", simulator]
     # Its own session, so that its executor ranks end with it.
@@ -137,4 +138,5 @@ def register(sub: Any) -> None:
     worker.add_argument("--poll", type=float, default=1.0, help="seconds between queue checks")
     worker.add_argument("--once", action="store_true", help="stop when the queue is empty")
     worker.add_argument("--simulator", help="replay, or a cost-model checkpoint")
+    worker.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # serve's pid
     worker.set_defaults(handler=cmd_worker)

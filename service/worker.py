@@ -30,7 +30,7 @@ from data.store.records import TaskRecord
 from data.store.tasks import STALE_S, TaskCancelledError, TaskLostError, TaskQueue
 from executor.run import RunOptions, run_training
 from profiler.batch import JobRunner, parse_batch_data, run_batch
-from profiler.cluster import remove_stale_namespaces
+from profiler.cluster import die_with_parent, remove_stale_namespaces
 from service.cmd_predict import cost_model_for, normalized_bandwidth, predict_on_store
 
 HEARTBEAT_S = 10.0
@@ -262,6 +262,10 @@ HANDLERS: dict[str, Callable[[Worker, Store, dict[str, Any], Report], dict[str, 
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    if args.parent is not None:
+        die_with_parent(signal.SIGTERM)  # serve was killed outright: stop too
+        if os.getppid() != args.parent:
+            return 0
     worker = Worker(args.db or default_url(), poll_s=args.poll, simulator=args.simulator)
 
     def stop(signum: int, frame: Any) -> None:

@@ -278,3 +278,40 @@ def test_serve_starts_the_api_and_its_worker_and_ends_both(tmp_path: Path) -> No
     for pid in worker_pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_the_worker_ends_when_serve_is_killed_outright(tmp_path: Path) -> None:
+    port = _free_port()
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "service.cli", "serve", "--port", str(port)),
+            *("--db", f"sqlite:///{tmp_path / 'k.db'}"),
+        ],
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "DDLSIM_API_TOKEN": "t"},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(server.pid):
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.3)
+        (worker,) = (int(p) for p in _children(server.pid))
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            break
+        # reaped by init once it exits; a zombie counts as gone
+        try:
+            state = Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        assert time.monotonic() < deadline, "the worker outlived serve"
+        time.sleep(0.3)
