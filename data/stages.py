@@ -99,3 +99,14 @@ def default_groups(model: nn.Module) -> list[list[str]]:
             outer.append(name)
             groups.extend([f"{name}.{index}"] for index in range(len(module)))
     return groups
+
+
+def tied_parameters(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """Parameters registered under more than one module (an input embedding tied to the LM
+    head): each one's first name (as the graph names it) and the modules that hold it."""
+    first: dict[int, str] = {}
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        first.setdefault(id(param), name)
+        owners.setdefault(id(param), []).append(name.rpartition(".")[0])
+    return {first[key]: tuple(mods) for key, mods in owners.items() if len(mods) > 1}

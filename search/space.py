@@ -26,6 +26,7 @@ from data.specs.strategy import ParallelPlan, PipelineSchedule, Strategy
 from data.stages import block_stack, default_groups
 from data.store import CollectiveProfileRecord
 from search.evaluator import FusionEvaluator
+from simulator.calibration import DEFAULT_CONFIDENCE, Calibration
 from simulator.costs import comm_models, rank_spec, scaled
 from simulator.gnn import IterationCostModel
 from simulator.memory import MemoryEstimate, peak_memory
@@ -110,6 +111,10 @@ class StrategyEvaluator:
             spec at a micro-batch (the store's kernel profile, taken when missing).
         capture: the graph of a rank's micro-batch under a plan (FSDP, TP, pipelines).
         cost_model: as for :class:`FusionEvaluator`.
+        calibration: held-out errors of predicted speed-ups by kind (the cost model's
+            checkpoint has them); with it, :meth:`price` scores each strategy at its kind's
+            ``confidence`` quantile, so that a search prefers margins its kind can be trusted
+            with; without it, :meth:`price` is the prediction.
 
     Not thread-safe: one evaluator per search worker.
     """
@@ -123,6 +128,8 @@ class StrategyEvaluator:
         *,
         cost_model: tuple[IterationCostModel, Mapping[str, Any]] | None = None,
         optimizer: str = "adamw",
+        calibration: Calibration | None = None,
+        confidence: float = DEFAULT_CONFIDENCE,
     ) -> None:
         self.spec = spec
         self.cluster = cluster
@@ -130,6 +137,8 @@ class StrategyEvaluator:
         self.capture = capture
         self.cost_model = cost_model
         self.optimizer = optimizer
+        self.calibration = calibration
+        self.confidence = confidence
         self.memo: dict[str, float] = {}
         # Told how many strategies each call priced (a progress bar).
         self.on_priced: Callable[[int], None] | None = None
@@ -204,6 +213,18 @@ class StrategyEvaluator:
         return capacity is None or self.memory(strategy).total_bytes <= capacity
 
     def price(self, strategies: Sequence[Strategy]) -> list[float]:
+        """What a search minimises: each strategy's predicted iteration time (ms) scored by the
+        calibration (:meth:`Calibration.factor`: times the ``confidence`` quantile of its kind's
+        held-out speed-up errors), or the prediction itself without a calibration."""
+        times = self.predicted(strategies)
+        if self.calibration is None:
+            return times
+        return [
+            ms * self.calibration.factor(strategy, self.confidence)
+            for strategy, ms in zip(strategies, times, strict=True)
+        ]
+
+    def predicted(self, strategies: Sequence[Strategy]) -> list[float]:
         """The predicted iteration time of each strategy (ms), memoised; data-parallel ones
         are priced in one batch per micro-batch size."""
         keys = [s.to_json() for s in strategies]

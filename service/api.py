@@ -40,6 +40,7 @@ from profiler.batch import parse_batch_data
 from profiler.capture import CaptureOptions, capture_graph
 from service.cmd_predict import MissingProfileError, cost_model_for, predict_on_store
 from service.dashboard import dashboard_data, page
+from simulator.calibration import DEFAULT_CONFIDENCE
 from simulator.costs import rank_spec
 from simulator.predict import COST_MODEL_VERSION, SIMULATOR_VERSION
 
@@ -117,6 +118,15 @@ class StrategyRequest(Inputs):
     time_limit: Annotated[float, Field(gt=0, le=86_400)] = 600.0
     memory_gb: Annotated[float, Field(gt=0, le=1 << 20)] | None = None
     top: Annotated[int, Field(ge=1, le=100)] = 5
+    confidence: Annotated[
+        float | None,
+        Field(
+            ge=0.5,
+            le=0.99,
+            description="the quantile of each kind's held-out speed-up errors strategies are "
+            "scored at; null ranks by the predicted time alone",
+        ),
+    ] = DEFAULT_CONFIDENCE
     seed: int = 0
     verify: bool = False
     iters: Annotated[int, Field(ge=1, le=1000)] = 6

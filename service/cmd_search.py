@@ -60,6 +60,11 @@ from service.cmd_predict import (
     normalized_bandwidth,
 )
 from service.output import emit_json, positive_int, progress
+from simulator.calibration import (
+    DEFAULT_CONFIDENCE,
+    Calibration,
+    check_confidence,
+)
 from simulator.memory import GIB
 
 ALGORITHMS = ("backtrack", "tpe", "cmaes", "nsga2", "random", "autotune")
@@ -120,7 +125,7 @@ def run_search(args: argparse.Namespace, report: Report | None = None) -> dict[s
                 result, pareto, pruned = _sample(args, spec, evaluator, space, order)
         payload = _payload(args, spec.label, evaluator, result)
         if args.algo == "nsga2":
-            payload["pareto"] = pareto
+            payload["pareto"] = [_rescored(evaluator, row) for row in pareto]
         payload["pruned"] = pruned
     if args.verify:
         if report is not None:
@@ -136,6 +141,8 @@ def _check(args: argparse.Namespace) -> None:
         )
     if not args.time_limit > 0:
         raise InvalidOptionError(f"time_limit({args.time_limit}) must be > 0 seconds")
+    if args.confidence is not None:
+        check_confidence(args.confidence)
     if args.memory_gb is not None and not args.memory_gb > 0:
         raise InvalidOptionError(f"memory_gb({args.memory_gb}) must be > 0")
     if args.workers > 1 and args.algo not in SAMPLERS:
@@ -175,6 +182,7 @@ def build_evaluator(args: argparse.Namespace, spec: ModelSpec, store: Store) -> 
         )
         return graph, profile.node_ms
 
+    cost_model = cost_model_for(args.simulator)
     return StrategyEvaluator(
         spec,
         Cluster(
@@ -186,8 +194,35 @@ def build_evaluator(args: argparse.Namespace, spec: ModelSpec, store: Store) -> 
         ),
         _cached(profiles),
         capture_plan,
-        cost_model=cost_model_for(args.simulator),
+        cost_model=cost_model,
+        calibration=calibration_of(cost_model, args.confidence),
+        confidence=args.confidence or DEFAULT_CONFIDENCE,
     )
+
+
+def calibration_of(
+    cost_model: tuple[Any, Mapping[str, Any]] | None, confidence: float | None
+) -> Calibration | None:
+    """The checkpoint's calibration of its own predictor, unless ``confidence`` is ``None``
+    (``--confidence off``) or the checkpoint has none (trained without cross-validation)."""
+    if cost_model is None or confidence is None:
+        return None
+    _, meta = cost_model
+    raw = (meta.get("calibration") or {}).get(str(meta.get("predictor", "")))
+    return Calibration.from_json(raw) if raw else None
+
+
+def confidence_arg(text: str) -> float | None:
+    """``--confidence``: a number (checked against [0.5, 0.99] with the other options), or
+    ``off``."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"confidence {text!r} is not a number in [0.5, 0.99] or 'off'"
+        ) from None
 
 
 def capture_plan(rank: ModelSpec, strategy: Strategy) -> IterationGraph:
@@ -367,9 +402,8 @@ def _payload(
         row: dict[str, Any] = {"strategy": strategy.to_dict()}
         if measured:
             row["measured_ms"] = ms
-            (row["predicted_ms"],) = evaluator.price([strategy])
-        else:
-            row["predicted_ms"] = ms
+        (row["predicted_ms"],) = evaluator.predicted([strategy])
+        (row["scored_ms"],) = evaluator.price([strategy])
         row["peak_memory_gib"] = evaluator.memory(strategy).total_gib
         row["fits"] = evaluator.feasible(strategy)
         return row
@@ -382,6 +416,7 @@ def _payload(
         "algo": args.algo,
         "space": args.space,
         "predictor": evaluator.predictor,
+        "calibration": _calibration_json(evaluator),
         "memory_capacity_gib": capacity / GIB if capacity else None,
         "best": entry(result.best, result.best_ms),
         "baseline": entry(result.baseline, result.baseline_ms),
@@ -392,6 +427,28 @@ def _payload(
     }
 
 
+def _rescored(evaluator: StrategyEvaluator, row: dict[str, Any]) -> dict[str, Any]:
+    """A Pareto row (its time the search's score) with the prediction and the score apart."""
+    strategy = Strategy.from_dict(row["strategy"])
+    (predicted,) = evaluator.predicted([strategy])
+    return {**row, "predicted_ms": predicted, "scored_ms": row["predicted_ms"]}
+
+
+def _calibration_json(evaluator: StrategyEvaluator) -> dict[str, Any] | None:
+    """How the search scored strategies: the confidence and each kind's factor on its
+    predicted time; ``None`` when it ranked by the prediction alone."""
+    calibration = evaluator.calibration
+    if calibration is None:
+        return None
+    summary = calibration.summary(evaluator.confidence)
+    return {
+        "predictor": calibration.predictor,
+        "confidence": evaluator.confidence,
+        "factors": {kind: row["factor"] for kind, row in summary.items()},
+        "runs": {kind: row["runs"] for kind, row in summary.items()},
+    }
+
+
 def _verify(
     args: argparse.Namespace, spec: ModelSpec, result: SearchResult, payload: dict[str, Any]
 ) -> dict[str, Any]:
@@ -399,7 +456,7 @@ def _verify(
 
     A strategy whose predicted peak memory is over the capacity is not run (it would exhaust
     this machine's memory, every rank being here): its measured time is ``None`` and
-    ``not_run`` says why.
+    ``not_run`` says why. When the pick is DDP's defaults it runs once (``kept_baseline``).
     """
     remove_stale_namespaces()
     options = RunOptions(
@@ -410,8 +467,12 @@ def _verify(
     )
     measured: dict[str, float | None] = {}
     not_run: dict[str, str] = {}
+    kept = result.best.to_json() == result.baseline.to_json()
     for name, strategy in (("baseline", result.baseline), ("best", result.best)):
         entry = payload[name]
+        if name == "best" and kept:  # the pick is DDP's defaults: one run says it all
+            measured[name] = measured["baseline"]
+            continue
         if not entry["fits"]:
             measured[name] = None
             not_run[name] = (
@@ -427,6 +488,8 @@ def _verify(
         "measured_baseline_ms": baseline,
         "speedup": baseline / best if best and baseline else None,
     }
+    if kept:
+        out["kept_baseline"] = True
     if not_run:
         out["not_run"] = not_run
     return out
@@ -445,6 +508,13 @@ def _print(payload: dict[str, Any]) -> None:
         f"  best                     {best[key]:.1f} ms {kind}, "
         f"{best['peak_memory_gib']:.2f} GiB: {describe(best['strategy'])}"
     )
+    calibration = payload.get("calibration")
+    if calibration is not None and kind == "predicted":
+        print(
+            f"  scored at the {calibration['confidence']:g} quantile of each kind's held-out "
+            f"speed-up errors: best {best['scored_ms']:.1f} ms against "
+            f"{baseline['scored_ms']:.1f} ms"
+        )
     for reason, count in payload.get("pruned", {}).items():
         print(f"  pruned                   {count} x {reason}")
     for row in payload.get("pareto", []):
@@ -518,6 +588,14 @@ def register(sub: Any) -> None:
         "(default: this machine's memory over the ranks)",
     )
     cmd.add_argument("--top", type=positive_int, default=5)
+    cmd.add_argument(
+        "--confidence",
+        type=confidence_arg,
+        default=DEFAULT_CONFIDENCE,
+        help="score each strategy at this quantile of its kind's held-out speed-up errors, so "
+        "that a pick must beat DDP's defaults by more than its kind usually loses (default "
+        f"{DEFAULT_CONFIDENCE}); off: rank by the predicted time alone",
+    )
     cmd.add_argument("--seed", type=int, default=0, help="the samplers' seed")
     cmd.add_argument(
         "--storage",

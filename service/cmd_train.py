@@ -24,6 +24,7 @@ from data.store import Store
 from data.zoo import ZOO
 from profiler.capture import capture_graph
 from service.output import emit_json, positive_int, progress
+from simulator.calibration import DEFAULT_CONFIDENCE, Calibration, calibrate
 from simulator.dataset import Dataset, export_dataset, load_dataset
 from simulator.default import load_default, shipped_dataset, user_checkpoint
 from simulator.evaluate import Accuracy
@@ -70,15 +71,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     config, options = _options(args)
     started = time.perf_counter()
     cv: dict[str, Accuracy] | None = None
+    calibration: dict[str, Any] | None = None
     predictor = args.predictor
     if predictor == "auto":
         progress(
             f"choosing the predictor: {len(dataset.families)} folds, one family held out each"
         )
-        _, cv = cross_validate(
+        reports, cv = cross_validate(
             dataset, config=config, options=options, progress=progress, workers=args.workers
         )
         predictor = best_predictor(cv)
+        held_out = [row for report in reports for row in report.rows]
+        calibration = {name: calibrate(held_out, name).to_json() for name in PREDICTORS}
         progress(
             "held-out MAPE: "
             + ", ".join(f"{name} {m.mape:.3f}" for name, m in cv.items())
@@ -103,9 +107,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         "families": dataset.families,
         "epochs": options.epochs,
         "cross_validation": _metrics_json(cv) if cv else None,
+        # Held-out errors of predicted speed-ups by kind, which searches score picks by.
+        "calibration": calibration,
     }
     save_checkpoint(model, out, meta)
     payload = {**meta, "out": str(out), "elapsed_s": time.perf_counter() - started}
+    if calibration is not None:
+        payload["calibration"] = Calibration.from_json(calibration[predictor]).summary(
+            DEFAULT_CONFIDENCE
+        )
     if args.json:
         emit_json(payload)
     else:

@@ -26,6 +26,7 @@ from data.comm_model import AlphaBeta
 from data.graph.format import IterationGraph
 from data.graph.pyg import FEATURE_NAMES, node_features
 from data.specs.strategy import Strategy
+from simulator.calibration import risk_kind
 from simulator.fast import ReplaySummary
 
 NODE_FEATURES: tuple[str, ...] = (*FEATURE_NAMES, "log1p_duration_us", "duration_known")
@@ -145,6 +146,7 @@ class StrategySample:
     group: str = ""
     family: str = ""
     kind: str = ""
+    risk_kind: str = ""
 
 
 STRATEGY_KINDS: tuple[str, ...] = ("buckets", "dear", "compiled", "fsdp", "tensor", "pipeline")
@@ -294,4 +296,5 @@ def strategy_sample(
         group=group,
         family=family,
         kind=strategy_kind(strategy),
+        risk_kind=risk_kind(strategy),
     )

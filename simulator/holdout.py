@@ -121,6 +121,7 @@ def evaluate_holdout(
             "group": sample.group,
             "family": sample.family,
             "kind": sample.kind,
+            "risk_kind": sample.risk_kind,
             "model_key": sample.model_key,
             "measured_ms": float(sample.measured_ms or 0.0),
             **{f"{name}_ms": predictions[name][i] for name in PREDICTORS},

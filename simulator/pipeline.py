@@ -38,13 +38,24 @@ class StageCosts:
     optimizer_ms: float
     activation_bytes: int
     grad_bytes: int
+    # Parameters held by several modules (tied embeddings) that this stage uses: their names
+    # and gradient bytes.
+    tied: tuple[tuple[str, int], ...] = ()
 
 
 def stage_costs(
-    graph: IterationGraph, node_ms: Mapping[int, float], blocks: tuple[str, ...], stages: int
+    graph: IterationGraph,
+    node_ms: Mapping[int, float],
+    blocks: tuple[str, ...],
+    stages: int,
+    tied: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[StageCosts]:
     """Cut ``graph``'s model into ``stages`` along ``blocks`` (module paths in order) and sum
     each stage's durations.
+
+    ``tied`` names the parameters held by several modules (:func:`data.stages.tied_parameters`):
+    every stage that runs one of those modules uses the parameter, gets a gradient for it and
+    steps it.
 
     Raises:
         UnsupportedPlanError: fewer blocks than stages, or a block without forward nodes.
@@ -90,6 +101,28 @@ def stage_costs(
     boundary = [
         _last_output_bytes(graph, [i for i in in_blocks if stage[i] == s]) for s in range(stages)
     ]
+    shared: list[list[tuple[str, int]]] = [[] for _ in range(stages)]
+    module_stage = _module_stages(graph, stage)
+    nbytes = {p.name: p.nbytes for p in graph.params}
+    step_ms = {
+        n.param: float(node_ms.get(n.id, 0.0))
+        for n in graph.nodes
+        if n.kind == "optimizer" and n.param is not None
+    }
+    for name, modules in (tied or {}).items():
+        if name not in nbytes:
+            continue
+        users = {
+            s
+            for module in modules
+            for m, s in module_stage.items()
+            if m == module or m.startswith(f"{module}.")
+        }
+        own = param_stage.get(name, stages - 1)
+        for s in sorted(users | {own}):
+            shared[s].append((name, nbytes[name]))
+            if s != own:  # the own stage's step is counted with its parameters
+                ms[s]["opt"] += step_ms.get(name, 0.0)
     return [
         StageCosts(
             forward_ms=ms[s]["fwd"] + (prefix_ms if s > 0 else 0.0),
@@ -97,9 +130,19 @@ def stage_costs(
             optimizer_ms=ms[s]["opt"],
             activation_bytes=boundary[s],
             grad_bytes=grad_bytes[s],
+            tied=tuple(shared[s]),
         )
         for s in range(stages)
     ]
+
+
+def _module_stages(graph: IterationGraph, stage: Mapping[int, int]) -> dict[str, int]:
+    """Each module's stages' first: the stage of the module's first forward node."""
+    out: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.id in stage:
+            out.setdefault(node.module, stage[node.id])
+    return out
 
 
 def _block_index(graph: IterationGraph, blocks: tuple[str, ...]) -> dict[int, int]:
@@ -117,10 +160,7 @@ def _block_index(graph: IterationGraph, blocks: tuple[str, ...]) -> dict[int, in
 
 def _param_stages(graph: IterationGraph, stage: Mapping[int, int], stages: int) -> dict[str, int]:
     """Each parameter's stage: the stage of the first forward node of its module."""
-    first_stage: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.id in stage:
-            first_stage.setdefault(node.module, stage[node.id])
+    first_stage = _module_stages(graph, stage)
     out = {}
     for param in graph.params:
         found = [
@@ -252,6 +292,7 @@ def replay_pipeline(
     p2p: AlphaBeta,
     all_reduce: AlphaBeta,
     ranks: int | None = None,
+    tied_all_reduce: AlphaBeta | None = None,
 ) -> ReplayResult:
     """Schedule one iteration of the stages' micro-batches (see the module docstring).
 
@@ -261,6 +302,9 @@ def replay_pipeline(
         p2p: one transfer between neighbouring stages (the send/recv fit).
         all_reduce: the data-parallel group's all-reduce (``world_size`` 1: none).
         ranks: pipeline ranks (default: one a stage).
+        tied_all_reduce: the pipeline group's all-reduce, which sums the gradients of
+            parameters used on several ranks (tied embeddings) once every rank's backward is
+            done, before the data-parallel all-reduce; ``None``: those are not priced.
     """
     stages = len(costs)
     ranks = ranks or stages
@@ -296,11 +340,21 @@ def replay_pipeline(
     finish = []
     comm_total = 0.0
     synced = []
+    tied_bytes = _tied_bytes(costs, ranks)
+    tied_ms = 0.0
+    if tied_bytes and tied_all_reduce is not None:
+        # Every pipeline rank joins the sum, so it starts when the last backward ends.
+        tied_ms = tied_all_reduce.time_us(tied_bytes) / 1e3
+        last = max(free)
+        for r in range(ranks):
+            name = f"rank {r} tied gradient all-reduce"
+            events.append(_event(r, -1, name, start=free[r], end=last + tied_ms, stream="comm"))
+        free = [last + tied_ms] * ranks
     for r in range(ranks):
         own = range(r, stages, ranks)
         sync_ms = all_reduce.time_us(sum(costs[s].grad_bytes for s in own)) / 1e3
-        synced.append(sync_ms)
-        comm_total += sync_ms
+        synced.append(sync_ms + tied_ms)
+        comm_total += sync_ms + tied_ms
         step_start = free[r] + sync_ms
         optimizer_ms = sum(costs[s].optimizer_ms for s in own)
         finish.append(step_start + optimizer_ms)
@@ -318,6 +372,18 @@ def replay_pipeline(
         bubble_ms=max(0.0, iteration - busy[critical] - synced[critical]),
         timeline=tuple(sorted(events, key=lambda e: (e.start_ms, e.stream))),
     )
+
+
+def _tied_bytes(costs: list[StageCosts], ranks: int) -> int:
+    """The bytes of the gradients the pipeline group sums: tied parameters used by stages on
+    more than one rank (two stages of one rank share the module, and its gradient)."""
+    users: dict[str, set[int]] = {}
+    nbytes: dict[str, int] = {}
+    for s, cost in enumerate(costs):
+        for name, size in cost.tied:
+            users.setdefault(name, set()).add(s % ranks)
+            nbytes[name] = size
+    return sum(nbytes[name] for name, on in users.items() if len(on) > 1)
 
 
 def _ready(

@@ -12,7 +12,7 @@ from data.graph.format import IterationGraph
 from data.models import build_model
 from data.specs.cluster import parse_bandwidth_gbps
 from data.specs.strategy import ParallelPlan
-from data.stages import block_stack, default_groups, stage_count
+from data.stages import block_stack, default_groups, stage_count, tied_parameters
 from data.tp_plans import PLANS, tp_family
 from simulator.costs import LinkFitLike, comm_models
 from simulator.fsdp import replay_fsdp
@@ -77,14 +77,15 @@ def _replay_pipeline(
             f"fsdp({plan.fsdp}) are not supported with pp({plan.pp})"
         )
     with torch.device("meta"):
-        stack = block_stack(build_model(graph.model))
+        model = build_model(graph.model)
+    stack, tied = block_stack(model), tied_parameters(model)
     if stack is None:
         raise UnsupportedPlanError(
             f"{graph.model.label} has no single stack of blocks to cut into pp({plan.pp}) stages"
         )
     links = _link_models(fits, world_size, bandwidth)
     p2p = dataclasses.replace(links["sendrecv"], world_size=2)
-    costs = stage_costs(graph, durations, stack.blocks, stage_count(plan))
+    costs = stage_costs(graph, durations, stack.blocks, stage_count(plan), tied)
     return replay_pipeline(
         costs,
         schedule=plan.pp_schedule,
@@ -92,6 +93,7 @@ def _replay_pipeline(
         p2p=p2p,
         all_reduce=models["all_reduce"],
         ranks=plan.pp,
+        tied_all_reduce=_link_models(fits, plan.pp, bandwidth)["all_reduce"],
     )
 
 

@@ -1,6 +1,7 @@
 """The whole strategy space: candidate plans, the memory model, pricing any plan, the joint
 backtracking with memory pruning, and the Optuna samplers over it (NSGA-II's Pareto front)."""
 
+import math
 import time
 from collections.abc import Mapping
 
@@ -12,7 +13,7 @@ from data.specs.strategy import ParallelPlan, Strategy
 from data.zoo import resolve_model
 from executor.plan import model_supports
 from profiler.capture import CaptureOptions, capture_graph
-from search.backtrack import BacktrackOptions
+from search.backtrack import BacktrackOptions, backtrack_fusion
 from search.joint import backtrack_all
 from search.optuna_search import (
     Space,
@@ -23,6 +24,7 @@ from search.optuna_search import (
     result_from_study,
 )
 from search.space import Cluster, StrategyEvaluator, candidate_plans, plan_label
+from simulator.calibration import MIN_ERRORS, RISK_KINDS, Calibration, risk_kind
 from simulator.memory import GIB, peak_memory
 
 GPT2 = resolve_model("gpt2-tiny").with_inputs(batch_size=8, seq_len=32)
@@ -37,14 +39,18 @@ def _profiles(rank: ModelSpec) -> tuple[IterationGraph, Mapping[int, float]]:
     return graph, node_ms
 
 
-def _evaluator(capacity_gib: float | None = None, world_size: int = 2) -> StrategyEvaluator:
+def _evaluator(
+    capacity_gib: float | None = None,
+    world_size: int = 2,
+    calibration: Calibration | None = None,
+) -> StrategyEvaluator:
     cluster = Cluster(
         world_size=world_size,
         bandwidth="1gbit",
         fits=[],
         capacity_bytes=None if capacity_gib is None else int(capacity_gib * GIB),
     )
-    return StrategyEvaluator(GPT2, cluster, _profiles, _capture)
+    return StrategyEvaluator(GPT2, cluster, _profiles, _capture, calibration=calibration)
 
 
 def _capture(rank: ModelSpec, strategy: Strategy) -> IterationGraph:
@@ -109,6 +115,37 @@ def test_the_evaluator_prices_every_kind_of_plan_and_memoises() -> None:
     # gradient accumulation runs two micro-batches of half the size: priced at that batch
     accumulate = Strategy(parallel=ParallelPlan(micro_batches=2))
     assert evaluator.fusion(accumulate.parallel) is not evaluator.fusion(ParallelPlan())
+
+
+def test_a_calibrated_search_needs_a_margin_its_kind_can_be_trusted_with() -> None:
+    graph, _ = _profiles(GPT2.with_inputs(batch_size=4))
+    sizes = {p.name: p.nbytes for p in graph.params}
+    order = list(graph.grad_ready_order)
+    options = BacktrackOptions(budget=150, time_limit_s=120)
+    plain = _evaluator()
+    free = backtrack_fusion(plain, order, [sizes[n] for n in order], options)
+    assert free.best != Strategy() and free.best_ms < free.baseline_ms
+    assert plain.price([free.best]) == plain.predicted([free.best])
+    # every kind's held-out speed-ups were 5 % worse than the best one's predicted margin
+    error = math.log(free.baseline_ms / free.best_ms) + 0.05
+    kinds = {kind: (error,) * MIN_ERRORS for kind in RISK_KINDS if kind != "default"}
+    strict = _evaluator(calibration=Calibration(predictor="replay", errors=kinds))
+    kept = backtrack_fusion(strict, order, [sizes[n] for n in order], options)
+    assert kept.best == Strategy() and kept.best_ms == kept.baseline_ms
+    (scored,), (predicted,) = strict.price([free.best]), strict.predicted([free.best])
+    assert risk_kind(free.best) != "default"
+    assert predicted == pytest.approx(free.best_ms)
+    assert scored == pytest.approx(predicted * math.exp(error))
+    assert strict.price([Strategy()]) == strict.predicted([Strategy()])
+    # errors of one kind only: the search moves to the best of the other kinds
+    hooks_only = Calibration(
+        predictor="replay",
+        errors={**{k: (0.0,) * MIN_ERRORS for k in kinds}, "hooks": (1.0,) * MIN_ERRORS},
+    )
+    moved = backtrack_fusion(
+        _evaluator(calibration=hooks_only), order, [sizes[n] for n in order], options
+    )
+    assert risk_kind(moved.best) != "hooks"
 
 
 def test_joint_backtracking_prunes_plans_over_capacity() -> None:

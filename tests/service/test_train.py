@@ -12,7 +12,8 @@ from data.zoo import ZOO
 from service import cmd_dataset
 from service.cli import main
 from simulator.dataset import save_dataset
-from simulator.train import PREDICTORS
+from simulator.calibration import RISK_KINDS, Calibration
+from simulator.train import PREDICTORS, load_checkpoint
 from tests.simulator.synthetic import synthetic_dataset, with_truth
 
 
@@ -39,6 +40,28 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
     assert set(result["cross_validation"]) == set(PREDICTORS)
     assert result["families"] == ["gpt2", "reference"]
     assert result["runs"] == 32 and out.is_file()
+    # the held-out rows calibrate every predictor's speed-ups; the search scores with them
+    assert set(result["calibration"]) == set(RISK_KINDS)
+    assert result["calibration"]["default"]["factor"] == 1.0
+    _, meta = load_checkpoint(out)
+    assert set(meta["calibration"]) == set(PREDICTORS)
+    calibration = Calibration.from_json(meta["calibration"][result["predictor"]])
+    assert sum(len(errors) for errors in calibration.errors.values()) > 10
+    search = ["search", "mlp", "--world-size", "2", "--bandwidth", "1gbit", "--budget", "30"]
+    search += ["--space", "fusion", "--profile-iters", "2", "--simulator", str(out)]
+    scored = _json(capsys, *search)
+    assert scored["calibration"]["confidence"] == 0.8
+    assert scored["baseline"]["scored_ms"] == scored["baseline"]["predicted_ms"]
+    assert scored["best"]["scored_ms"] <= scored["baseline"]["scored_ms"]
+    best = Strategy.from_dict(scored["best"]["strategy"])
+    assert scored["best"]["scored_ms"] == pytest.approx(
+        scored["best"]["predicted_ms"] * calibration.factor(best, 0.8)
+    )
+    unscored = _json(capsys, *search, "--confidence", "off")
+    assert unscored["calibration"] is None
+    assert unscored["best"]["scored_ms"] == unscored["best"]["predicted_ms"]
+    assert main([*search, "--confidence", "0.3"]) == 2
+    assert "confidence(0.3) must be in [0.5, 0.99]" in capsys.readouterr().err
     # without --out it goes to the user's data directory, which predict then uses
     _json(capsys, *args, "--hidden", "16", "--layers", "2", "--predictor", "gnn")
     predicted = _json(

@@ -1,5 +1,6 @@
 """Pipeline replay: schedules worked out on paper, stage costs of a captured model."""
 
+import dataclasses
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -9,7 +10,8 @@ import torch
 from data.comm_model import AlphaBeta
 from data.graph.format import IterationGraph
 from data.models import build_model
-from data.stages import block_stack
+from data.stages import block_stack, tied_parameters
+from data.zoo import resolve_model
 from simulator.pipeline import (
     StageCosts,
     interleaved_order,
@@ -145,3 +147,63 @@ def test_stage_costs_of_gpt2_split_the_work(zoo_graph: GraphOf) -> None:
     assert costs[0].activation_bytes == hidden
     with pytest.raises(UnsupportedPlanError, match="3 pipeline stages need as many blocks"):
         stage_costs(graph, node_ms, stack.blocks, 3)
+
+
+def test_tied_embeddings_are_summed_over_the_pipeline(zoo_graph: GraphOf) -> None:
+    # GPT-2's LM head is its input embedding: the first stage and the last both use it
+    graph = zoo_graph("gpt2-tiny")
+    node_ms = {n.id: 1.0 for n in graph.nodes if n.kind in ("compute", "optimizer")}
+    with torch.device("meta"):
+        model = build_model(graph.model)
+    stack, tied = block_stack(model), tied_parameters(model)
+    assert stack is not None and tied == {"transformer.wte.weight": ("transformer.wte", "lm_head")}
+    wte = next(p.nbytes for p in graph.params if p.name == "transformer.wte.weight")
+    untied = stage_costs(graph, node_ms, stack.blocks, 2)
+    costs = stage_costs(graph, node_ms, stack.blocks, 2, tied)
+    assert [c.tied for c in costs] == [(("transformer.wte.weight", wte),)] * 2
+    assert untied[0].tied == untied[1].tied == ()
+    # the last stage steps its copy too; gradients are still counted once
+    assert costs[1].optimizer_ms == pytest.approx(untied[1].optimizer_ms + 1.0)
+    assert sum(c.grad_bytes for c in costs) == graph.grad_bytes
+    pp = AlphaBeta(collective="all_reduce", world_size=2, alpha_us=100.0, busbw_gbps=1.0)
+    plain = replay_pipeline(costs, schedule="1f1b", micro_batches=2, p2p=NO_LINK, all_reduce=NO_DP)
+    summed = replay_pipeline(
+        costs, schedule="1f1b", micro_batches=2, p2p=NO_LINK, all_reduce=NO_DP, tied_all_reduce=pp
+    )
+    tied_ms = pp.time_us(wte) / 1e3
+    assert tied_ms > 1.0
+    # both ranks wait for the later one's last backward, then sum
+    assert summed.iteration_time_ms >= plain.iteration_time_ms + tied_ms - 1e-6
+    assert summed.exposed_comm_ms == pytest.approx(tied_ms)
+    assert any("tied gradient" in e.name for e in summed.timeline)
+    # interleaved, stages 0 and 2 on rank 0: one module on one rank, nothing to sum
+    stages = [dataclasses.replace(c, tied=()) for c in _stages(4)]
+    shared = (("w", 1 << 20),)
+    stages[0] = dataclasses.replace(stages[0], tied=shared)
+    stages[2] = dataclasses.replace(stages[2], tied=shared)
+    same_rank = replay_pipeline(
+        stages,
+        schedule="interleaved_1f1b",
+        micro_batches=2,
+        p2p=NO_LINK,
+        all_reduce=NO_DP,
+        ranks=2,
+        tied_all_reduce=pp,
+    )
+    assert same_rank.exposed_comm_ms == 0.0
+    stages[3] = dataclasses.replace(stages[3], tied=shared)
+    across = replay_pipeline(
+        stages,
+        schedule="interleaved_1f1b",
+        micro_batches=2,
+        p2p=NO_LINK,
+        all_reduce=NO_DP,
+        ranks=2,
+        tied_all_reduce=pp,
+    )
+    assert across.exposed_comm_ms == pytest.approx(pp.time_us(1 << 20) / 1e3)
+
+
+def test_a_model_without_tied_weights_has_none() -> None:
+    with torch.device("meta"):
+        assert tied_parameters(build_model(resolve_model("llama-tiny"))) == {}

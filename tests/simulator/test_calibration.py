@@ -1,0 +1,100 @@
+"""The calibration of predicted speed-ups by kind: the kinds, the errors, the quantiles."""
+
+import math
+
+import pytest
+
+from data.errors import InvalidOptionError
+from data.specs.strategy import Strategy
+from simulator.calibration import (
+    MIN_ERRORS,
+    Calibration,
+    calibrate,
+    check_confidence,
+    risk_kind,
+)
+
+
+def _strategy(**raw: object) -> Strategy:
+    return Strategy.from_dict(raw)
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind"),
+    [
+        ({}, "default"),
+        ({"tensor_fusion": {"bucket_cap_mb": 4}}, "ddp"),
+        ({"parallel": {"micro_batches": 2}}, "ddp"),
+        ({"tensor_fusion": {"buckets": [["a"], ["b"]]}}, "hooks"),
+        ({"tensor_fusion": {"bucket_cap_mb": 4, "implementation": "hooks"}}, "hooks"),
+        ({"tensor_fusion": {"buckets": [["a", "b"]], "dear": True}}, "dear"),
+        ({"op_fusion": {"compiled": ["h.0"]}}, "compiled"),
+        ({"parallel": {"fsdp": True}}, "fsdp"),
+        ({"parallel": {"tp": 2}}, "tensor"),
+        ({"parallel": {"pp": 2, "micro_batches": 2}}, "pipeline"),
+    ],
+)
+def test_risk_kind(raw: dict[str, object], kind: str) -> None:
+    assert risk_kind(_strategy(**raw)) == kind
+
+
+def _row(group: str, kind: str, measured: float, predicted: float) -> dict[str, object]:
+    return {"group": group, "risk_kind": kind, "measured_ms": measured, "gnn_ms": predicted}
+
+
+def test_errors_are_speedup_errors_against_the_groups_defaults() -> None:
+    rows = [
+        _row("a", "default", 100.0, 80.0),
+        _row("a", "default", 110.0, 80.0),  # the repeat: noise, kept under "default"
+        _row("a", "dear", 120.0, 72.0),  # predicted 0.9 of DDP, measured 1.2
+        _row("b", "pipeline", 50.0, 50.0),
+        _row("b", "default", 100.0, 100.0),
+        _row("c", "dear", 10.0, 10.0),  # no defaults in its group: nothing to compare with
+    ]
+    calibration = calibrate(rows, "gnn")
+    assert calibration.errors["dear"] == pytest.approx((math.log(1.2 / 0.9),))
+    assert calibration.errors["pipeline"] == pytest.approx((0.0,))
+    assert calibration.errors["default"] == pytest.approx((math.log(1.1),))
+    with pytest.raises(InvalidOptionError, match="replay_ms"):
+        calibrate(rows, "replay")
+
+
+def test_quantiles_fall_back_to_the_pool_and_never_touch_the_defaults() -> None:
+    dear = tuple(0.01 * i for i in range(MIN_ERRORS))  # 0 .. 0.07
+    calibration = Calibration(
+        predictor="gnn",
+        errors={"dear": dear, "tensor": (1.0,), "default": (0.5, 0.6)},
+    )
+    assert calibration.quantile("dear", 0.5) == pytest.approx(0.035)
+    assert calibration.quantile("dear", 0.8) == pytest.approx(0.056)
+    # one tensor error is too few: the pool of every non-default kind (nine errors)
+    pooled = sorted((*dear, 1.0))
+    assert calibration.pooled() == pytest.approx(tuple(pooled))
+    assert calibration.quantile("tensor", 0.5) == pytest.approx(pooled[4])
+    assert calibration.quantile("fsdp", 0.5) == pytest.approx(pooled[4])  # no errors at all
+    assert calibration.quantile("default", 0.99) == 0.0
+    assert calibration.factor(Strategy(), 0.9) == 1.0
+    dear_strategy = _strategy(tensor_fusion={"buckets": [["a"]], "dear": True})
+    assert calibration.factor(dear_strategy, 0.8) == pytest.approx(math.exp(0.056))
+    summary = calibration.summary(0.8)
+    assert summary["dear"]["runs"] == MIN_ERRORS
+    assert summary["default"]["factor"] == 1.0
+    assert Calibration(predictor="gnn", errors={}).quantile("dear", 0.8) == 0.0
+
+
+def test_json_round_trip_and_bad_json() -> None:
+    calibration = Calibration(predictor="blend", errors={"dear": (0.1, -0.2), "ddp": (0.0,)})
+    back = Calibration.from_json(calibration.to_json())
+    assert back.predictor == "blend"
+    assert back.errors == {"dear": (-0.2, 0.1), "ddp": (0.0,)}
+    with pytest.raises(InvalidOptionError, match="calibration"):
+        Calibration.from_json({"predictor": "gnn"})
+    with pytest.raises(InvalidOptionError, match="calibration"):
+        Calibration.from_json({"predictor": "gnn", "errors": {"dear": ["x"]}})
+
+
+@pytest.mark.parametrize("value", [0.49, 1.0, -1.0, float("nan")])
+def test_confidence_out_of_range(value: float) -> None:
+    with pytest.raises(InvalidOptionError, match=r"confidence\("):
+        check_confidence(value)
+    assert check_confidence(0.8) == 0.8
