@@ -11,8 +11,8 @@ from data.specs.strategy import Strategy
 from data.zoo import ZOO
 from service import cmd_dataset
 from service.cli import main
-from simulator.dataset import save_dataset
 from simulator.calibration import RISK_KINDS, Calibration
+from simulator.dataset import save_dataset
 from simulator.train import PREDICTORS, load_checkpoint
 from tests.simulator.synthetic import synthetic_dataset, with_truth
 
