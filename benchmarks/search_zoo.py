@@ -18,6 +18,7 @@ it measured; ``--table`` prints the Markdown table of a finished file.
 
 import argparse
 import json
+import math
 import os
 import platform
 import signal
@@ -35,6 +36,7 @@ from data.store import Store
 from data.zoo import ZOO, resolve_model
 from service.cmd_predict import predict_on_store
 from service.cmd_search import describe
+from simulator.calibration import risk_kind
 
 
 def line_rate_ms(grad_bytes: int, world_size: int, bandwidth_gbps: float) -> float:
@@ -88,6 +90,42 @@ def measure(args: argparse.Namespace, model: str, world_size: int) -> dict[str, 
 
 def table(path: Path) -> None:
     rows = [json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()]
+    _rows_table(rows)
+    _summary(rows)
+
+
+def _summary(rows: list[dict[str, Any]]) -> None:
+    """The geometric mean of the measured speed-ups, how many picks were more than 5 % faster
+    or slower than DDP's defaults, and the same by the kind of the pick."""
+    by_kind: dict[str, list[float]] = {}
+    for row in rows:
+        if "error" in row or row.get("speedup") is None:
+            continue
+        kind = risk_kind(Strategy.from_dict(row["best"]["strategy"]))
+        by_kind.setdefault(kind, []).append(float(row["speedup"]))
+    every = [x for values in by_kind.values() for x in values]
+    if not every:
+        return
+    faster = sum(1 for x in every if x > 1.05)
+    slower = sum(1 for x in every if x < 1 / 1.05)
+    print(
+        f"\n{len(every)} rows: geometric mean {_geomean(every):.2f}x; {faster} picks more than "
+        f"5 % faster than DDP's defaults, {slower} more than 5 % slower\n"
+    )
+    print("| pick | rows | geometric mean | worst | best |")
+    print("|---|---|---|---|---|")
+    for kind, values in sorted(by_kind.items(), key=lambda item: -len(item[1])):
+        print(
+            f"| {kind} | {len(values)} | {_geomean(values):.2f}x | {min(values):.2f}x | "
+            f"{max(values):.2f}x |"
+        )
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in values) / len(values))
+
+
+def _rows_table(rows: list[dict[str, Any]]) -> None:
     print(
         "| model | ranks | pick | predicted speed-up | measured speed-up | pick / bound | "
         "bound is |"

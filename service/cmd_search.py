@@ -539,6 +539,8 @@ def _print(payload: dict[str, Any]) -> None:
 
 def describe(strategy: dict[str, Any]) -> str:
     """One line of a strategy's JSON: its plan, buckets, DeAR and compiled blocks."""
+    if Strategy.from_dict(strategy) == Strategy():
+        return "DDP's defaults"
     parallel, fusion = strategy["parallel"], strategy["tensor_fusion"]
     parts = [f"{key}{parallel[key]}" for key in ("tp", "pp") if parallel[key] > 1]
     if parallel["pp"] > 1:

@@ -10,6 +10,7 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 
 from data.specs.strategy import Strategy
 from service.cli import main
+from service.cmd_search import describe
 
 BASE = ["search", "mlp", "--world-size", "2", "--bandwidth", "1gbit", "--batch-size", "16"]
 BASE += ["--profile-iters", "2", "--simulator", "replay"]
@@ -140,3 +141,15 @@ def test_a_bad_storage_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path:
         assert main([*BASE, "--algo", "tpe", "--storage", bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and bad.removeprefix("journal://") in err[0]
+
+
+def test_describe_names_the_plan_the_buckets_and_what_is_kept() -> None:
+    assert describe(Strategy().to_dict()) == "DDP's defaults"
+    pipeline = Strategy.from_dict(
+        {"parallel": {"pp": 2, "micro_batches": 4, "pp_schedule": "gpipe"}}
+    )
+    assert describe(pipeline.to_dict()) == "pp2, gpipe, 4 micro-batches"
+    dear = Strategy.from_dict({"tensor_fusion": {"buckets": [["a"], ["b", "c"]], "dear": True}})
+    assert describe(dear.to_dict()) == "2 buckets, DeAR"
+    capped = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 4}})
+    assert describe(capped.to_dict()) == "bucket cap 4 MB"
