@@ -54,7 +54,11 @@ def backtrack_all(
 
     def record(strategies: Sequence[Strategy]) -> None:
         room = options.budget - evaluator.evaluations
-        fresh = [s for s in strategies if s.to_json() not in priced][: max(0, room)]
+        # Strategies of a plan over capacity are never priced (DDP's defaults, priced as the
+        # reference, must not lead to compiled variants of their plan).
+        fresh = [s for s in strategies if s.to_json() not in priced and evaluator.feasible(s)][
+            : max(0, room)
+        ]
         for strategy in fresh:
             try:
                 (ms,) = evaluator.price([strategy])

@@ -44,14 +44,14 @@ RISK_KINDS: tuple[str, ...] = (
 # Below this many held-out errors a kind borrows the errors of all kinds pooled.
 MIN_ERRORS = 8
 DEFAULT_CONFIDENCE = 0.8
-_DEFAULTS_JSON = Strategy().to_json()
+_DEFAULTS = Strategy()
 
 
 def risk_kind(strategy: Strategy) -> str:
     """The kind a strategy's speed-up error is calibrated by: DDP's defaults, a pipeline, tensor
     parallelism, FSDP, compiled blocks, DeAR, the executor's hook buckets, or DDP's reducer
     with other caps or gradient accumulation."""
-    if strategy.to_json() == _DEFAULTS_JSON:
+    if strategy == _DEFAULTS:
         return "default"
     plan = strategy.parallel
     if plan.pp > 1:
