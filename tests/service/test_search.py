@@ -43,12 +43,23 @@ def test_verify_runs_the_best_and_the_baseline(capsys: pytest.CaptureFixture[str
     assert out["speedup"] == pytest.approx(out["measured_baseline_ms"] / out["measured_best_ms"])
 
 
+def test_verify_runs_a_kept_baseline_once(capsys: pytest.CaptureFixture[str]) -> None:
+    # a budget of one prices DDP's defaults only: they are the pick
+    out = _search(capsys, "--budget", "1", "--verify", "--iters", "2", "--warmup", "1")
+    assert out["best"]["strategy"] == Strategy().to_dict() and out["kept_baseline"] is True
+    assert out["measured_best_ms"] == out["measured_baseline_ms"] > 0
+    assert out["speedup"] == 1.0
+
+
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["search", "mlp", "--world-size", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "world_size(1)" in err[0]
     assert main([*BASE, "--time-limit", "0"]) == 2
     assert "time_limit(0.0)" in capsys.readouterr().err
+    assert main([*BASE, "--confidence", "1.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "confidence(1.5) must be in [0.5, 0.99]" in err[0]
 
 
 @pytest.mark.parametrize("algo", ["tpe", "cmaes"])
