@@ -156,13 +156,19 @@ def test_a_profiling_run_then_predictions_and_graphs(client: TestClient, db: str
 
 def test_a_strategy_request_runs_to_a_result(client: TestClient, db: str) -> None:
     body = {**MLP, "world_size": 2, "budget": 20, "space": "fusion"}
+    for confidence in (0.3, 1.0, "high"):
+        bad = client.post(
+            "/v1/strategy-requests", json={**body, "confidence": confidence}, headers=AUTH
+        )
+        assert bad.status_code == 422 and bad.json()["field"] == "body.confidence", bad.text
     task = client.post("/v1/strategy-requests", json=body, headers=AUTH).json()
     assert task["kind"] == "search" and task["status"] == "queued"
     assert _work(db) == 1
     done = client.get(f"/v1/strategy-requests/{task['id']}").json()
     assert done["status"] == "done", done
     result = done["result"]
-    assert result["best"]["predicted_ms"] <= result["baseline"]["predicted_ms"]
+    assert result["best"]["scored_ms"] <= result["baseline"]["scored_ms"]
+    assert result["baseline"]["scored_ms"] == result["baseline"]["predicted_ms"]
     assert 0 < result["evaluations"] <= 20 and result["top"]
     assert client.get(f"/v1/executions/{task['id']}").status_code == 404
     listed = client.get("/v1/strategy-requests").json()["jobs"]
