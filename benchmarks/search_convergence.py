@@ -1,9 +1,11 @@
-"""Convergence of each search algorithm: the best predicted iteration time after N evaluations.
+"""Convergence of each search algorithm: the best score after N evaluations.
 
 For one model on one cluster setting, every algorithm of ``ddlsim search`` (backtracking,
 Optuna's TPE and CMA-ES, random search) runs with the same budget on the same simulator (the
-shipped cost model unless ``--simulator replay``); the table gives the best price found after
-each checkpoint of evaluations, as a ratio to DDP's defaults, and each run's wall time. Kernel
+shipped cost model unless ``--simulator replay``); the table gives the best score found after
+each checkpoint of evaluations (the predicted time times the kind's calibration factor, as the
+search ranks; ``--confidence off``: the prediction), as a ratio to DDP's
+defaults, and each run's wall time. Kernel
 profiles and link fits come from ``--db`` (the rank's micro-batch is profiled there if missing).
 
     .venv/bin/python benchmarks/search_convergence.py --model gpt2-tiny --world-size 2 \
@@ -35,6 +37,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=500)
     parser.add_argument("--simulator")
     parser.add_argument("--space", default="all")
+    parser.add_argument("--confidence", default="0.8", help="as ddlsim search's, or off")
     parser.add_argument("--plot", help="write the curves here (SVG)")
     parser.add_argument("--db", required=True)
     args = parser.parse_args()
@@ -46,12 +49,13 @@ def main() -> None:
             *("--batch-size", args.batch_size, "--seq-len", args.seq_len),
             *("--algo", algo, "--budget", str(args.budget), "--time-limit", "600"),
             *("--db", args.db, "--json", "--space", args.space),
+            *("--confidence", args.confidence),
             *(("--simulator", args.simulator) if args.simulator else ()),
         ]
         out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         rows[algo] = json.loads(out)
         print(f"# {algo}: {rows[algo]['evaluations']} evaluations", flush=True)
-    baseline = rows["backtrack"]["baseline"]["predicted_ms"]
+    baseline = rows["backtrack"]["baseline"]["scored_ms"]
     first = rows["backtrack"]
     print(
         f"# {first['model']}, {first['world_size']} ranks, {first['bandwidth']}; predictor "
@@ -86,7 +90,7 @@ def svg(curves: dict[str, list[float]], *, title: str) -> str:
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">',
-        f'<text x="{pad}" y="20" font-size="14">{title}: best predicted / DDP defaults</text>',
+        f'<text x="{pad}" y="20" font-size="14">{title}: best score / DDP defaults</text>',
         f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" '
         'stroke="black"/>',
         f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>',
