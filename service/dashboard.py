@@ -122,6 +122,8 @@ def _searches(queue: TaskQueue) -> list[dict[str, Any]]:
     for task in queue.list(kind="search", status="done", limit=50):
         result = task.result or {}
         curve = result.get("convergence") or []
+        # Curves are in the search's scores (older results: predictions); DDP's defaults score
+        # at their prediction either way.
         baseline = (result.get("baseline") or {}).get("predicted_ms")
         if not curve or not baseline:
             continue
@@ -133,6 +135,7 @@ def _searches(queue: TaskQueue) -> list[dict[str, Any]]:
                 "algo": result.get("algo"),
                 "baseline_ms": baseline,
                 "best_ms": (result.get("best") or {}).get("predicted_ms"),
+                "best_scored_ms": (result.get("best") or {}).get("scored_ms"),
                 "convergence": curve,
             }
         )
