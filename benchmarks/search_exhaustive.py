@@ -100,6 +100,7 @@ def measure_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
         "ratio": measured[pick] / measured[fastest],
         "ratio_unscored": measured[unscored] / measured[fastest],
         "tau": kendall_tau([predicted[k] for k in keys], [measured[k] for k in keys]),
+        "tau_scored": kendall_tau([scored[k] for k in keys], [measured[k] for k in keys]),
         "ddp_over_fastest": measured["DDP defaults"] / measured[fastest],
         "predicted": predicted,
         "scored": scored,
@@ -128,14 +129,14 @@ def main() -> None:
     )
     print(
         "| model | pick | fastest measured | pick / fastest | lowest prediction | "
-        "its / fastest | DDP / fastest | tau |"
+        "its / fastest | DDP / fastest | tau | tau of scores |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
             f"| {row['model']} | {row['pick']} | {row['fastest']} | {row['ratio']:.3f} | "
             f"{row['pick_unscored']} | {row['ratio_unscored']:.3f} | "
-            f"{row['ddp_over_fastest']:.3f} | {row['tau']:.2f} |"
+            f"{row['ddp_over_fastest']:.3f} | {row['tau']:.2f} | {row['tau_scored']:.2f} |"
         )
     print(f"median pick / fastest: {statistics.median(r['ratio'] for r in rows):.3f}")
     if args.out:
