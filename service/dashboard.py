@@ -16,7 +16,7 @@ from data.store import Store
 from data.store.records import MeasurementRecord, PredictionRecord
 from data.store.tasks import TaskQueue
 from data.zoo import ZOO
-from simulator.features import strategy_kind
+from simulator.calibration import strategy_kind
 
 
 def page() -> str:

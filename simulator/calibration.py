@@ -47,12 +47,12 @@ DEFAULT_CONFIDENCE = 0.8
 _DEFAULTS = Strategy()
 
 
-def risk_kind(strategy: Strategy) -> str:
-    """The kind a strategy's speed-up error is calibrated by: DDP's defaults, a pipeline, tensor
-    parallelism, FSDP, compiled blocks, DeAR, the executor's hook buckets, or DDP's reducer
-    with other caps or gradient accumulation."""
-    if strategy == _DEFAULTS:
-        return "default"
+STRATEGY_KINDS: tuple[str, ...] = ("buckets", "dear", "compiled", "fsdp", "tensor", "pipeline")
+
+
+def strategy_kind(strategy: Strategy) -> str:
+    """What a strategy mainly is, for reports by kind: a pipeline, tensor parallelism, FSDP,
+    compiled blocks, DeAR, or else (DDP's or the executor's) buckets."""
     plan = strategy.parallel
     if plan.pp > 1:
         return "pipeline"
@@ -62,10 +62,19 @@ def risk_kind(strategy: Strategy) -> str:
         return "fsdp"
     if strategy.op_fusion.compiled:
         return "compiled"
-    fusion = strategy.tensor_fusion
-    if fusion.dear:
-        return "dear"
-    return "ddp" if fusion.uses_ddp else "hooks"
+    return "dear" if strategy.tensor_fusion.dear else "buckets"
+
+
+def risk_kind(strategy: Strategy) -> str:
+    """The kind a strategy's speed-up error is calibrated by: :func:`strategy_kind`, with DDP's
+    defaults apart and buckets split into the executor's hooks and DDP's reducer (other caps,
+    gradient accumulation)."""
+    if strategy == _DEFAULTS:
+        return "default"
+    kind = strategy_kind(strategy)
+    if kind != "buckets":
+        return kind
+    return "ddp" if strategy.tensor_fusion.uses_ddp else "hooks"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

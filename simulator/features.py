@@ -26,7 +26,7 @@ from data.comm_model import AlphaBeta
 from data.graph.format import IterationGraph
 from data.graph.pyg import FEATURE_NAMES, node_features
 from data.specs.strategy import Strategy
-from simulator.calibration import risk_kind
+from simulator.calibration import risk_kind, strategy_kind
 from simulator.fast import ReplaySummary
 
 NODE_FEATURES: tuple[str, ...] = (*FEATURE_NAMES, "log1p_duration_us", "duration_known")
@@ -147,24 +147,6 @@ class StrategySample:
     family: str = ""
     kind: str = ""
     risk_kind: str = ""
-
-
-STRATEGY_KINDS: tuple[str, ...] = ("buckets", "dear", "compiled", "fsdp", "tensor", "pipeline")
-
-
-def strategy_kind(strategy: Strategy) -> str:
-    """What a strategy mainly is, for reports by kind: a pipeline, tensor parallelism, FSDP,
-    compiled blocks, DeAR, or else (DDP's or the executor's) buckets."""
-    plan = strategy.parallel
-    if plan.pp > 1:
-        return "pipeline"
-    if plan.tp > 1:
-        return "tensor"
-    if plan.fsdp:
-        return "fsdp"
-    if strategy.op_fusion.compiled:
-        return "compiled"
-    return "dear" if strategy.tensor_fusion.dear else "buckets"
 
 
 def _is_inside(module: str, blocks: Sequence[str]) -> bool:

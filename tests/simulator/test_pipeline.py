@@ -181,27 +181,22 @@ def test_tied_embeddings_are_summed_over_the_pipeline(zoo_graph: GraphOf) -> Non
     shared = (("w", 1 << 20),)
     stages[0] = dataclasses.replace(stages[0], tied=shared)
     stages[2] = dataclasses.replace(stages[2], tied=shared)
-    same_rank = replay_pipeline(
-        stages,
-        schedule="interleaved_1f1b",
-        micro_batches=2,
-        p2p=NO_LINK,
-        all_reduce=NO_DP,
-        ranks=2,
-        tied_all_reduce=pp,
-    )
-    assert same_rank.exposed_comm_ms == 0.0
+
+    def interleaved(costs: list[StageCosts]) -> float:
+        result = replay_pipeline(
+            costs,
+            schedule="interleaved_1f1b",
+            micro_batches=2,
+            p2p=NO_LINK,
+            all_reduce=NO_DP,
+            ranks=2,
+            tied_all_reduce=pp,
+        )
+        return result.exposed_comm_ms
+
+    assert interleaved(stages) == 0.0
     stages[3] = dataclasses.replace(stages[3], tied=shared)
-    across = replay_pipeline(
-        stages,
-        schedule="interleaved_1f1b",
-        micro_batches=2,
-        p2p=NO_LINK,
-        all_reduce=NO_DP,
-        ranks=2,
-        tied_all_reduce=pp,
-    )
-    assert across.exposed_comm_ms == pytest.approx(pp.time_us(1 << 20) / 1e3)
+    assert interleaved(stages) == pytest.approx(pp.time_us(1 << 20) / 1e3)
 
 
 def test_a_model_without_tied_weights_has_none() -> None:
