@@ -12,6 +12,7 @@ strategies are never priced: the searches prune them.
 """
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, get_args
 
@@ -26,7 +27,7 @@ from data.specs.strategy import ParallelPlan, PipelineSchedule, Strategy
 from data.stages import block_stack, default_groups
 from data.store import CollectiveProfileRecord
 from search.evaluator import FusionEvaluator
-from simulator.calibration import DEFAULT_CONFIDENCE, Calibration
+from simulator.calibration import DEFAULT_CONFIDENCE, RISK_KINDS, Calibration, risk_kind
 from simulator.costs import comm_models, rank_spec, scaled
 from simulator.gnn import IterationCostModel
 from simulator.memory import MemoryEstimate, peak_memory
@@ -139,6 +140,12 @@ class StrategyEvaluator:
         self.optimizer = optimizer
         self.calibration = calibration
         self.confidence = confidence
+        # Each kind's factor, once: the search scores thousands of strategies.
+        self._factors = (
+            {k: math.exp(calibration.quantile(k, confidence)) for k in RISK_KINDS}
+            if calibration is not None
+            else {}
+        )
         self.memo: dict[str, float] = {}
         # Told how many strategies each call priced (a progress bar).
         self.on_priced: Callable[[int], None] | None = None
@@ -217,10 +224,10 @@ class StrategyEvaluator:
         calibration (:meth:`Calibration.factor`: times the ``confidence`` quantile of its kind's
         held-out speed-up errors), or the prediction itself without a calibration."""
         times = self.predicted(strategies)
-        if self.calibration is None:
+        if not self._factors:
             return times
         return [
-            ms * self.calibration.factor(strategy, self.confidence)
+            ms * self._factors[risk_kind(strategy)]
             for strategy, ms in zip(strategies, times, strict=True)
         ]
 

@@ -91,7 +91,8 @@ def stage_costs(
         elif node.kind == "compute":
             owner = stage.get(node.forward_id) if node.forward_id is not None else None
             ms[owner if owner is not None else stages - 1]["bwd"] += duration
-    param_stage = _param_stages(graph, stage, stages)
+    module_stage = _module_stages(graph, stage)
+    param_stage = _param_stages(graph, module_stage, stages)
     grad_bytes = [0] * stages
     for node in graph.nodes:
         if node.kind == "grad_ready" and node.param is not None:
@@ -102,7 +103,6 @@ def stage_costs(
         _last_output_bytes(graph, [i for i in in_blocks if stage[i] == s]) for s in range(stages)
     ]
     shared: list[list[tuple[str, int]]] = [[] for _ in range(stages)]
-    module_stage = _module_stages(graph, stage)
     nbytes = {p.name: p.nbytes for p in graph.params}
     step_ms = {
         n.param: float(node_ms.get(n.id, 0.0))
@@ -158,9 +158,11 @@ def _block_index(graph: IterationGraph, blocks: tuple[str, ...]) -> dict[int, in
     return out
 
 
-def _param_stages(graph: IterationGraph, stage: Mapping[int, int], stages: int) -> dict[str, int]:
-    """Each parameter's stage: the stage of the first forward node of its module."""
-    first_stage = _module_stages(graph, stage)
+def _param_stages(
+    graph: IterationGraph, first_stage: Mapping[str, int], stages: int
+) -> dict[str, int]:
+    """Each parameter's stage: the stage of its module's first forward node (``first_stage``,
+    :func:`_module_stages`)."""
     out = {}
     for param in graph.params:
         found = [
