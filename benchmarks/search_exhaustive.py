@@ -3,15 +3,17 @@
 For each model, a space of tensor-fusion strategies (DDP's defaults, DDP with a 4 MB and a
 one-bucket cap, the executor's buckets of 2, 4 and 8 equal-byte runs, and DeAR over 2 and 4
 such buckets) is priced by the simulator and every strategy is run through the executor on the
-emulated cluster, in one pass, in a shuffled order. The pick is the strategy the search would
-take: the lowest score (the predicted time times its kind's calibration factor, see
+emulated cluster ``--rounds`` times (default 3), each round in an order shuffled anew, and a
+point's time is the median of its rounds: one run of a strategy differs from the next by several
+per cent on this machine, more than the 3 % the pick is judged by. The pick is the strategy the
+search would take: the lowest score (the predicted time times its kind's calibration factor, see
 ``simulator/calibration.py``; ``--confidence off``: the predicted time alone); the table gives
 its measured time as a ratio to the best measured one (1.00: the search found the fastest; the
 target is within 3 %), the same for the lowest predicted time alone, and the rank correlation
 of predicted and measured times.
 
     .venv/bin/python benchmarks/search_exhaustive.py --db sqlite:///bench.db \
-        --models gpt2-tiny bert-tiny vgg-mini mlp --world-size 2 --bandwidth 1gbit
+        --models gpt2-tiny bert-tiny vgg-mini mlp --world-size 2 --bandwidth 1gbit --rounds 3
 """
 
 import argparse
@@ -30,6 +32,7 @@ from executor.run import RunOptions, run_training
 from profiler.cluster import remove_stale_namespaces
 from search.backtrack import even_cuts, strategy_of
 from service.cmd_search import build_evaluator
+from simulator.calibration import Calibration
 
 
 def space(order: list[str], sizes: list[int]) -> dict[str, Strategy]:
@@ -58,6 +61,34 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
     return score / len(pairs) if pairs else 0.0
 
 
+CONFIDENCES = ("off", "0.5", "0.65", "0.8", "0.9")
+
+
+def picks_by_confidence(
+    points: dict[str, Strategy],
+    predicted: dict[str, float],
+    measured: dict[str, float],
+    calibration: Calibration | None,
+) -> dict[str, dict[str, Any]]:
+    """The pick at each of :data:`CONFIDENCES` (lowest predicted time x factor) and its measured
+    time over the fastest one, from one set of measurements."""
+    fastest = min(measured.values())
+    out: dict[str, dict[str, Any]] = {}
+    for confidence in CONFIDENCES:
+        if confidence == "off":
+            scores = dict(predicted)
+        elif calibration is None:
+            continue
+        else:
+            scores = {
+                name: ms * calibration.factor(points[name], float(confidence))
+                for name, ms in predicted.items()
+            }
+        pick = min(scores, key=scores.__getitem__)
+        out[confidence] = {"pick": pick, "ratio": measured[pick] / fastest}
+    return out
+
+
 def measure_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
     spec = resolve_model(model)
     settings = argparse.Namespace(
@@ -79,13 +110,17 @@ def measure_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
     options = RunOptions(
         world_size=args.world_size, bandwidth=args.bandwidth, iters=args.iters, warmup=args.warmup
     )
-    names = list(points)
-    random.Random(0).shuffle(names)
-    measured = {}
-    for name in names:
-        remove_stale_namespaces()
-        measured[name] = run_training(spec, points[name], options).median_ms
-        print(f"#   {model} {name}: {measured[name]:.1f} ms", flush=True)
+    runs: dict[str, list[float]] = {name: [] for name in points}
+    for round_index in range(args.rounds):
+        names = list(points)
+        random.Random(round_index).shuffle(names)
+        for name in names:
+            remove_stale_namespaces()
+            runs[name].append(run_training(spec, points[name], options).median_ms)
+            print(
+                f"#   {model} round {round_index + 1} {name}: {runs[name][-1]:.1f} ms", flush=True
+            )
+    measured = {name: statistics.median(times) for name, times in runs.items()}
     pick = min(scored, key=scored.__getitem__)
     unscored = min(predicted, key=predicted.__getitem__)
     fastest = min(measured, key=measured.__getitem__)
@@ -105,6 +140,10 @@ def measure_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
         "predicted": predicted,
         "scored": scored,
         "measured": measured,
+        "runs": runs,
+        "by_confidence": picks_by_confidence(points, predicted, measured, evaluator.calibration),
+        # How far apart one point's rounds are (largest over smallest), the median over points.
+        "spread": statistics.median(max(times) / min(times) for times in runs.values()),
     }
 
 
@@ -118,27 +157,42 @@ def main() -> None:
     parser.add_argument("--bandwidth", default="1gbit")
     parser.add_argument("--iters", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of every point (median)")
     parser.add_argument("--simulator")
     parser.add_argument("--confidence", default="0.8", help="as ddlsim search's, or off")
     parser.add_argument("--out", help="also write the rows here (JSON)")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     rows = [measure_model(args, model) for model in args.models]
     print(
         f"# {args.world_size} ranks, {args.bandwidth}; torch {torch.__version__}; "
-        f"{platform.machine()}; {args.iters} iterations a run"
+        f"{platform.machine()}; {args.iters} iterations a run, "
+        f"median of {args.rounds} rounds"
     )
     print(
         "| model | pick | fastest measured | pick / fastest | lowest prediction | "
-        "its / fastest | DDP / fastest | tau | tau of scores |"
+        "its / fastest | DDP / fastest | tau | tau of scores | round spread |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
             f"| {row['model']} | {row['pick']} | {row['fastest']} | {row['ratio']:.3f} | "
             f"{row['pick_unscored']} | {row['ratio_unscored']:.3f} | "
-            f"{row['ddp_over_fastest']:.3f} | {row['tau']:.2f} | {row['tau_scored']:.2f} |"
+            f"{row['ddp_over_fastest']:.3f} | {row['tau']:.2f} | {row['tau_scored']:.2f} | "
+            f"{row['spread']:.3f} |"
         )
     print(f"median pick / fastest: {statistics.median(r['ratio'] for r in rows):.3f}")
+    print("pick / fastest by confidence (the same measurements):")
+    for confidence in CONFIDENCES:
+        ratios = {
+            r["model"]: r["by_confidence"][confidence]["ratio"]
+            for r in rows
+            if confidence in r["by_confidence"]
+        }
+        if ratios:
+            cells = ", ".join(f"{model} {ratio:.3f}" for model, ratio in ratios.items())
+            print(f"  {confidence}: {cells}; median {statistics.median(ratios.values()):.3f}")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as out:
             json.dump(rows, out, indent=1)
