@@ -109,8 +109,8 @@ def _summary(rows: list[dict[str, Any]]) -> None:
     faster = sum(1 for x in every if x > 1.05)
     slower = sum(1 for x in every if x < 1 / 1.05)
     print(
-        f"\n{len(every)} rows: geometric mean {_geomean(every):.2f}x; {faster} picks more than "
-        f"5 % faster than DDP's defaults, {slower} more than 5 % slower\n"
+        f"\n{len(every)} rows: geometric mean {_geomean(every):.2f}x; picks more than 5 % faster "
+        f"than DDP's defaults: {faster}; more than 5 % slower: {slower}\n"
     )
     print("| pick | rows | geometric mean | worst | best |")
     print("|---|---|---|---|---|")
