@@ -68,6 +68,15 @@ _TBF_LATENCY = "100ms"
 _FIRST_PORT = 29500
 _STOP_GRACE_S = 3.0
 _POLL_S = 0.05
+# After a rank fails, how long the others get to fail too before all are stopped.
+_SETTLE_S = 2.0
+# What gloo and NCCL write when a rank's peer is gone (a failure caused by another rank's).
+_PEER_LOST_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote process exited",
+)
 _STDERR_TAIL_LINES = 15
 _PR_SET_PDEATHSIG = 1
 _WORKER_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
@@ -627,7 +636,14 @@ class EmulatedCluster:
             codes = [proc.poll() for proc in procs]
             failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
             if failed:
+                # The ranks a crash leaves behind fail soon after it, each torchrun in its own
+                # time: let them, so that every failure is known before the cause is named.
+                settle = time.monotonic() + _SETTLE_S
+                while any(code is None for code in codes) and time.monotonic() < settle:
+                    time.sleep(_POLL_S)
+                    codes = [proc.poll() for proc in procs]
                 stop_processes(procs)
+                failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
                 raise ClusterRunError(self._failure_message(failed, codes, launch_dir))
             if all(code == 0 for code in codes):
                 lines.poll()
@@ -645,11 +661,19 @@ class EmulatedCluster:
     def _failure_message(
         self, failed: list[int], codes: list[int | None], launch_dir: Path
     ) -> str:
-        parts = []
+        stderrs = {}
         for rank in failed:
             path = launch_dir / f"rank{rank}.stderr"
-            stderr = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
-            worker = _worker_exit_code(stderr)
+            stderrs[rank] = (
+                path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+            )
+        # The cause first: a rank whose peer vanished under it failed because of another.
+        failed = sorted(
+            failed, key=lambda r: (any(m in stderrs[r] for m in _PEER_LOST_MARKERS), r)
+        )
+        parts = []
+        for rank in failed:
+            worker = _worker_exit_code(stderrs[rank])
             detail = f" (worker exit code {worker})" if worker is not None else ""
             parts.append(f"rank {rank} exited with code {codes[rank]}{detail}")
         first = failed[0]

@@ -121,6 +121,23 @@ def test_rank_crash_names_the_rank_and_cleans_up(tmp_path: Path) -> None:
     assert _eventually(lambda: not _processes_mentioning(str(output)), 5)
 
 
+def test_failure_names_the_rank_that_caused_it_first(tmp_path: Path) -> None:
+    """Rank 0 failed because rank 1's connection closed under it: rank 1 is the cause, named
+    first, and its stderr is the one shown."""
+    (tmp_path / "rank0.stderr").write_text(
+        "RuntimeError: ... Connection closed by peer [198.18.0.2]:684\n  exitcode  : 1\n"
+    )
+    (tmp_path / "rank1.stderr").write_text("rank 1: test crash\n  exitcode  : 3\n")
+    (tmp_path / "rank2.stderr").write_text("")
+    cluster = EmulatedCluster(3, "1gbit")
+    message = cluster._failure_message([0, 1], [1, 1, None], tmp_path)
+    assert message.startswith(
+        "rank 1 exited with code 1 (worker exit code 3); rank 0 exited with code 1 "
+        "(worker exit code 1); the other ranks of 3 were stopped"
+    )
+    assert message.endswith("rank 1: test crash\n  exitcode  : 3")
+
+
 _PARENT = """
 import sys
 from profiler.cluster import EmulatedCluster
