@@ -12,7 +12,6 @@ strategies are never priced: the searches prune them.
 """
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, get_args
 
@@ -142,7 +141,7 @@ class StrategyEvaluator:
         self.confidence = confidence
         # Each kind's factor, once: the search scores thousands of strategies.
         self._factors = (
-            {k: math.exp(calibration.quantile(k, confidence)) for k in RISK_KINDS}
+            {k: calibration.kind_factor(k, confidence) for k in RISK_KINDS}
             if calibration is not None
             else {}
         )

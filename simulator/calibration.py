@@ -104,7 +104,11 @@ class Calibration:
 
     def factor(self, strategy: Strategy, confidence: float) -> float:
         """What a predicted time of ``strategy`` is multiplied by to score it."""
-        return math.exp(self.quantile(risk_kind(strategy), confidence))
+        return self.kind_factor(risk_kind(strategy), confidence)
+
+    def kind_factor(self, kind: str, confidence: float) -> float:
+        """What a predicted time of a strategy of ``kind`` is multiplied by to score it."""
+        return math.exp(self.quantile(kind, confidence))
 
     def summary(self, confidence: float) -> dict[str, dict[str, float | int | None]]:
         """Per kind: the number of errors, their median (the bias: positive when the kind's
@@ -115,7 +119,7 @@ class Calibration:
             out[kind] = {
                 "runs": len(errors),
                 "median_error": statistics.median(errors) if errors else None,
-                "factor": math.exp(self.quantile(kind, confidence)),
+                "factor": self.kind_factor(kind, confidence),
             }
         return out
 
