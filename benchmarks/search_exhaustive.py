@@ -2,21 +2,27 @@
 
 For each model, a space of tensor-fusion strategies (DDP's defaults, DDP with a 4 MB and a
 one-bucket cap, the executor's buckets of 2, 4 and 8 equal-byte runs, and DeAR over 2 and 4
-such buckets) is priced by the simulator and every strategy is run through the executor on the
-emulated cluster ``--rounds`` times (default 3), each round in an order shuffled anew, and a
-point's time is the median of its rounds: one run of a strategy differs from the next by several
-per cent on this machine, more than the 3 % the pick is judged by. The pick is the strategy the
-search would take: the lowest score (the predicted time times its kind's calibration factor, see
-``simulator/calibration.py``; ``--confidence off``: the predicted time alone); the table gives
-its measured time as a ratio to the best measured one (1.00: the search found the fastest; the
-target is within 3 %), the same for the lowest predicted time alone, and the rank correlation
-of predicted and measured times.
+such buckets) is priced by the simulator, and every strategy is measured by the executor on the
+emulated cluster side by side (``executor.run.compare_training``): one launch holds all eight,
+which take turns of ``--iters`` steps in ``--rounds`` rounds, each round in a new order, and
+``--launches`` such launches are made. A point's time is the median of all its steps. On this
+machine one step differs from the next by 10-20 % and one launch's median from the next's by up
+to 10 %: separate launches of two points compare one slow spell with another, and two launches
+of one strategy were 7 % apart; side by side and 120 steps a point, the 90 % bootstrap interval
+of a ratio is a few per cent wide (printed with the pick's).
+
+The pick is the strategy the search would take: the lowest score (the predicted time times its
+kind's calibration factor, see ``simulator/calibration.py``; ``--confidence off``: the
+predicted time alone); the table gives its measured time as a ratio to the best measured one
+(1.00: the search found the fastest; the target is within 3 %), the same for the lowest
+predicted time alone, and the rank correlation of predicted and measured times.
 
     .venv/bin/python benchmarks/search_exhaustive.py --db sqlite:///bench.db \
-        --models gpt2-tiny bert-tiny vgg-mini mlp --world-size 2 --bandwidth 1gbit --rounds 3
+        --models gpt2-tiny bert-tiny vgg-mini mlp --world-size 2 --bandwidth 1gbit
 """
 
 import argparse
+import dataclasses
 import json
 import platform
 import random
@@ -28,7 +34,7 @@ import torch
 from data.specs.strategy import Strategy
 from data.store import Store
 from data.zoo import resolve_model
-from executor.run import RunOptions, run_training
+from executor.run import RunOptions, compare_training
 from profiler.cluster import remove_stale_namespaces
 from search.backtrack import even_cuts, strategy_of
 from service.cmd_search import build_evaluator
@@ -49,6 +55,20 @@ def space(order: list[str], sizes: list[int]) -> dict[str, Strategy]:
     for k in (2, 4):
         out[f"{k} buckets, DeAR"] = strategy_of(order, even_cuts(sizes, k), True)
     return out
+
+
+def ratio_interval(
+    numerator: list[float], denominator: list[float], draws: int = 2000
+) -> tuple[float, float]:
+    """90 % bootstrap interval of median(numerator) / median(denominator), each list
+    resampled with replacement (a fixed seed: the same samples give the same interval)."""
+    rng = random.Random(0)
+    ratios = sorted(
+        statistics.median(rng.choices(numerator, k=len(numerator)))
+        / statistics.median(rng.choices(denominator, k=len(denominator)))
+        for _ in range(draws)
+    )
+    return ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -110,17 +130,26 @@ def measure_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
     options = RunOptions(
         world_size=args.world_size, bandwidth=args.bandwidth, iters=args.iters, warmup=args.warmup
     )
-    runs: dict[str, list[float]] = {name: [] for name in points}
-    for round_index in range(args.rounds):
-        names = list(points)
-        random.Random(round_index).shuffle(names)
-        for name in names:
-            remove_stale_namespaces()
-            runs[name].append(run_training(spec, points[name], options).median_ms)
-            print(
-                f"#   {model} round {round_index + 1} {name}: {runs[name][-1]:.1f} ms", flush=True
-            )
-    measured = {name: statistics.median(times) for name, times in runs.items()}
+    names = list(points)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    for launch in range(args.launches):
+        remove_stale_namespaces()
+        results = compare_training(
+            spec,
+            [points[name] for name in names],
+            dataclasses.replace(options, seed=launch),
+            rounds=args.rounds,
+        )
+        for name, result in zip(names, results, strict=True):
+            samples[name].extend(result.samples_ms)
+            runs[name].append(result.median_ms)
+        print(
+            f"#   {model} launch {launch + 1}: "
+            + ", ".join(f"{name} {runs[name][-1]:.1f}" for name in names),
+            flush=True,
+        )
+    measured = {name: statistics.median(times) for name, times in samples.items()}
     pick = min(scored, key=scored.__getitem__)
     unscored = min(predicted, key=predicted.__getitem__)
     fastest = min(measured, key=measured.__getitem__)
@@ -133,6 +162,7 @@ def measure_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
         "pick_unscored": unscored,
         "fastest": fastest,
         "ratio": measured[pick] / measured[fastest],
+        "ratio_interval": ratio_interval(samples[pick], samples[fastest]),
         "ratio_unscored": measured[unscored] / measured[fastest],
         "tau": kendall_tau([predicted[k] for k in keys], [measured[k] for k in keys]),
         "tau_scored": kendall_tau([scored[k] for k in keys], [measured[k] for k in keys]),
@@ -142,7 +172,8 @@ def measure_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
         "measured": measured,
         "runs": runs,
         "by_confidence": picks_by_confidence(points, predicted, measured, evaluator.calibration),
-        # How far apart one point's rounds are (largest over smallest), the median over points.
+        "samples": samples,
+        # How far apart one point's launches are (largest over smallest), the median over points.
         "spread": statistics.median(max(times) / min(times) for times in runs.values()),
     }
 
@@ -155,29 +186,32 @@ def main() -> None:
     )
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--bandwidth", default="1gbit")
-    parser.add_argument("--iters", type=int, default=6)
+    parser.add_argument("--iters", type=int, default=4, help="kept steps of a turn")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3, help="runs of every point (median)")
+    parser.add_argument("--rounds", type=int, default=10, help="turns of every point a launch")
+    parser.add_argument("--launches", type=int, default=3, help="launches of the whole space")
     parser.add_argument("--simulator")
     parser.add_argument("--confidence", default="0.8", help="as ddlsim search's, or off")
     parser.add_argument("--out", help="also write the rows here (JSON)")
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    for name in ("iters", "rounds", "launches"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     rows = [measure_model(args, model) for model in args.models]
     print(
         f"# {args.world_size} ranks, {args.bandwidth}; torch {torch.__version__}; "
-        f"{platform.machine()}; {args.iters} iterations a run, "
-        f"median of {args.rounds} rounds"
+        f"{platform.machine()}; side by side, {args.launches} launches x {args.rounds} "
+        f"rounds x {args.iters} steps a point, the median of all"
     )
     print(
-        "| model | pick | fastest measured | pick / fastest | lowest prediction | "
-        "its / fastest | DDP / fastest | tau | tau of scores | round spread |"
+        "| model | pick | fastest measured | pick / fastest (90 % interval) | lowest prediction | "
+        "its / fastest | DDP / fastest | tau | tau of scores | launch spread |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(
-            f"| {row['model']} | {row['pick']} | {row['fastest']} | {row['ratio']:.3f} | "
+            f"| {row['model']} | {row['pick']} | {row['fastest']} | {row['ratio']:.3f} "
+            f"({row['ratio_interval'][0]:.3f}-{row['ratio_interval'][1]:.3f}) | "
             f"{row['pick_unscored']} | {row['ratio_unscored']:.3f} | "
             f"{row['ddp_over_fastest']:.3f} | {row['tau']:.2f} | {row['tau_scored']:.2f} | "
             f"{row['spread']:.3f} |"

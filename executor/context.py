@@ -89,13 +89,16 @@ class Trainer(Protocol):
     compute the same loss; pipeline stages other than the last return zero). When ``step``
     returns, every gradient collective this iteration needs before its optimizer step has
     completed; work a strategy overlaps with the next iteration (DeAR's all-gathers) may still be
-    in flight, and ``finish`` completes it.
+    in flight: ``drain`` completes it (the next ``step`` then starts with none), and ``finish``
+    completes it and releases what the trainer holds (no ``step`` after it).
 
     ``applied`` describes what really ran: at least ``{"plan": ...}``; data-parallel trainers add
     ``buckets`` (launch order, parameter names and bytes) and ``collectives``.
     """
 
     def step(self) -> torch.Tensor: ...
+
+    def drain(self) -> None: ...
 
     def finish(self) -> None: ...
 

@@ -95,6 +95,9 @@ class DDPTrainer:
         self.launched = self._recording
         return total / self.ctx.dp
 
+    def drain(self) -> None:
+        return None
+
     def finish(self) -> None:
         return None
 
@@ -269,10 +272,14 @@ class BucketTrainer:
             self.optimizer.step()
         return total / self.dp
 
-    def finish(self) -> None:
+    def drain(self) -> None:
         if self.dear:
             for index in list(self._gathers):
                 self._update_bucket(index)
+
+    def finish(self) -> None:
+        self.drain()
+        if self.dear:
             self.comm.close()
 
     def applied(self) -> dict[str, Any]:

@@ -74,6 +74,9 @@ class FSDPTrainer:
         self.optimizer.step()
         return total / self.ctx.dp
 
+    def drain(self) -> None:
+        return None
+
     def finish(self) -> None:
         return None
 

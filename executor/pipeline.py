@@ -391,6 +391,9 @@ class PipelineTrainer:
             grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
             offset += grad.numel()
 
+    def drain(self) -> None:
+        return None
+
     def finish(self) -> None:
         return None
 

@@ -1,4 +1,5 @@
-"""``run_training``: check a strategy, launch its ranks, and return what they measured.
+"""``run_training``: check a strategy, launch its ranks, and return what they measured;
+``compare_training``: several strategies side by side in one launch.
 
 The strategy is checked against the model and the world size before any process starts; the
 ranks run on an emulated cluster (one network namespace per rank, links shaped to
@@ -13,7 +14,7 @@ import platform
 import statistics
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,9 @@ class RunResult:
     wall_s: float
     # With RunOptions.trace: rank 0's profiled step ({name, lane, start_ms, end_ms}).
     trace: list[dict[str, Any]] | None = None
+    # compare_training: how many strategies shared the launch, and the rounds of turns.
+    side_by_side: int = 1
+    rounds: int = 1
 
     @property
     def median_ms(self) -> float:
@@ -160,6 +164,8 @@ class RunResult:
             "dropout": self.options.dropout,
             "warmup_ms": self.warmup_ms,
             "compile_time_s": self.compile_time_s,
+            "side_by_side": self.side_by_side,
+            "rounds": self.rounds,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -194,6 +200,9 @@ def _quantile(ordered: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+MAX_SIDE_BY_SIDE = 16
+
+
 def run_training(
     spec: ModelSpec,
     strategy: Strategy,
@@ -210,15 +219,79 @@ def run_training(
         InvalidOptionError: bad options.
         ClusterRunError: a rank failed or hung; every rank has been stopped.
     """
+    return _launch(
+        spec, [strategy], options, rounds=1, settle=0, progress=progress, extra_args=extra_args
+    )[0]
+
+
+def compare_training(
+    spec: ModelSpec,
+    strategies: Sequence[Strategy],
+    options: RunOptions,
+    *,
+    rounds: int = 3,
+    settle: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> list[RunResult]:
+    """Measure ``strategies`` side by side: one launch, each warmed up, then ``rounds`` rounds
+    in which every strategy takes a turn of ``settle`` discarded and ``options.iters`` kept
+    steps, in an order shuffled anew each round.
+
+    Every strategy sees the same machine at nearly the same moments, so a slow spell (this
+    2-core VM has them: one launch's median can differ from the next's by 10 %) slows them all
+    and their ratios stay; separate launches compare one spell with another. Each strategy has
+    a model and optimizer of its own in every rank's process. Returns one result per strategy,
+    in the order given; ``peak_memory_bytes`` is the process's, all strategies together.
+
+    Raises:
+        InvalidOptionError: no strategies or more than ``MAX_SIDE_BY_SIDE``, ``rounds`` < 1,
+            ``settle`` < 0, or a trace asked for (one strategy's launch only).
+        InvalidStrategyError, ClusterRunError: as ``run_training``.
+    """
+    if not 1 <= len(strategies) <= MAX_SIDE_BY_SIDE:
+        raise InvalidOptionError(
+            f"{len(strategies)} strategies to compare; allowed: 1 to {MAX_SIDE_BY_SIDE}"
+        )
+    for name, value, low in (("rounds", rounds, 1), ("settle", settle, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InvalidOptionError(f"{name}({value!r}) must be an integer >= {low}")
+    if options.trace:
+        raise InvalidOptionError("trace is for one strategy's run; use run_training")
+    return _launch(
+        spec, list(strategies), options, rounds=rounds, settle=settle, progress=progress
+    )
+
+
+def _launch(
+    spec: ModelSpec,
+    strategies: list[Strategy],
+    options: RunOptions,
+    *,
+    rounds: int,
+    settle: int,
+    progress: Callable[[str], None] | None,
+    extra_args: tuple[str, ...] = (),
+) -> list[RunResult]:
     say = progress or (lambda message: None)
     options.check_devices()
     say(f"capturing the graph of {spec.label}")
     graph = capture_graph(spec, CaptureOptions(optimizer=_capture_optimizer(options.optimizer)))
-    buckets = check_strategy(spec, strategy, options.world_size, graph)
+    variants = [
+        {
+            "strategy": strategy.to_dict(),
+            "buckets": [
+                {"params": list(b.params), "grad_bytes": b.grad_bytes}
+                for b in check_strategy(spec, strategy, options.world_size, graph)
+            ],
+        }
+        for strategy in strategies
+    ]
     config = {
         "spec": spec.to_dict(),
-        "strategy": strategy.to_dict(),
-        "buckets": [{"params": list(b.params), "grad_bytes": b.grad_bytes} for b in buckets],
+        **variants[0],
+        "variants": variants,
+        "rounds": rounds,
+        "settle": settle,
         "iters": options.iters,
         "warmup": options.warmup,
         "seed": options.seed,
@@ -254,21 +327,26 @@ def run_training(
                 stdout_callback=say,
             )
         raw = json.loads(output.read_text(encoding="utf-8"))
-    return RunResult(
-        model=spec.label,
-        graph=graph,
-        strategy=strategy,
-        options=options,
-        samples_ms=[float(x) for x in raw["samples_ms"]],
-        warmup_ms=[float(x) for x in raw["warmup_ms"]],
-        losses=[float(x) for x in raw["losses"]],
-        peak_memory_bytes=[int(x) for x in raw["peak_memory_bytes"]],
-        applied=raw["applied"],
-        network=launched.network,
-        rank_cores=launched.rank_cores,
-        wall_s=launched.wall_s,
-        trace=raw.get("trace"),
-    )
+    return [
+        RunResult(
+            model=spec.label,
+            graph=graph,
+            strategy=strategy,
+            options=options,
+            samples_ms=[float(x) for x in mine["samples_ms"]],
+            warmup_ms=[float(x) for x in mine["warmup_ms"]],
+            losses=[float(x) for x in mine["losses"]],
+            peak_memory_bytes=[int(x) for x in raw["peak_memory_bytes"]],
+            applied=mine["applied"],
+            network=launched.network,
+            rank_cores=launched.rank_cores,
+            wall_s=launched.wall_s,
+            trace=raw.get("trace"),
+            side_by_side=len(strategies),
+            rounds=rounds,
+        )
+        for strategy, mine in zip(strategies, raw["variants"], strict=True)
+    ]
 
 
 def _capture_optimizer(name: str) -> Optimizer:

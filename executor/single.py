@@ -27,6 +27,9 @@ class SingleTrainer:
         self.optimizer.step()
         return total
 
+    def drain(self) -> None:
+        return None
+
     def finish(self) -> None:
         return None
 

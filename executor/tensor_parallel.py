@@ -223,6 +223,9 @@ class TensorParallelTrainer:
             grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
             offset += grad.numel()
 
+    def drain(self) -> None:
+        return None
+
     def finish(self) -> None:
         return None
 

@@ -5,11 +5,20 @@ on rank 0 writes the result JSON to ``--output``. Iteration ``i``'s time is the 
 ranks of the wall time of its ``step()`` (stragglers count); the loss of step ``i`` is the sum of
 every rank's share (the loss of the whole global batch). Warm-up steps are timed apart: with
 compiled blocks the first one includes the compilation.
+
+Side by side (``variants`` in the config): the launch builds a trainer for each strategy, warms
+each up in turn, then runs ``rounds`` rounds; in each round every strategy takes one turn, in an
+order shuffled anew (the same on every rank), of ``settle`` steps that are not kept and ``iters``
+that are. A slow spell of the machine then falls on all of them alike, and their ratios are
+steadier than those of separate launches. The result's ``variants`` holds each one's samples,
+warm-up, losses (every step it ran, in order) and ``applied``; peak memory is the process's, all
+of the strategies together.
 """
 
 import argparse
 import json
 import os
+import random
 import resource
 import sys
 import time
@@ -129,6 +138,26 @@ def _traced_step(trainer: Any, device: torch.device, *, record: bool) -> list[di
     )
 
 
+def _variants(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The strategies of this launch: ``config["variants"]`` (each ``strategy`` and
+    ``buckets``), or the one in ``config["strategy"]`` and ``config["buckets"]``."""
+    if config.get("variants"):
+        return list(config["variants"])
+    return [{"strategy": config["strategy"], "buckets": config["buckets"]}]
+
+
+def _turns(count: int, rounds: int, seed: int) -> list[int]:
+    """The order the variants take turns in: ``rounds`` rounds, each a permutation of the
+    ``count`` variants shuffled from ``seed`` and the round (every rank draws the same)."""
+    order: list[int] = []
+    for round_index in range(rounds):
+        names = list(range(count))
+        if count > 1:
+            random.Random(seed * 1_000_003 + round_index).shuffle(names)
+        order.extend(names)
+    return order
+
+
 def run_rank(config: dict[str, Any], output: Path) -> None:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -140,41 +169,76 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
             timeout=timedelta(seconds=float(config["collective_timeout_s"])),
         )
     report_placement()
-    ctx = _context(config, rank, world_size, device)
-    buckets = [
-        Bucket(index=i, params=tuple(b["params"]), grad_bytes=int(b["grad_bytes"]))
-        for i, b in enumerate(config["buckets"])
-    ]
-    trainer = build_trainer(ctx, buckets)
+    trainers = []
+    contexts = []
+    for variant in _variants(config):
+        ctx = _context({**config, "strategy": variant["strategy"]}, rank, world_size, device)
+        buckets = [
+            Bucket(index=i, params=tuple(b["params"]), grad_bytes=int(b["grad_bytes"]))
+            for i, b in enumerate(variant["buckets"])
+        ]
+        contexts.append(ctx)
+        trainers.append(build_trainer(ctx, buckets))
+    count = len(trainers)
     warmup, iters = int(config["warmup"]), int(config["iters"])
+    rounds = int(config.get("rounds", 1))
+    # Steps run and not kept at the start of each turn after the first (side by side only):
+    # the previous variant's model has just had the caches.
+    settle = int(config.get("settle", 1)) if count > 1 else 0
     if rank == config.get("test_crash_rank", -1):
         print(f"rank {rank}: crashing on purpose (test)", file=sys.stderr, flush=True)
         sys.exit(3)
     if rank == config.get("test_hang_rank", -1):
         time.sleep(3600)
-    times_ms: list[float] = []
-    shares: list[torch.Tensor] = []
-    for index in range(warmup + iters):
+    # (variant, kind, ms, loss share); kind "warmup", "settle" or "sample".
+    steps: list[tuple[int, str, float, torch.Tensor]] = []
+
+    def timed(index: int, kind: str) -> None:
         _synchronize(device)
         start = time.perf_counter()
-        shares.append(trainer.step())
+        share = trainers[index].step()
         _synchronize(device)
-        times_ms.append((time.perf_counter() - start) * 1e3)
-        if rank == 0:
-            done = (
-                f"warm-up {index + 1}/{warmup}"
-                if index < warmup
-                else (f"iteration {index - warmup + 1}/{iters}")
-            )
-            print(f"{done}: {times_ms[-1]:.1f} ms on rank 0", flush=True)
+        steps.append((index, kind, (time.perf_counter() - start) * 1e3, share))
+
+    turns = _turns(count, rounds, int(config["seed"]))
+    for index in range(count):
+        for step in range(warmup):
+            timed(index, "warmup")
+            if rank == 0:
+                label = f" of strategy {index + 1}/{count}" if count > 1 else ""
+                print(
+                    f"warm-up {step + 1}/{warmup}{label}: {steps[-1][2]:.1f} ms on rank 0",
+                    flush=True,
+                )
+        trainers[index].drain()
+    done = 0
+    for index in turns:
+        for _ in range(settle):
+            timed(index, "settle")
+        for _ in range(iters):
+            timed(index, "sample")
+            done += 1
+            if rank == 0:
+                label = f" (strategy {index + 1})" if count > 1 else ""
+                print(
+                    f"iteration {done}/{iters * len(turns)}{label}: {steps[-1][2]:.1f} ms "
+                    f"on rank 0",
+                    flush=True,
+                )
+        if count > 1:
+            trainers[index].drain()
     # One more step, profiled on rank 0, for the run's trace (kept out of the samples).
-    trace = _traced_step(trainer, device, record=rank == 0) if config.get("trace") else None
-    trainer.finish()
+    trace = _traced_step(trainers[0], device, record=rank == 0) if config.get("trace") else None
+    for trainer in trainers:
+        trainer.finish()
     # NCCL reduces device tensors only; gloo takes either.
-    losses = torch.stack([s.detach().float().reshape(()).to(device) for s in shares])
-    times = torch.tensor(times_ms, dtype=torch.float64, device=device)
+    losses = torch.stack([s.detach().float().reshape(()).to(device) for *_, s in steps])
+    times = torch.tensor([ms for _, _, ms, _ in steps], dtype=torch.float64, device=device)
     gathered: list[Any] = [None] * world_size
-    mine = {"peak_memory_bytes": _peak_memory_bytes(device), "applied": trainer.applied()}
+    mine = {
+        "peak_memory_bytes": _peak_memory_bytes(device),
+        "applied": [trainer.applied() for trainer in trainers],
+    }
     if world_size > 1:
         dist.all_reduce(losses)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
@@ -182,26 +246,39 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
     else:
         gathered = [mine]
     if rank == 0:
-        applied = dict(gathered[0]["applied"])
-        others = [g["applied"] for g in gathered[1:] if g["applied"] != applied]
-        if others:
-            applied["per_rank"] = [g["applied"] for g in gathered]
-        applied["device"] = (
-            torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-        )
-        applied["backend"] = dist.get_backend() if world_size > 1 else None
-        applied["compiled"] = list(ctx.strategy.op_fusion.compiled)
-        if applied["compiled"]:
+        compiled_graphs = None
+        if any(ctx.strategy.op_fusion.compiled for ctx in contexts):
             from torch._dynamo.utils import counters
 
             # Graphs dynamo really compiled on rank 0: proof the blocks ran compiled.
-            applied["compiled_graphs"] = int(counters["stats"]["unique_graphs"])
+            compiled_graphs = int(counters["stats"]["unique_graphs"])
+        step_ms, step_loss = times.cpu().tolist(), losses.cpu().tolist()
+        results = []
+        for index, ctx in enumerate(contexts):
+            applied = dict(gathered[0]["applied"][index])
+            per_rank = [g["applied"][index] for g in gathered]
+            if any(other != applied for other in per_rank[1:]):
+                applied["per_rank"] = per_rank
+            applied["device"] = (
+                torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+            )
+            applied["backend"] = dist.get_backend() if world_size > 1 else None
+            applied["compiled"] = list(ctx.strategy.op_fusion.compiled)
+            if applied["compiled"]:
+                applied["compiled_graphs"] = compiled_graphs
+            mine_steps = [k for k, step in enumerate(steps) if step[0] == index]
+            results.append(
+                {
+                    "warmup_ms": [step_ms[k] for k in mine_steps if steps[k][1] == "warmup"],
+                    "samples_ms": [step_ms[k] for k in mine_steps if steps[k][1] == "sample"],
+                    "losses": [step_loss[k] for k in mine_steps],
+                    "applied": applied,
+                }
+            )
         result = {
-            "warmup_ms": times.cpu().tolist()[:warmup],
-            "samples_ms": times.cpu().tolist()[warmup:],
-            "losses": losses.cpu().tolist(),
+            **results[0],
+            "variants": results,
             "peak_memory_bytes": [int(g["peak_memory_bytes"]) for g in gathered],
-            "applied": applied,
             "trace": trace,
         }
         tmp = output.with_suffix(".tmp")

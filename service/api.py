@@ -131,6 +131,15 @@ class StrategyRequest(Inputs):
     verify: bool = False
     iters: Annotated[int, Field(ge=1, le=1000)] = 6
     warmup: Annotated[int, Field(ge=1, le=100)] = 2
+    verify_rounds: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=100,
+            description="verify: the best and the baseline run side by side, taking turns of "
+            "iters steps this many times each",
+        ),
+    ] = 3
 
 
 class ProfilingRun(Body):

@@ -35,7 +35,7 @@ from data.specs.strategy import ParallelPlan, Strategy
 from data.store import Store
 from data.zoo import resolve_model
 from executor.plan import model_supports
-from executor.run import RunOptions, run_training
+from executor.run import RunOptions, compare_training, run_training
 from profiler.capture import CaptureOptions, capture_graph
 from profiler.cluster import remove_stale_namespaces
 from search.autotune import autotune_fusion
@@ -454,9 +454,12 @@ def _verify(
 ) -> dict[str, Any]:
     """Run the best strategy and the baseline through the executor, side by side.
 
-    A strategy whose predicted peak memory is over the capacity is not run (it would exhaust
-    this machine's memory, every rank being here): its measured time is ``None`` and
-    ``not_run`` says why. When the pick is DDP's defaults it runs once (``kept_baseline``).
+    Both run in one launch (``compare_training``), taking turns of ``--iters`` steps over
+    ``--verify-rounds`` rounds, so that a slow spell of the machine slows both and the speed-up
+    is a ratio from one run. A strategy whose predicted peak memory is over the capacity is not
+    run (it would exhaust this machine's memory, every rank being here): its measured time is
+    ``None``, ``not_run`` says why, and the other runs alone. When the pick is DDP's defaults it
+    runs once (``kept_baseline``).
     """
     remove_stale_namespaces()
     options = RunOptions(
@@ -465,23 +468,27 @@ def _verify(
         iters=args.iters,
         warmup=args.warmup,
     )
-    measured: dict[str, float | None] = {}
+    measured: dict[str, float | None] = {"baseline": None, "best": None}
     not_run: dict[str, str] = {}
     kept = result.best.to_json() == result.baseline.to_json()
+    to_run: dict[str, Strategy] = {}
     for name, strategy in (("baseline", result.baseline), ("best", result.best)):
         entry = payload[name]
         if name == "best" and kept:  # the pick is DDP's defaults: one run says it all
-            measured[name] = measured["baseline"]
             continue
         if not entry["fits"]:
-            measured[name] = None
             not_run[name] = (
                 f"predicted peak {entry['peak_memory_gib']:.2f} GiB a rank is over the "
                 f"capacity of {payload['memory_capacity_gib']:.2f} GiB"
             )
             continue
-        progress(f"running the {name} for real")
-        measured[name] = run_training(spec, strategy, options).median_ms
+        to_run[name] = strategy
+    if to_run:
+        progress(f"running the {' and the '.join(to_run)} for real")
+        results = compare_training(spec, list(to_run.values()), options, rounds=args.verify_rounds)
+        measured.update((name, run.median_ms) for name, run in zip(to_run, results, strict=True))
+    if kept:
+        measured["best"] = measured["baseline"]
     best, baseline = measured["best"], measured["baseline"]
     out: dict[str, Any] = {
         "measured_best_ms": best,
@@ -627,6 +634,13 @@ def register(sub: Any) -> None:
         "--iters", type=positive_int, default=6, help="--verify's and autotune's iterations"
     )
     cmd.add_argument("--warmup", type=positive_int, default=2, help="--verify's warm-up")
+    cmd.add_argument(
+        "--verify-rounds",
+        type=positive_int,
+        default=3,
+        help="--verify: the best and the baseline run side by side, taking turns of --iters "
+        "steps this many times each",
+    )
     cmd.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
     cmd.add_argument("--json", action="store_true", help="print JSON")
     cmd.set_defaults(handler=cmd_search)

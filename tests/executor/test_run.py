@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import InvalidStrategyError
+from data.errors import InvalidOptionError, InvalidStrategyError
 from data.specs.strategy import Strategy
 from data.store import Store
 from data.zoo import ZOO
-from executor.run import RunOptions, run_training
+from executor.run import MAX_SIDE_BY_SIDE, RunOptions, compare_training, run_training
 from profiler.cluster import NAMESPACE_PREFIX, ClusterRunError
 from service.cli import main
+from tests.executor.harness import assert_losses_match, reference_losses
 
 MLP = ZOO["mlp"].with_inputs(batch_size=16)
 MLP_JSON = json.dumps(MLP.to_dict())
@@ -178,3 +179,54 @@ def test_batch_runs_executor_jobs(capsys: pytest.CaptureFixture[str], tmp_path: 
         (stored,) = store.measurements()
     assert stored.world_size == 2 and len(stored.iteration_time_ms) == 2
     assert stored.applied["fusion"] == "hooks"
+
+
+def test_side_by_side_strategies_train_apart_and_take_turns() -> None:
+    strategies = [
+        Strategy(),
+        Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 0.1, "dear": True}}),
+        Strategy.from_dict({"parallel": {"pp": 2, "micro_batches": 2}}),
+    ]
+    rounds, iters, warmup = 2, 2, 1
+    results = compare_training(
+        MLP, strategies, RunOptions(world_size=2, iters=iters, warmup=warmup), rounds=rounds
+    )
+    assert [r.strategy for r in results] == strategies
+    assert [r.applied["plan"] for r in results] == ["ddp", "ddp", "pipeline"]
+    assert [r.applied["fusion"] for r in results[:2]] == ["ddp", "hooks"]
+    # Each model trains on its own: every step it ran (warm-up, the one settling step of each
+    # turn, the kept ones) matches single-process training, as if it had run alone.
+    steps = warmup + rounds * (1 + iters)
+    want = reference_losses(MLP, steps)
+    for result in results:
+        assert len(result.samples_ms) == rounds * iters and len(result.warmup_ms) == warmup
+        assert (result.side_by_side, result.rounds) == (3, rounds)
+        assert_losses_match(result.losses, want, rtol=1e-4)
+    assert _ddlsim_ranks() == []
+
+
+def test_one_strategy_side_by_side_is_a_plain_run() -> None:
+    (result,) = compare_training(
+        MLP, [Strategy()], RunOptions(world_size=2, iters=2, warmup=1), rounds=2
+    )
+    # One strategy has no turns to settle from: rounds of kept steps back to back.
+    assert len(result.samples_ms) == 4
+    assert_losses_match(result.losses, reference_losses(MLP, 5), rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("count", "kwargs", "options", "message"),
+    [
+        (0, {}, {}, r"0 strategies to compare; allowed: 1 to 16"),
+        (MAX_SIDE_BY_SIDE + 1, {}, {}, r"17 strategies to compare; allowed: 1 to 16"),
+        (2, {"rounds": 0}, {}, r"rounds\(0\) must be an integer >= 1"),
+        (2, {"settle": -1}, {}, r"settle\(-1\) must be an integer >= 0"),
+        (2, {}, {"trace": True}, "trace is for one strategy's run"),
+    ],
+)
+def test_bad_comparisons_are_refused_before_any_rank_starts(
+    count: int, kwargs: dict, options: dict, message: str
+) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        compare_training(MLP, [Strategy()] * count, RunOptions(world_size=2, **options), **kwargs)
+    assert _ddlsim_ranks() == []

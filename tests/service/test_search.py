@@ -38,7 +38,18 @@ def test_search_finds_no_worse_than_the_baseline(
 
 
 def test_verify_runs_the_best_and_the_baseline(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _search(capsys, "--budget", "20", "--verify", "--iters", "2", "--warmup", "1")
+    out = _search(
+        capsys,
+        "--budget",
+        "20",
+        "--verify",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--verify-rounds",
+        "2",
+    )
     assert out["measured_best_ms"] > 0 and out["measured_baseline_ms"] > 0
     assert out["speedup"] == pytest.approx(out["measured_baseline_ms"] / out["measured_best_ms"])
 
