@@ -288,7 +288,6 @@ def _launch(
     ]
     config = {
         "spec": spec.to_dict(),
-        **variants[0],
         "variants": variants,
         "rounds": rounds,
         "settle": settle,

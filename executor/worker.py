@@ -1,18 +1,18 @@
 """One rank of an executor run; started under torchrun by ``executor.run``.
 
-Reads the run's JSON config (model spec, strategy, bucket partition, iterations), trains, and
-on rank 0 writes the result JSON to ``--output``. Iteration ``i``'s time is the maximum over
-ranks of the wall time of its ``step()`` (stragglers count); the loss of step ``i`` is the sum of
-every rank's share (the loss of the whole global batch). Warm-up steps are timed apart: with
-compiled blocks the first one includes the compilation.
+Reads the run's JSON config (model spec, the strategies with their bucket partitions,
+iterations), trains, and on rank 0 writes the result JSON to ``--output``. Iteration ``i``'s
+time is the maximum over ranks of the wall time of its ``step()`` (stragglers count); the loss of
+step ``i`` is the sum of every rank's share (the loss of the whole global batch). Warm-up steps
+are timed apart: with compiled blocks the first one includes the compilation.
 
-Side by side (``variants`` in the config): the launch builds a trainer for each strategy, warms
-each up in turn, then runs ``rounds`` rounds; in each round every strategy takes one turn, in an
-order shuffled anew (the same on every rank), of ``settle`` steps that are not kept and ``iters``
-that are. A slow spell of the machine then falls on all of them alike, and their ratios are
-steadier than those of separate launches. The result's ``variants`` holds each one's samples,
-warm-up, losses (every step it ran, in order) and ``applied``; peak memory is the process's, all
-of the strategies together.
+A launch holds one or several strategies (``variants`` in the config). Several run side by
+side: a trainer is built for each, each warms up in turn, then ``rounds`` rounds follow; in each
+round every strategy takes one turn, in an order shuffled anew (the same on every rank), of
+``settle`` steps that are not kept and ``iters`` that are. A slow spell of the machine then
+falls on all of them alike, and their ratios are steadier than those of separate launches. The
+result's ``variants`` holds each one's samples, warm-up, losses (every step it ran, in order)
+and ``applied``; peak memory is the process's, all of the strategies together.
 """
 
 import argparse
@@ -39,10 +39,13 @@ from profiler.cluster import die_with_parent, report_placement
 
 
 def _context(
-    config: dict[str, Any], rank: int, world_size: int, device: torch.device
+    config: dict[str, Any],
+    strategy: Strategy,
+    rank: int,
+    world_size: int,
+    device: torch.device,
 ) -> RankContext:
     spec = ModelSpec.from_dict(config["spec"])
-    strategy = Strategy.from_dict(config["strategy"])
     plan = strategy.parallel
     dp = plan.resolve_dp(world_size)
     mesh = None
@@ -138,14 +141,6 @@ def _traced_step(trainer: Any, device: torch.device, *, record: bool) -> list[di
     )
 
 
-def _variants(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """The strategies of this launch: ``config["variants"]`` (each ``strategy`` and
-    ``buckets``), or the one in ``config["strategy"]`` and ``config["buckets"]``."""
-    if config.get("variants"):
-        return list(config["variants"])
-    return [{"strategy": config["strategy"], "buckets": config["buckets"]}]
-
-
 def _turns(count: int, rounds: int, seed: int) -> list[int]:
     """The order the variants take turns in: ``rounds`` rounds, each a permutation of the
     ``count`` variants shuffled from ``seed`` and the round (every rank draws the same)."""
@@ -171,8 +166,9 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
     report_placement()
     trainers = []
     contexts = []
-    for variant in _variants(config):
-        ctx = _context({**config, "strategy": variant["strategy"]}, rank, world_size, device)
+    for variant in config["variants"]:
+        strategy = Strategy.from_dict(variant["strategy"])
+        ctx = _context(config, strategy, rank, world_size, device)
         buckets = [
             Bucket(index=i, params=tuple(b["params"]), grad_bytes=int(b["grad_bytes"]))
             for i, b in enumerate(variant["buckets"])
@@ -182,8 +178,8 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
     count = len(trainers)
     warmup, iters = int(config["warmup"]), int(config["iters"])
     rounds = int(config.get("rounds", 1))
-    # Steps run and not kept at the start of each turn after the first (side by side only):
-    # the previous variant's model has just had the caches.
+    # Steps run and not kept at the start of every turn (side by side only): the previous
+    # strategy's model has just had the caches.
     settle = int(config.get("settle", 1)) if count > 1 else 0
     if rank == config.get("test_crash_rank", -1):
         print(f"rank {rank}: crashing on purpose (test)", file=sys.stderr, flush=True)
@@ -276,7 +272,6 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
                 }
             )
         result = {
-            **results[0],
             "variants": results,
             "peak_memory_bytes": [int(g["peak_memory_bytes"]) for g in gathered],
             "trace": trace,
