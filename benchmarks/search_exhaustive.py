@@ -6,10 +6,10 @@ such buckets) is priced by the simulator, and every strategy is measured by the 
 emulated cluster side by side (``executor.run.compare_training``): one launch holds all eight,
 which take turns of ``--iters`` steps in ``--rounds`` rounds, each round in a new order, and
 ``--launches`` such launches are made. A point's time is the median of all its steps. On this
-machine one step differs from the next by 10-20 % and one launch's median from the next's by up
-to 10 %: separate launches of two points compare one slow spell with another, and two launches
-of one strategy were 7 % apart; side by side and 120 steps a point, the 90 % bootstrap interval
-of a ratio is a few per cent wide (printed with the pick's).
+machine one step differs from the next by 10-20 % and separate launches of one strategy by
+several per cent: launched apart, two points compare one slow spell with another. Side by side,
+with 120 steps a point, the 90 % bootstrap interval of a ratio is a few per cent wide (printed
+with the pick's); the table's launch spread shows how far one point's launches are apart.
 
 The pick is the strategy the search would take: the lowest score (the predicted time times its
 kind's calibration factor, see ``simulator/calibration.py``; ``--confidence off``: the
