@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import platform
+import random
 import statistics
 import tempfile
 import warnings
@@ -198,6 +199,32 @@ def _quantile(ordered: list[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def ratio_interval(
+    numerator_ms: Sequence[float], denominator_ms: Sequence[float], *, draws: int = 2000
+) -> tuple[float, float]:
+    """90 % bootstrap interval of ``median(numerator_ms) / median(denominator_ms)``: each list
+    resampled with replacement, ``draws`` times. The seed is fixed, so the same samples give the
+    same interval.
+
+    Raises:
+        InvalidOptionError: an empty list, or ``draws`` < 20.
+    """
+    if not numerator_ms or not denominator_ms:
+        raise InvalidOptionError(
+            f"samples({len(numerator_ms)}, {len(denominator_ms)}): both need at least one"
+        )
+    if draws < 20:
+        raise InvalidOptionError(f"draws({draws}) must be >= 20")
+    rng = random.Random(0)
+    top, bottom = list(numerator_ms), list(denominator_ms)
+    ratios = sorted(
+        statistics.median(rng.choices(top, k=len(top)))
+        / statistics.median(rng.choices(bottom, k=len(bottom)))
+        for _ in range(draws)
+    )
+    return ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]
 
 
 MAX_SIDE_BY_SIDE = 16

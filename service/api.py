@@ -36,6 +36,7 @@ from data.specs.strategy import Strategy
 from data.store import Store, StoreError
 from data.store.tasks import TaskNotFoundError, TaskQueue
 from data.zoo import ZOO
+from executor.run import MAX_SIDE_BY_SIDE
 from profiler.batch import parse_batch_data
 from profiler.capture import CaptureOptions, capture_graph
 from service.cmd_predict import MissingProfileError, cost_model_for, predict_on_store
@@ -136,10 +137,19 @@ class StrategyRequest(Inputs):
         Field(
             ge=1,
             le=100,
-            description="verify: the best and the baseline run side by side, taking turns of "
-            "iters steps this many times each",
+            description="verify: the strategies run side by side, taking turns of iters steps "
+            "this many times each",
         ),
     ] = 3
+    verify_top: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=MAX_SIDE_BY_SIDE - 1,
+            description="verify: also run the next candidates of top, up to this many in all, "
+            "and keep the measured fastest of them and DDP's defaults (1: verify the pick only)",
+        ),
+    ] = 1
 
 
 class ProfilingRun(Body):
@@ -335,6 +345,12 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/strategy-requests", tags=["jobs"], status_code=202, dependencies=write)
     def strategy_request(body: StrategyRequest) -> dict[str, Any]:
+        if body.verify_top > 1 and not (body.verify and body.verify_top <= body.top):
+            raise BadRequestError(
+                f"verify_top({body.verify_top}) > 1 needs verify and must be <= top({body.top})",
+                field="body.verify_top",
+                status=422,
+            )
         spec = _inputs(store, body)
         request = body.model_dump(exclude={"model", "batch_size", "seq_len", "image_size"})
         return submit("search", {**request, "model": spec.to_dict()})

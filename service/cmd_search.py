@@ -18,6 +18,7 @@ from the store's fits of the link (the link's nominal rate where none is stored)
 import argparse
 import multiprocessing
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -35,7 +36,13 @@ from data.specs.strategy import ParallelPlan, Strategy
 from data.store import Store
 from data.zoo import resolve_model
 from executor.plan import model_supports
-from executor.run import RunOptions, compare_training, run_training
+from executor.run import (
+    MAX_SIDE_BY_SIDE,
+    RunOptions,
+    compare_training,
+    ratio_interval,
+    run_training,
+)
 from profiler.capture import CaptureOptions, capture_graph
 from profiler.cluster import remove_stale_namespaces
 from search.autotune import autotune_fusion
@@ -129,7 +136,7 @@ def run_search(args: argparse.Namespace, report: Report | None = None) -> dict[s
         payload["pruned"] = pruned
     if args.verify:
         if report is not None:
-            report(1.0, "running the best strategy and the baseline for real")
+            report(1.0, "running the pick and the baseline for real")
         payload.update(_verify(args, spec, result, payload))
     return payload
 
@@ -145,6 +152,13 @@ def _check(args: argparse.Namespace) -> None:
         check_confidence(args.confidence)
     if args.memory_gb is not None and not args.memory_gb > 0:
         raise InvalidOptionError(f"memory_gb({args.memory_gb}) must be > 0")
+    if args.verify_top > 1 and not args.verify:
+        raise InvalidOptionError(f"verify_top({args.verify_top}) > 1 needs --verify")
+    if args.verify_top > min(args.top, MAX_SIDE_BY_SIDE - 1):
+        raise InvalidOptionError(
+            f"verify_top({args.verify_top}) must be <= top({args.top}) and <= "
+            f"{MAX_SIDE_BY_SIDE - 1} (the candidates and DDP's defaults run in one launch)"
+        )
     if args.workers > 1 and args.algo not in SAMPLERS:
         raise InvalidOptionError(
             f"workers({args.workers}) > 1 needs an Optuna sampler (--algo "
@@ -452,14 +466,18 @@ def _calibration_json(evaluator: StrategyEvaluator) -> dict[str, Any] | None:
 def _verify(
     args: argparse.Namespace, spec: ModelSpec, result: SearchResult, payload: dict[str, Any]
 ) -> dict[str, Any]:
-    """Run the best strategy and the baseline through the executor, side by side.
+    """Run the pick, the next ``--verify-top`` - 1 candidates and the baseline through the
+    executor, side by side.
 
-    Both run in one launch (``compare_training``), taking turns of ``--iters`` steps over
-    ``--verify-rounds`` rounds, so that a slow spell of the machine slows both and the speed-up
-    is a ratio from one run. A strategy whose predicted peak memory is over the capacity is not
-    run (it would exhaust this machine's memory, every rank being here): its measured time is
-    ``None``, ``not_run`` says why, and the other runs alone. When the pick is DDP's defaults it
-    runs once (``kept_baseline``).
+    All run in one launch (``compare_training``), taking turns of ``--iters`` steps over
+    ``--verify-rounds`` rounds, so that a slow spell of the machine slows them all and the
+    speed-up is a ratio from one run. With ``--verify-top`` 1 the pick stays the search's; with
+    more, the measured fastest of the candidates and DDP's defaults becomes ``best``
+    (``picked_by`` ``"measurement"``, the search's own pick kept as ``scored_best``): the
+    simulator narrows thousands of strategies to a few, the executor settles the few. A strategy
+    whose predicted peak memory is over the capacity is not run (it would exhaust this machine's
+    memory, every rank being here): its measured time is ``None`` and ``not_run`` says why. A
+    strategy listed twice (the pick is DDP's defaults: ``kept_baseline``) runs once.
     """
     remove_stale_namespaces()
     options = RunOptions(
@@ -468,38 +486,75 @@ def _verify(
         iters=args.iters,
         warmup=args.warmup,
     )
-    measured: dict[str, float | None] = {"baseline": None, "best": None}
+    named = _verified_candidates(payload, args.verify_top)
+    keys = {name: _key(entry["strategy"]) for name, entry in named.items()}
     not_run: dict[str, str] = {}
-    kept = result.best.to_json() == result.baseline.to_json()
-    to_run: dict[str, Strategy] = {}
-    for name, strategy in (("baseline", result.baseline), ("best", result.best)):
-        entry = payload[name]
-        if name == "best" and kept:  # the pick is DDP's defaults: one run says it all
-            continue
+    to_run: dict[str, Strategy] = {}  # by strategy key, each once
+    for name, entry in named.items():
         if not entry["fits"]:
             not_run[name] = (
                 f"predicted peak {entry['peak_memory_gib']:.2f} GiB a rank is over the "
                 f"capacity of {payload['memory_capacity_gib']:.2f} GiB"
             )
-            continue
-        to_run[name] = strategy
+        else:
+            to_run.setdefault(keys[name], Strategy.from_dict(entry["strategy"]))
+    samples: dict[str, list[float]] = {}
     if to_run:
-        progress(f"running the {' and the '.join(to_run)} for real")
-        results = compare_training(spec, list(to_run.values()), options, rounds=args.verify_rounds)
-        measured.update((name, run.median_ms) for name, run in zip(to_run, results, strict=True))
-    if kept:
-        measured["best"] = measured["baseline"]
-    best, baseline = measured["best"], measured["baseline"]
-    out: dict[str, Any] = {
-        "measured_best_ms": best,
-        "measured_baseline_ms": baseline,
-        "speedup": baseline / best if best and baseline else None,
-    }
-    if kept:
+        progress(f"running {len(to_run)} strateg{'y' if len(to_run) == 1 else 'ies'} for real")
+        runs = compare_training(spec, list(to_run.values()), options, rounds=args.verify_rounds)
+        samples = {key: run.samples_ms for key, run in zip(to_run, runs, strict=True)}
+
+    def median(name: str) -> float | None:
+        got = samples.get(keys[name])
+        return statistics.median(got) if got else None
+
+    out: dict[str, Any] = {"picked_by": "score"}
+    best = "best"
+    if args.verify_top > 1:
+        ran = [name for name in named if median(name) is not None]
+        if ran:
+            best = min(ran, key=lambda name: (median(name), name != "best"))
+            out["picked_by"] = "measurement"
+            if best != "best":
+                out["scored_best"] = named["best"]
+                out["best"] = named[best]
+    best_ms, baseline_ms = median(best), median("baseline")
+    out["measured_best_ms"] = best_ms
+    out["measured_baseline_ms"] = baseline_ms
+    out["speedup"] = baseline_ms / best_ms if best_ms and baseline_ms else None
+    out["speedup_interval"] = (
+        list(ratio_interval(samples[keys["baseline"]], samples[keys[best]]))
+        if out["speedup"] is not None
+        else None
+    )
+    rows = []
+    for key in samples:
+        names = [name for name in named if keys[name] == key and name not in not_run]
+        rows.append({**named[names[0]], "measured_ms": median(names[0]), "verified_as": names})
+    out["verified"] = sorted(rows, key=lambda row: row["measured_ms"])
+    if keys["best"] == keys["baseline"]:
         out["kept_baseline"] = True
     if not_run:
         out["not_run"] = not_run
     return out
+
+
+def _verified_candidates(payload: dict[str, Any], count: int) -> dict[str, dict[str, Any]]:
+    """The baseline and the search's first ``count`` distinct candidates (its pick, then the
+    next of ``top``), by name: ``baseline``, ``best``, ``top 2``, ``top 3``..."""
+    named = {"baseline": payload["baseline"], "best": payload["best"]}
+    seen = {_key(payload["best"]["strategy"])}
+    for entry in payload["top"]:
+        if len(seen) >= count:
+            break
+        if _key(entry["strategy"]) not in seen:
+            seen.add(_key(entry["strategy"]))
+            named[f"top {len(seen)}"] = entry
+    return named
+
+
+def _key(strategy: dict[str, Any]) -> str:
+    return Strategy.from_dict(strategy).to_json()
 
 
 def _print(payload: dict[str, Any]) -> None:
@@ -536,10 +591,24 @@ def _print(payload: dict[str, Any]) -> None:
             else "not run"
             for name in ("best", "baseline")
         }
-        speedup = f"{payload['speedup']:.2f}x" if payload["speedup"] is not None else "-"
+        speedup = "-"
+        if payload["speedup"] is not None:
+            low, high = payload["speedup_interval"]
+            speedup = f"{payload['speedup']:.2f}x (90 % interval {low:.2f}-{high:.2f})"
         print(
             f"  measured                 best {ran['best']}, baseline {ran['baseline']}: {speedup}"
         )
+    if payload.get("picked_by") == "measurement":
+        for row in payload["verified"]:
+            print(
+                f"  verified                 {row['measured_ms']:.1f} ms measured, "
+                f"{row['predicted_ms']:.1f} ms predicted: {describe(row['strategy'])}"
+            )
+        if "scored_best" in payload:
+            print(
+                "  the measured fastest replaced the search's pick: "
+                f"{describe(payload['scored_best']['strategy'])}"
+            )
     for name, reason in payload.get("not_run", {}).items():
         print(f"  not run                  the {name}: {reason}")
 
@@ -638,8 +707,15 @@ def register(sub: Any) -> None:
         "--verify-rounds",
         type=positive_int,
         default=3,
-        help="--verify: the best and the baseline run side by side, taking turns of --iters "
-        "steps this many times each",
+        help="--verify: the strategies run side by side, taking turns of --iters steps this "
+        "many times each",
+    )
+    cmd.add_argument(
+        "--verify-top",
+        type=positive_int,
+        default=1,
+        help="--verify: also run the next candidates of --top, up to this many in all, and "
+        "keep the measured fastest of them and DDP's defaults (default 1: verify the pick only)",
     )
     cmd.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
     cmd.add_argument("--json", action="store_true", help="print JSON")

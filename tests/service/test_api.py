@@ -161,6 +161,11 @@ def test_a_strategy_request_runs_to_a_result(client: TestClient, db: str) -> Non
             "/v1/strategy-requests", json={**body, "confidence": confidence}, headers=AUTH
         )
         assert bad.status_code == 422 and bad.json()["field"] == "body.confidence", bad.text
+    for settle in ({"verify_top": 3}, {"verify": True, "verify_top": 6}, {"verify_top": 16}):
+        bad = client.post("/v1/strategy-requests", json={**body, **settle}, headers=AUTH)
+        assert bad.status_code == 422 and bad.json()["field"] == "body.verify_top", bad.text
+        if settle["verify_top"] < 16:  # 16 is over the field's own limit (15)
+            assert f"verify_top({settle['verify_top']}) > 1 needs verify" in bad.text
     task = client.post("/v1/strategy-requests", json=body, headers=AUTH).json()
     assert task["kind"] == "search" and task["status"] == "queued"
     assert _work(db) == 1
