@@ -137,7 +137,7 @@ def run_search(args: argparse.Namespace, report: Report | None = None) -> dict[s
     if args.verify:
         if report is not None:
             report(1.0, "running the pick and the baseline for real")
-        payload.update(_verify(args, spec, result, payload))
+        payload.update(_verify(args, spec, payload))
     return payload
 
 
@@ -463,9 +463,7 @@ def _calibration_json(evaluator: StrategyEvaluator) -> dict[str, Any] | None:
     }
 
 
-def _verify(
-    args: argparse.Namespace, spec: ModelSpec, result: SearchResult, payload: dict[str, Any]
-) -> dict[str, Any]:
+def _verify(args: argparse.Namespace, spec: ModelSpec, payload: dict[str, Any]) -> dict[str, Any]:
     """Run the pick, the next ``--verify-top`` - 1 candidates and the baseline through the
     executor, side by side.
 
@@ -522,17 +520,21 @@ def _verify(
     out["measured_best_ms"] = best_ms
     out["measured_baseline_ms"] = baseline_ms
     out["speedup"] = baseline_ms / best_ms if best_ms and baseline_ms else None
-    out["speedup_interval"] = (
-        list(ratio_interval(samples[keys["baseline"]], samples[keys[best]]))
-        if out["speedup"] is not None
-        else None
-    )
+    kept = keys[best] == keys["baseline"]
+    if out["speedup"] is None:
+        out["speedup_interval"] = None
+    elif kept:  # one run, read twice: the ratio is 1 exactly
+        out["speedup_interval"] = [1.0, 1.0]
+    else:
+        out["speedup_interval"] = list(
+            ratio_interval(samples[keys["baseline"]], samples[keys[best]])
+        )
     rows = []
     for key in samples:
         names = [name for name in named if keys[name] == key and name not in not_run]
         rows.append({**named[names[0]], "measured_ms": median(names[0]), "verified_as": names})
     out["verified"] = sorted(rows, key=lambda row: row["measured_ms"])
-    if keys["best"] == keys["baseline"]:
+    if kept:
         out["kept_baseline"] = True
     if not_run:
         out["not_run"] = not_run

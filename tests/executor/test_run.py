@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -11,7 +13,13 @@ from data.errors import InvalidOptionError, InvalidStrategyError
 from data.specs.strategy import Strategy
 from data.store import Store
 from data.zoo import ZOO
-from executor.run import MAX_SIDE_BY_SIDE, RunOptions, compare_training, run_training
+from executor.run import (
+    MAX_SIDE_BY_SIDE,
+    RunOptions,
+    compare_training,
+    ratio_interval,
+    run_training,
+)
 from profiler.cluster import NAMESPACE_PREFIX, ClusterRunError
 from service.cli import main
 from tests.executor.harness import assert_losses_match, reference_losses
@@ -230,3 +238,22 @@ def test_bad_comparisons_are_refused_before_any_rank_starts(
     with pytest.raises(InvalidOptionError, match=message):
         compare_training(MLP, [Strategy()] * count, RunOptions(world_size=2, **options), **kwargs)
     assert _ddlsim_ranks() == []
+
+
+def test_ratio_interval_brackets_the_ratio_of_medians() -> None:
+    def steps(count: int, scale: float) -> list[float]:
+        return [scale * (100.0 + (i * 37) % 11) for i in range(count)]  # 100-110 ms
+
+    slow, fast = steps(40, 1.0), steps(40, 0.9)
+    low, high = ratio_interval(slow, fast)
+    assert low < statistics.median(slow) / statistics.median(fast) < high
+    assert low > 1.0  # 10 % apart with 5 % of spread: clearly faster
+    assert ratio_interval(slow, fast) == (low, high)  # a fixed seed
+    wide = ratio_interval(steps(8, 1.0), steps(8, 0.9))
+    assert wide[1] - wide[0] > high - low  # fewer steps, less sure
+    for bad, expect in (
+        (lambda: ratio_interval([], fast), "samples(0, 40)"),
+        (lambda: ratio_interval(slow, fast, draws=5), "draws(5) must be >= 20"),
+    ):
+        with pytest.raises(InvalidOptionError, match=re.escape(expect)):
+            bad()

@@ -102,6 +102,7 @@ def test_verify_runs_a_kept_baseline_once(capsys: pytest.CaptureFixture[str]) ->
     assert out["best"]["strategy"] == Strategy().to_dict() and out["kept_baseline"] is True
     assert out["measured_best_ms"] == out["measured_baseline_ms"] > 0
     assert out["speedup"] == 1.0 and out["picked_by"] == "score"
+    assert out["speedup_interval"] == [1.0, 1.0]
     assert [row["verified_as"] for row in out["verified"]] == [["baseline", "best"]]
 
 
