@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.store import Store
 from data.zoo import resolve_model
@@ -102,7 +103,7 @@ def picks_by_confidence(
 
 def settle(
     args: argparse.Namespace,
-    spec: Any,
+    spec: ModelSpec,
     points: dict[str, Strategy],
     scored: dict[str, float],
     options: RunOptions,
