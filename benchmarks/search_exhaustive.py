@@ -233,7 +233,9 @@ def main() -> None:
     args = parser.parse_args()
     for name in ("iters", "rounds", "launches", "verify_top", "verify_rounds"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+            parser.error(
+                f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}"
+            )
     rows = [measure_model(args, model) for model in args.models]
     print(
         f"# {args.world_size} ranks, {args.bandwidth}; torch {torch.__version__}; "
