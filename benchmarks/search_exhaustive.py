@@ -40,7 +40,8 @@ from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.store import Store
 from data.zoo import resolve_model
-from executor.run import RunOptions, compare_training, ratio_interval
+from executor.protocol import ratio_interval
+from executor.run import RunOptions, compare_training
 from profiler.cluster import remove_stale_namespaces
 from search.backtrack import even_cuts, strategy_of
 from service.cmd_search import build_evaluator

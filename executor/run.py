@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import json
 import platform
-import random
 import statistics
 import tempfile
 import warnings
@@ -28,6 +27,13 @@ from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from executor.context import OPTIMIZERS
 from executor.plan import check_strategy
+from executor.protocol import (
+    ALLOCATOR_ENV,
+    StoppingRule,
+    median_interval,
+    ranks_per_core,
+    relative_half_width,
+)
 from profiler.capture import CaptureOptions, Optimizer, capture_graph
 from profiler.cluster import MAX_WORLD_SIZE, EmulatedCluster, LoopbackFallbackWarning
 
@@ -36,7 +42,14 @@ DEVICES: tuple[str, ...] = ("cpu", "cuda")
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
 class RunOptions:
-    """How to run: ranks, link, iterations, seed, optimizer, limits.
+    """How to run: ranks, link, the measurement protocol's settings, seed, optimizer, limits.
+
+    The protocol (``executor.protocol``): at least ``warmup`` warm-up steps, more until the
+    step time is stable (at most ``max_warmup``); at least ``iters`` samples (a turn: side by
+    side, every strategy takes turns of ``iters`` steps), then more turns until the median's
+    95 % interval is within ``±ci_target`` of it, ``budget_s`` seconds a strategy are spent
+    beyond the minimums, or ``max_iters`` samples are reached. ``budget_s`` 0 runs exactly the
+    minimums. ``pin`` pins rank ``r`` to core ``r % cores``.
 
     ``bandwidth`` ``None`` runs the ranks on loopback; a rate (``"1gbit"``) or ``"none"`` on an
     emulated cluster. ``timeout_s`` bounds the whole launch; a collective that waits longer than
@@ -51,6 +64,11 @@ class RunOptions:
     backend: str | None = None
     iters: int = 10
     warmup: int = 2
+    max_warmup: int = 50
+    max_iters: int = 2000
+    ci_target: float = 0.01
+    budget_s: float = 30.0
+    pin: bool = True
     seed: int = 0
     optimizer: str = "adamw"
     dropout: bool = False
@@ -64,6 +82,7 @@ class RunOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidOptionError(f"{name}({value!r}) must be an integer >= {low}")
+        self.rule(rounds=1)  # checks the protocol's settings
         if self.world_size > MAX_WORLD_SIZE:
             raise InvalidOptionError(
                 f"world_size({self.world_size}) is out of range; allowed: 1 to {MAX_WORLD_SIZE}"
@@ -87,6 +106,17 @@ class RunOptions:
             raise InvalidOptionError(
                 f"backend 'nccl' needs device 'cuda', got device {self.device!r}"
             )
+
+    def rule(self, *, rounds: int) -> StoppingRule:
+        """The stopping rule of a launch whose strategies take at least ``rounds`` turns."""
+        return StoppingRule(
+            warmup=self.warmup,
+            max_warmup=max(self.max_warmup, self.warmup),
+            min_samples=self.iters * rounds,
+            max_iters=max(self.max_iters, self.iters * rounds),
+            ci_target=self.ci_target,
+            budget_s=self.budget_s,
+        )
 
     @property
     def resolved_backend(self) -> str:
@@ -137,10 +167,24 @@ class RunResult:
     # compare_training: how many strategies shared the launch, and the rounds of turns.
     side_by_side: int = 1
     rounds: int = 1
+    # The round each sample was taken in (side by side: for ratio intervals), and why the
+    # launch stopped measuring (executor.protocol.STOP_REASONS, or "minimum").
+    sample_rounds: list[int] = dataclasses.field(default_factory=list)
+    stopped_by: str = "minimum"
 
     @property
     def median_ms(self) -> float:
         return statistics.median(self.samples_ms)
+
+    @property
+    def ci95_ms(self) -> tuple[float, float]:
+        """The median's distribution-free 95 % interval (``executor.protocol``)."""
+        return median_interval(self.samples_ms)
+
+    @property
+    def ci_half_width(self) -> float:
+        """Half that interval over the median (0.01: ±1 %; infinity under 6 samples)."""
+        return relative_half_width(self.samples_ms)
 
     @property
     def compile_time_s(self) -> float | None:
@@ -155,6 +199,9 @@ class RunResult:
             "machine": platform.machine(),
             "processor": platform.processor(),
             "threads_per_rank": 1,
+            "pinned": self.options.pin,
+            "ranks_per_core": {str(k): v for k, v in ranks_per_core(self.rank_cores).items()},
+            "allocator": dict(ALLOCATOR_ENV),
             "device": self.applied.get("device", self.options.device),
             "backend": self.applied.get("backend"),
             "rank_cores": {str(k): v for k, v in self.rank_cores.items()},
@@ -167,6 +214,11 @@ class RunResult:
             "compile_time_s": self.compile_time_s,
             "side_by_side": self.side_by_side,
             "rounds": self.rounds,
+            "sample_rounds": self.sample_rounds,
+            "stopped_by": self.stopped_by,
+            "ci95_ms": list(self.ci95_ms),
+            "ci_target": self.options.ci_target,
+            "budget_s": self.options.budget_s,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -181,6 +233,9 @@ class RunResult:
             "device": self.options.device,
             "iteration_time_ms": {
                 "median": self.median_ms,
+                "ci95_ms": list(self.ci95_ms),
+                "ci_half_width": _finite(self.ci_half_width),
+                "stopped_by": self.stopped_by,
                 "p10": _quantile(samples, 0.1),
                 "p90": _quantile(samples, 0.9),
                 "samples": self.samples_ms,
@@ -193,38 +248,17 @@ class RunResult:
         }
 
 
+def _finite(value: float) -> float | None:
+    """JSON has no infinity: an interval too wide to state is ``None``."""
+    return value if value != float("inf") else None
+
+
 def _quantile(ordered: list[float], q: float) -> float:
     """Linear-interpolated quantile of already sorted values."""
     position = q * (len(ordered) - 1)
     low = int(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def ratio_interval(
-    numerator_ms: Sequence[float], denominator_ms: Sequence[float], *, draws: int = 2000
-) -> tuple[float, float]:
-    """90 % bootstrap interval of ``median(numerator_ms) / median(denominator_ms)``: each list
-    resampled with replacement, ``draws`` times. The seed is fixed, so the same samples give the
-    same interval.
-
-    Raises:
-        InvalidOptionError: an empty list, or ``draws`` < 20.
-    """
-    if not numerator_ms or not denominator_ms:
-        raise InvalidOptionError(
-            f"samples({len(numerator_ms)}, {len(denominator_ms)}): both need at least one"
-        )
-    if draws < 20:
-        raise InvalidOptionError(f"draws({draws}) must be >= 20")
-    rng = random.Random(0)
-    top, bottom = list(numerator_ms), list(denominator_ms)
-    ratios = sorted(
-        statistics.median(rng.choices(top, k=len(top)))
-        / statistics.median(rng.choices(bottom, k=len(bottom)))
-        for _ in range(draws)
-    )
-    return ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]
 
 
 MAX_SIDE_BY_SIDE = 16
@@ -260,9 +294,11 @@ def compare_training(
     settle: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> list[RunResult]:
-    """Measure ``strategies`` side by side: one launch, each warmed up, then ``rounds`` rounds
-    in which every strategy takes a turn of ``settle`` discarded and ``options.iters`` kept
-    steps, in an order shuffled anew each round.
+    """Measure ``strategies`` side by side: one launch, each warmed up, then rounds in which
+    every strategy takes a turn of ``settle`` discarded and ``options.iters`` kept steps, in an
+    order shuffled anew each round: at least ``rounds`` rounds, then more until the protocol's
+    stopping rule holds for every strategy (``RunOptions``; ``budget_s`` 0: exactly
+    ``rounds``).
 
     Every strategy sees the same machine at nearly the same moments, so a slow spell (this
     2-core VM has them: one launch's median can differ from the next's by 10 %) slows them all
@@ -299,6 +335,7 @@ def _launch(
     progress: Callable[[str], None] | None,
     extra_args: tuple[str, ...] = (),
 ) -> list[RunResult]:
+    # Launches here follow the measurement protocol (executor.protocol).
     say = progress or (lambda message: None)
     options.check_devices()
     say(f"capturing the graph of {spec.label}")
@@ -316,10 +353,9 @@ def _launch(
     config = {
         "spec": spec.to_dict(),
         "variants": variants,
-        "rounds": rounds,
         "settle": settle,
         "iters": options.iters,
-        "warmup": options.warmup,
+        "rule": options.rule(rounds=rounds).to_dict(),
         "seed": options.seed,
         "optimizer": options.optimizer,
         "dropout": options.dropout,
@@ -342,12 +378,14 @@ def _launch(
                     options.world_size,
                     bandwidth=options.bandwidth,
                     force_loopback=True if options.bandwidth is None else None,
+                    pin_cores=options.pin,
                 )
             )
             say(f"launching {options.world_size} rank(s) on {cluster.network}")
             launched = cluster.launch(
                 "executor.worker",
                 ["--config", str(config_path), "--output", str(output), *extra_args],
+                env=ALLOCATOR_ENV,
                 timeout_s=options.timeout_s,
                 output_paths=[output],
                 stdout_callback=say,
@@ -369,7 +407,9 @@ def _launch(
             wall_s=launched.wall_s,
             trace=raw.get("trace"),
             side_by_side=len(strategies),
-            rounds=rounds,
+            rounds=int(raw["rounds"]),
+            sample_rounds=[int(x) for x in mine["sample_rounds"]],
+            stopped_by=str(raw["stopped_by"]),
         )
         for strategy, mine in zip(strategies, raw["variants"], strict=True)
     ]

@@ -6,20 +6,24 @@ time is the maximum over ranks of the wall time of its ``step()`` (stragglers co
 step ``i`` is the sum of every rank's share (the loss of the whole global batch). Warm-up steps
 are timed apart: with compiled blocks the first one includes the compilation.
 
-A launch holds one or several strategies (``variants`` in the config). Several run side by
-side: a trainer is built for each, each warms up in turn, then ``rounds`` rounds follow; in each
-round every strategy takes one turn, in an order shuffled anew (the same on every rank), of
-``settle`` steps that are not kept and ``iters`` that are. A slow spell of the machine then
-falls on all of them alike, and their ratios are steadier than those of separate launches. The
-result's ``variants`` holds each one's samples, warm-up, losses (every step it ran, in order)
-and ``applied``; peak memory is the process's, all of the strategies together.
+A launch holds one or several strategies (``variants`` in the config) and follows the
+measurement protocol (``executor.protocol``): each strategy warms up in turn until its step time
+is stable, then rounds follow; in each round every strategy takes one turn, in an order shuffled
+anew (the same on every rank), of ``settle`` steps that are not kept (side by side only) and
+``iters`` that are, until the stopping rule holds for every strategy. A slow spell of the
+machine then falls on all of them alike, and their ratios are steadier than those of separate
+launches. The result's ``variants`` holds each one's samples with the round of each, warm-up,
+losses (every step it ran, in order) and ``applied``; ``rounds`` and ``stopped_by`` say how
+measuring ended; peak memory is the process's, all of the strategies together.
 """
 
 import argparse
+import gc
 import json
 import os
 import random
 import resource
+import statistics
 import sys
 import time
 from datetime import timedelta
@@ -35,6 +39,7 @@ from data.specs.model import ModelSpec
 from data.specs.strategy import Bucket, Strategy
 from executor.context import RankContext
 from executor.plan import build_trainer
+from executor.protocol import StoppingRule, relative_half_width
 from profiler.cluster import die_with_parent, report_placement
 
 
@@ -141,16 +146,31 @@ def _traced_step(trainer: Any, device: torch.device, *, record: bool) -> list[di
     )
 
 
-def _turns(count: int, rounds: int, seed: int) -> list[int]:
-    """The order the variants take turns in: ``rounds`` rounds, each a permutation of the
-    ``count`` variants shuffled from ``seed`` and the round (every rank draws the same)."""
-    order: list[int] = []
-    for round_index in range(rounds):
-        names = list(range(count))
-        if count > 1:
-            random.Random(seed * 1_000_003 + round_index).shuffle(names)
-        order.extend(names)
-    return order
+def _order(count: int, round_index: int, seed: int) -> list[int]:
+    """The order the variants take their turns in, in round ``round_index``: a permutation
+    shuffled from ``seed`` and the round (every rank draws the same)."""
+    names = list(range(count))
+    if count > 1:
+        random.Random(seed * 1_000_003 + round_index).shuffle(names)
+    return names
+
+
+class _Agreement:
+    """Step times and elapsed times every rank agrees on: the slowest rank's, reduced with one
+    small all-reduce before each decision of the stopping rule, so that every rank decides the
+    same (a rank that stopped alone would hang the others)."""
+
+    def __init__(self, world_size: int, device: torch.device) -> None:
+        self._world_size = world_size
+        self._device = device
+
+    def __call__(self, steps_ms: list[float], elapsed_s: float) -> tuple[list[float], float]:
+        if self._world_size == 1:
+            return steps_ms, elapsed_s
+        values = torch.tensor([*steps_ms, elapsed_s], dtype=torch.float64, device=self._device)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        out = values.cpu().tolist()
+        return out[:-1], out[-1]
 
 
 def run_rank(config: dict[str, Any], output: Path) -> None:
@@ -176,8 +196,10 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
         contexts.append(ctx)
         trainers.append(build_trainer(ctx, buckets))
     count = len(trainers)
-    warmup, iters = int(config["warmup"]), int(config["iters"])
-    rounds = int(config.get("rounds", 1))
+    rule = StoppingRule.from_dict(config["rule"])
+    iters = int(config["iters"])
+    seed = int(config["seed"])
+    agree = _Agreement(world_size, device)
     # Steps run and not kept at the start of every turn (side by side only): the previous
     # strategy's model has just had the caches.
     settle = int(config.get("settle", 1)) if count > 1 else 0
@@ -186,50 +208,80 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
         sys.exit(3)
     if rank == config.get("test_hang_rank", -1):
         time.sleep(3600)
-    # (variant, kind, ms, loss share); kind "warmup", "settle" or "sample".
-    steps: list[tuple[int, str, float, torch.Tensor]] = []
+    # (variant, kind, ms, loss share, round); kind "warmup", "settle" or "sample".
+    steps: list[tuple[int, str, float, torch.Tensor, int]] = []
 
-    def timed(index: int, kind: str) -> None:
+    def timed(index: int, kind: str, round_index: int = -1) -> float:
         _synchronize(device)
         start = time.perf_counter()
         share = trainers[index].step()
         _synchronize(device)
-        steps.append((index, kind, (time.perf_counter() - start) * 1e3, share))
+        ms = (time.perf_counter() - start) * 1e3
+        steps.append((index, kind, ms, share, round_index))
+        return ms
 
-    turns = _turns(count, rounds, int(config["seed"]))
+    # Python's cyclic collector runs between turns, not inside a timed step.
+    collector_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
     for index in range(count):
-        for step in range(warmup):
+        warm: list[float] = []
+        began = time.perf_counter()
+        while True:
+            if rule.warmed_up(*agree(warm, time.perf_counter() - began)):
+                break
             timed(index, "warmup")
+            warm.append(steps[-1][2])
             if rank == 0:
                 label = f" of strategy {index + 1}/{count}" if count > 1 else ""
-                print(
-                    f"warm-up {step + 1}/{warmup}{label}: {steps[-1][2]:.1f} ms on rank 0",
-                    flush=True,
-                )
+                print(f"warm-up {len(warm)}{label}: {warm[-1]:.1f} ms on rank 0", flush=True)
         trainers[index].drain()
-    done = 0
-    for index in turns:
-        for _ in range(settle):
-            timed(index, "settle")
-        for _ in range(iters):
-            timed(index, "sample")
-            done += 1
-            if rank == 0:
-                label = f" (strategy {index + 1})" if count > 1 else ""
-                print(
-                    f"iteration {done}/{iters * len(turns)}{label}: {steps[-1][2]:.1f} ms "
-                    f"on rank 0",
-                    flush=True,
+        gc.collect()
+    # Every strategy's samples as all ranks agree on them, for the stopping rule.
+    samples: list[list[float]] = [[] for _ in range(count)]
+    sampling_s = 0.0
+    round_index = 0
+    stopped_by = "minimum"
+    while True:
+        began = time.perf_counter()
+        kept: list[tuple[int, float]] = []
+        for index in _order(count, round_index, seed):
+            for _ in range(settle):
+                timed(index, "settle", round_index)
+            for _ in range(iters):
+                kept.append((index, timed(index, "sample", round_index)))
+            if count > 1:
+                trainers[index].drain()
+        gc.collect()
+        agreed, sampling_s = agree(
+            [ms for _, ms in kept], sampling_s + time.perf_counter() - began
+        )
+        for (index, _), ms in zip(kept, agreed, strict=True):
+            samples[index].append(ms)
+        round_index += 1
+        if rank == 0:
+            print(
+                f"round {round_index}: "
+                + ", ".join(
+                    f"{statistics.median(s):.1f} ms ±{relative_half_width(s):.1%}" for s in samples
                 )
-        if count > 1:
-            trainers[index].drain()
+                + f" ({sum(len(s) for s in samples)} samples, {sampling_s:.0f} s)",
+                flush=True,
+            )
+        reason = rule.stop(samples, sampling_s)
+        if reason is not None:
+            # Budget 0 asked for the minimums alone.
+            stopped_by = "minimum" if reason == "budget" and rule.budget_s == 0 else reason
+            break
+    if collector_was_enabled:
+        gc.enable()
     # One more step, profiled on rank 0, for the run's trace (kept out of the samples).
     trace = _traced_step(trainers[0], device, record=rank == 0) if config.get("trace") else None
     for trainer in trainers:
         trainer.finish()
     # NCCL reduces device tensors only; gloo takes either.
-    losses = torch.stack([s.detach().float().reshape(()).to(device) for *_, s in steps])
-    times = torch.tensor([ms for _, _, ms, _ in steps], dtype=torch.float64, device=device)
+    losses = torch.stack([step[3].detach().float().reshape(()).to(device) for step in steps])
+    times = torch.tensor([step[2] for step in steps], dtype=torch.float64, device=device)
     gathered: list[Any] = [None] * world_size
     mine = {
         "peak_memory_bytes": _peak_memory_bytes(device),
@@ -267,6 +319,7 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
                 {
                     "warmup_ms": [step_ms[k] for k in mine_steps if steps[k][1] == "warmup"],
                     "samples_ms": [step_ms[k] for k in mine_steps if steps[k][1] == "sample"],
+                    "sample_rounds": [steps[k][4] for k in mine_steps if steps[k][1] == "sample"],
                     "losses": [step_loss[k] for k in mine_steps],
                     "applied": applied,
                 }
@@ -275,6 +328,8 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
             "variants": results,
             "peak_memory_bytes": [int(g["peak_memory_bytes"]) for g in gathered],
             "trace": trace,
+            "rounds": round_index,
+            "stopped_by": stopped_by,
         }
         tmp = output.with_suffix(".tmp")
         tmp.write_text(json.dumps(result), encoding="utf-8")

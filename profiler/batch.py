@@ -103,6 +103,8 @@ KINDS: dict[str, frozenset[str]] = {
             "image_size",
             "iters",
             "warmup",
+            "ci_target",
+            "measure_budget_s",
             "seed",
             "optimizer",
             "device",

@@ -82,6 +82,25 @@ ModelRef = Annotated[
 PositiveInt = Annotated[int, Field(ge=1, le=1 << 20)]
 
 
+# The measurement protocol's settings (executor.protocol), as the command line takes them.
+CiTarget = Annotated[
+    float,
+    Field(
+        gt=0,
+        lt=1,
+        description="measure until the median's 95 % interval is within +- this fraction of it",
+    ),
+]
+MeasureBudget = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=3600,
+        description="seconds a strategy may measure beyond its minimum steps (0: the minimums)",
+    ),
+]
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -132,6 +151,8 @@ class StrategyRequest(Inputs):
     verify: bool = False
     iters: Annotated[int, Field(ge=1, le=1000)] = 6
     warmup: Annotated[int, Field(ge=1, le=100)] = 2
+    ci_target: CiTarget = 0.01
+    measure_budget_s: MeasureBudget = 30.0
     verify_rounds: Annotated[
         int,
         Field(
@@ -163,6 +184,8 @@ class ExecutionRequest(Inputs):
     bandwidth: Annotated[str | None, Field(max_length=32)] = "1gbit"
     iters: Annotated[int, Field(ge=1, le=1000)] = 6
     warmup: Annotated[int, Field(ge=0, le=100)] = 2
+    ci_target: CiTarget = 0.01
+    measure_budget_s: MeasureBudget = 30.0
     seed: int = 0
     trace: bool = Field(True, description="profile one more step on rank 0, for the dashboard")
 

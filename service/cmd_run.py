@@ -20,7 +20,15 @@ from data.zoo import resolve_model
 from executor.run import RunOptions, RunResult, run_training
 from profiler.batch import Job
 from profiler.cluster import ClusterRunError, remove_stale_namespaces
-from service.output import emit_json, human_bytes, positive_int, progress
+from service.output import (
+    add_protocol_arguments,
+    emit_json,
+    format_interval,
+    human_bytes,
+    positive_int,
+    progress,
+    protocol_options,
+)
 
 EXIT_RUN_FAILED = 1
 
@@ -62,6 +70,8 @@ def run_executor_job(job: Job) -> Callable[[Any], None]:
         bandwidth=None if bandwidth is None else str(bandwidth),
         iters=int(settings.pop("iters", 10)),
         warmup=int(settings.pop("warmup", 2)),
+        ci_target=float(settings.pop("ci_target", 0.01)),
+        budget_s=float(settings.pop("measure_budget_s", 30.0)),
         seed=int(settings.pop("seed", 0)),
         optimizer=str(settings.pop("optimizer", "adamw")),
         device=str(settings.pop("device", "cpu")),
@@ -89,8 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = RunOptions(
         world_size=args.world_size,
         bandwidth=args.bandwidth,
-        iters=args.iters,
-        warmup=args.warmup,
+        **protocol_options(args),
         seed=args.seed,
         optimizer=args.optimizer,
         dropout=args.dropout,
@@ -124,8 +133,10 @@ def _print_summary(result: RunResult, measurement_id: int, url: str) -> None:
         f"{result.model} on {result.options.world_size} rank(s) "
         f"({applied.get('device', result.options.device)}), "
         f"{result.options.bandwidth or 'loopback'} ({result.network})\n"
-        f"  iteration   {times['median']:.1f} ms median (p10 {times['p10']:.1f}, "
-        f"p90 {times['p90']:.1f}) over {len(result.samples_ms)} iterations\n"
+        f"  iteration   {times['median']:.1f} ms median, 95 % interval "
+        f"{format_interval(times['ci95_ms'])} (p10 {times['p10']:.1f}, p90 {times['p90']:.1f}) "
+        f"over {len(result.samples_ms)} iterations, stopped by {result.stopped_by}\n"
+        f"  placement   {_placement_line(result.rank_cores)}\n"
         f"  losses      {', '.join(f'{x:.4f}' for x in result.losses)}\n"
         f"  memory      peak {human_bytes(max(result.peak_memory_bytes))} per rank\n"
         f"  applied     plan {_plan_line(applied)}, "
@@ -134,6 +145,13 @@ def _print_summary(result: RunResult, measurement_id: int, url: str) -> None:
     if result.compile_time_s is not None:
         print(f"  compile     {result.compile_time_s:.1f} s (kept out of iteration time)")
     print(f"  stored      measurement {measurement_id} in {url}")
+
+
+def _placement_line(rank_cores: Mapping[int, list[int]]) -> str:
+    return ", ".join(
+        f"rank {rank} on core{'s' if len(cores) > 1 else ''} {','.join(map(str, cores))}"
+        for rank, cores in sorted(rank_cores.items())
+    )
 
 
 def _plan_line(applied: dict[str, Any]) -> str:
@@ -169,8 +187,7 @@ def register(sub: Any) -> None:
         "--backend",
         help="process-group backend: gloo or nccl (default: nccl on cuda, gloo on cpu)",
     )
-    run.add_argument("--iters", type=positive_int, default=10)
-    run.add_argument("--warmup", type=int, default=2)
+    add_protocol_arguments(run)
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--optimizer", default="adamw", help="adamw or sgd")
     run.add_argument(

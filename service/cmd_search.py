@@ -18,7 +18,6 @@ from the store's fits of the link (the link's nominal rate where none is stored)
 import argparse
 import multiprocessing
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -36,11 +35,12 @@ from data.specs.strategy import ParallelPlan, Strategy
 from data.store import Store
 from data.zoo import resolve_model
 from executor.plan import model_supports
+from executor.protocol import speedup as measured_speedup
 from executor.run import (
     MAX_SIDE_BY_SIDE,
     RunOptions,
+    RunResult,
     compare_training,
-    ratio_interval,
     run_training,
 )
 from profiler.capture import CaptureOptions, capture_graph
@@ -66,7 +66,16 @@ from service.cmd_predict import (
     machine_scale,
     normalized_bandwidth,
 )
-from service.output import emit_json, positive_int, progress
+from service.cmd_run import add_result
+from service.output import (
+    add_protocol_arguments,
+    emit_json,
+    format_interval,
+    positive_int,
+    progress,
+    protocol_options,
+    verification_lines,
+)
 from simulator.calibration import (
     DEFAULT_CONFIDENCE,
     Calibration,
@@ -389,8 +398,7 @@ def _autotune(
     options = RunOptions(
         world_size=args.world_size,
         bandwidth=normalized_bandwidth(args.bandwidth),
-        iters=args.iters,
-        warmup=args.warmup,
+        **protocol_options(args),
     )
 
     def measure(strategy: Strategy) -> float:
@@ -481,8 +489,7 @@ def _verify(args: argparse.Namespace, spec: ModelSpec, payload: dict[str, Any]) 
     options = RunOptions(
         world_size=args.world_size,
         bandwidth=normalized_bandwidth(args.bandwidth),
-        iters=args.iters,
-        warmup=args.warmup,
+        **protocol_options(args),
     )
     named = _verified_candidates(payload, args.verify_top)
     keys = {name: _key(entry["strategy"]) for name, entry in named.items()}
@@ -496,15 +503,21 @@ def _verify(args: argparse.Namespace, spec: ModelSpec, payload: dict[str, Any]) 
             )
         else:
             to_run.setdefault(keys[name], Strategy.from_dict(entry["strategy"]))
-    samples: dict[str, list[float]] = {}
+    runs: dict[str, RunResult] = {}
     if to_run:
         progress(f"running {len(to_run)} strateg{'y' if len(to_run) == 1 else 'ies'} for real")
-        runs = compare_training(spec, list(to_run.values()), options, rounds=args.verify_rounds)
-        samples = {key: run.samples_ms for key, run in zip(to_run, runs, strict=True)}
+        launched = compare_training(
+            spec, list(to_run.values()), options, rounds=args.verify_rounds
+        )
+        runs = dict(zip(to_run, launched, strict=True))
+        # Stored as any run is, marked side by side in their env: the dashboard shows them.
+        with Store.open(args.db) as store, store.transaction() as session:
+            for run in launched:
+                add_result(session, run)
 
     def median(name: str) -> float | None:
-        got = samples.get(keys[name])
-        return statistics.median(got) if got else None
+        got = runs.get(keys[name])
+        return got.median_ms if got else None
 
     out: dict[str, Any] = {"picked_by": "score"}
     best = "best"
@@ -516,26 +529,55 @@ def _verify(args: argparse.Namespace, spec: ModelSpec, payload: dict[str, Any]) 
             if best != "best":
                 out["scored_best"] = named["best"]
                 out["best"] = named[best]
-    best_ms, baseline_ms = median(best), median("baseline")
-    out["measured_best_ms"] = best_ms
-    out["measured_baseline_ms"] = baseline_ms
-    out["speedup"] = baseline_ms / best_ms if best_ms and baseline_ms else None
+    best_run, baseline_run = runs.get(keys[best]), runs.get(keys["baseline"])
     kept = keys[best] == keys["baseline"]
-    if out["speedup"] is None:
-        out["speedup_interval"] = None
+    for name, measured in (("best", best_run), ("baseline", baseline_run)):
+        out[f"measured_{name}_ms"] = measured.median_ms if measured else None
+        out[f"measured_{name}_ci95_ms"] = list(measured.ci95_ms) if measured else None
+    if best_run is None or baseline_run is None:
+        out.update(speedup=None, speedup_interval=None, significant=None, verdict=None)
     elif kept:  # one run, read twice: the ratio is 1 exactly
-        out["speedup_interval"] = [1.0, 1.0]
+        out.update(
+            speedup=1.0,
+            speedup_interval=[1.0, 1.0],
+            significant=False,
+            verdict="the pick is DDP's defaults",
+            kept_baseline=True,
+        )
     else:
-        out["speedup_interval"] = list(
-            ratio_interval(samples[keys["baseline"]], samples[keys[best]])
+        gain = measured_speedup(
+            baseline_run.samples_ms,
+            best_run.samples_ms,
+            baseline_rounds=baseline_run.sample_rounds,
+            candidate_rounds=best_run.sample_rounds,
+        )
+        out.update(
+            speedup=gain.ratio,
+            speedup_interval=list(gain.interval),
+            significant=gain.significant,
+            verdict=gain.verdict,
         )
     rows = []
-    for key in samples:
+    for key, run in runs.items():
         names = [name for name in named if keys[name] == key and name not in not_run]
-        rows.append({**named[names[0]], "measured_ms": median(names[0]), "verified_as": names})
+        rows.append(
+            {
+                **named[names[0]],
+                "measured_ms": run.median_ms,
+                "ci95_ms": list(run.ci95_ms),
+                "samples": len(run.samples_ms),
+                "verified_as": names,
+            }
+        )
     out["verified"] = sorted(rows, key=lambda row: row["measured_ms"])
-    if kept:
-        out["kept_baseline"] = True
+    if runs:
+        first = next(iter(runs.values()))
+        out["measurement"] = {
+            "side_by_side": first.side_by_side,
+            "rounds": first.rounds,
+            "stopped_by": first.stopped_by,
+            "rank_cores": {str(k): v for k, v in first.rank_cores.items()},
+        }
     if not_run:
         out["not_run"] = not_run
     return out
@@ -587,23 +629,13 @@ def _print(payload: dict[str, Any]) -> None:
             f"{row['peak_memory_gib']:.2f} GiB: {describe(row['strategy'])}"
         )
     if "speedup" in payload:
-        ran = {
-            name: f"{payload[f'measured_{name}_ms']:.1f} ms"
-            if payload[f"measured_{name}_ms"] is not None
-            else "not run"
-            for name in ("best", "baseline")
-        }
-        speedup = "-"
-        if payload["speedup"] is not None:
-            low, high = payload["speedup_interval"]
-            speedup = f"{payload['speedup']:.2f}x (90 % interval {low:.2f}-{high:.2f})"
-        print(
-            f"  measured                 best {ran['best']}, baseline {ran['baseline']}: {speedup}"
-        )
+        for line in verification_lines(payload):
+            print(f"  measured                 {line}")
     if payload.get("picked_by") == "measurement":
         for row in payload["verified"]:
             print(
-                f"  verified                 {row['measured_ms']:.1f} ms measured, "
+                f"  verified                 {row['measured_ms']:.1f} ms measured "
+                f"({format_interval(row['ci95_ms'])}), "
                 f"{row['predicted_ms']:.1f} ms predicted: {describe(row['strategy'])}"
             )
         if "scored_best" in payload:
@@ -701,10 +733,7 @@ def register(sub: Any) -> None:
         "--simulator", help="replay, or a cost-model checkpoint (default: the trained/shipped)"
     )
     cmd.add_argument("--verify", action="store_true", help="run the best and the baseline")
-    cmd.add_argument(
-        "--iters", type=positive_int, default=6, help="--verify's and autotune's iterations"
-    )
-    cmd.add_argument("--warmup", type=positive_int, default=2, help="--verify's warm-up")
+    add_protocol_arguments(cmd, iters=6, what="--verify and autotune")
     cmd.add_argument(
         "--verify-rounds",
         type=positive_int,

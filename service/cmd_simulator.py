@@ -23,7 +23,13 @@ from profiler.collectives import profile_collectives
 from service import cmd_dataset, cmd_train
 from service.cmd_predict import cost_model_for, normalized_bandwidth, predict_on_store
 from service.cmd_run import add_result
-from service.output import emit_json, positive_int, progress
+from service.output import (
+    add_protocol_arguments,
+    emit_json,
+    positive_int,
+    progress,
+    protocol_options,
+)
 from simulator.evaluate import accuracy
 
 # Diverse on purpose: DDP's own buckets, the executor's hooks at several granularities, DeAR,
@@ -114,9 +120,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         progress(f"only {len(strategies)} candidate strategies fit batch {spec.inputs.batch_size}")
     remove_stale_namespaces()
     rows: list[dict[str, Any]] = []
-    options = RunOptions(
-        world_size=args.world_size, bandwidth=bandwidth, iters=args.iters, warmup=args.warmup
-    )
+    options = RunOptions(world_size=args.world_size, bandwidth=bandwidth, **protocol_options(args))
     with Store.open(args.db) as store:
         if args.world_size > 1:
             _link_profiles(store, args.world_size, bandwidth, strategies)
@@ -154,6 +158,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     "strategy": strategy.to_dict(),
                     "predicted_ms": predicted.iteration_time_ms,
                     "measured_ms": measured.median_ms,
+                    "measured_ci95_ms": list(measured.ci95_ms),
                     "replay_ms": predicted.replay_ms,
                     "breakdown": predicted.breakdown(),
                 }
@@ -209,8 +214,7 @@ def register(sub: Any) -> None:
     validate.add_argument("--world-size", type=positive_int, default=2)
     validate.add_argument("--bandwidth", default="1gbit", help="link rate per host, or none")
     validate.add_argument("--strategies", type=positive_int, default=6)
-    validate.add_argument("--iters", type=positive_int, default=6)
-    validate.add_argument("--warmup", type=int, default=2)
+    add_protocol_arguments(validate, iters=6)
     validate.add_argument("--profile-iters", type=positive_int, default=10)
     validate.add_argument("--batch-size", type=positive_int, help="global batch size")
     validate.add_argument("--seq-len", type=positive_int)

@@ -216,6 +216,8 @@ def _execution(
         bandwidth=request.get("bandwidth"),
         iters=request["iters"],
         warmup=request["warmup"],
+        ci_target=request.get("ci_target", 0.01),
+        budget_s=request.get("measure_budget_s", 30.0),
         seed=request.get("seed", 0),
         trace=bool(request.get("trace", True)),
     )

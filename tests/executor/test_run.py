@@ -2,8 +2,6 @@
 
 import json
 import os
-import re
-import statistics
 import subprocess
 from pathlib import Path
 
@@ -17,7 +15,6 @@ from executor.run import (
     MAX_SIDE_BY_SIDE,
     RunOptions,
     compare_training,
-    ratio_interval,
     run_training,
 )
 from profiler.cluster import NAMESPACE_PREFIX, ClusterRunError
@@ -76,6 +73,8 @@ def test_run_prints_and_stores_a_measurement(capsys: pytest.CaptureFixture[str])
             "3",
             "--warmup",
             "1",
+            "--measure-budget",
+            "0",
             "--json",
         ]
     )
@@ -96,7 +95,7 @@ def test_run_prints_and_stores_a_measurement(capsys: pytest.CaptureFixture[str])
 
 
 def test_world_size_one_is_plain_training() -> None:
-    result = run_training(MLP, Strategy(), RunOptions(world_size=1, iters=2, warmup=0))
+    result = run_training(MLP, Strategy(), RunOptions(world_size=1, iters=2, warmup=0, budget_s=0))
     assert result.applied["plan"] == "single"
     assert len(result.losses) == 2 and result.losses[1] < result.losses[0]
 
@@ -116,7 +115,11 @@ def test_bad_strategies_are_refused_before_any_rank_starts(
     strategy: dict, world_size: int, message: str
 ) -> None:
     with pytest.raises(InvalidStrategyError, match=message):
-        run_training(MLP, Strategy.from_dict(strategy), RunOptions(world_size=world_size, iters=1))
+        run_training(
+            MLP,
+            Strategy.from_dict(strategy),
+            RunOptions(world_size=world_size, iters=1, budget_s=0),
+        )
     assert _ddlsim_ranks() == []
 
 
@@ -138,7 +141,7 @@ def test_a_crashed_rank_ends_the_run_naming_it() -> None:
         run_training(
             MLP,
             Strategy(),
-            RunOptions(world_size=2, iters=2, timeout_s=120),
+            RunOptions(world_size=2, iters=2, timeout_s=120, budget_s=0),
             extra_args=("--test-crash-rank", "1"),
         )
     assert _ddlsim_ranks() == []
@@ -150,7 +153,7 @@ def test_a_hung_rank_ends_the_run_within_the_timeout() -> None:
         run_training(
             MLP,
             Strategy(),
-            RunOptions(world_size=2, iters=2, timeout_s=120, collective_timeout_s=5),
+            RunOptions(world_size=2, iters=2, timeout_s=120, collective_timeout_s=5, budget_s=0),
             extra_args=("--test-hang-rank", "1"),
         )
     assert _ddlsim_ranks() == []
@@ -158,8 +161,8 @@ def test_a_hung_rank_ends_the_run_within_the_timeout() -> None:
 
 def test_compiled_blocks_match_and_report_compile_time() -> None:
     strategy = Strategy.from_dict({"op_fusion": {"compiled": ["body.0", "head"]}})
-    compiled = run_training(MLP, strategy, RunOptions(world_size=2, iters=2, warmup=1))
-    eager = run_training(MLP, Strategy(), RunOptions(world_size=2, iters=2, warmup=1))
+    compiled = run_training(MLP, strategy, RunOptions(world_size=2, iters=2, warmup=1, budget_s=0))
+    eager = run_training(MLP, Strategy(), RunOptions(world_size=2, iters=2, warmup=1, budget_s=0))
     assert compiled.applied["compiled"] == ["body.0", "head"]
     assert compiled.applied["compiled_graphs"] >= 2
     assert compiled.compile_time_s is not None and compiled.compile_time_s > 0
@@ -172,6 +175,7 @@ def test_batch_runs_executor_jobs(capsys: pytest.CaptureFixture[str], tmp_path: 
     path.write_text(
         "jobs:\n"
         "  - {kind: run, model: mlp, batch_size: 8, world_size: 2, iters: 2, warmup: 0,\n"
+        "     measure_budget_s: 0,\n"
         "     strategy: {tensor_fusion: {bucket_cap_mb: 1, implementation: hooks}}}\n"
         "  - {kind: run, model: mlp, world_size: 2, strategy: {parallel: {dp: 3}}}\n"
         "  - {kind: run, model: mlp, world_size: 2, device: cpu, backend: nccl}\n"
@@ -197,7 +201,10 @@ def test_side_by_side_strategies_train_apart_and_take_turns() -> None:
     ]
     rounds, iters, warmup = 2, 2, 1
     results = compare_training(
-        MLP, strategies, RunOptions(world_size=2, iters=iters, warmup=warmup), rounds=rounds
+        MLP,
+        strategies,
+        RunOptions(world_size=2, iters=iters, warmup=warmup, budget_s=0),
+        rounds=rounds,
     )
     assert [r.strategy for r in results] == strategies
     assert [r.applied["plan"] for r in results] == ["ddp", "ddp", "pipeline"]
@@ -215,7 +222,7 @@ def test_side_by_side_strategies_train_apart_and_take_turns() -> None:
 
 def test_one_strategy_side_by_side_is_a_plain_run() -> None:
     (result,) = compare_training(
-        MLP, [Strategy()], RunOptions(world_size=2, iters=2, warmup=1), rounds=2
+        MLP, [Strategy()], RunOptions(world_size=2, iters=2, warmup=1, budget_s=0), rounds=2
     )
     # One strategy has no turns to settle from: rounds of kept steps back to back.
     assert len(result.samples_ms) == 4
@@ -240,20 +247,55 @@ def test_bad_comparisons_are_refused_before_any_rank_starts(
     assert _ddlsim_ranks() == []
 
 
-def test_ratio_interval_brackets_the_ratio_of_medians() -> None:
-    def steps(count: int, scale: float) -> list[float]:
-        return [scale * (100.0 + (i * 37) % 11) for i in range(count)]  # 100-110 ms
+def test_the_protocol_measures_until_the_interval_is_met() -> None:
+    result = run_training(
+        MLP, Strategy(), RunOptions(world_size=2, iters=5, ci_target=0.3, budget_s=60)
+    )
+    assert result.stopped_by == "interval"
+    assert result.ci_half_width <= 0.3
+    low, high = result.ci95_ms
+    assert low <= result.median_ms <= high
+    assert len(result.samples_ms) >= 6 and len(result.samples_ms) % 5 == 0  # turns of 5
 
-    slow, fast = steps(40, 1.0), steps(40, 0.9)
-    low, high = ratio_interval(slow, fast)
-    assert low < statistics.median(slow) / statistics.median(fast) < high
-    assert low > 1.0  # 10 % apart with 5 % of spread: clearly faster
-    assert ratio_interval(slow, fast) == (low, high)  # a fixed seed
-    wide = ratio_interval(steps(8, 1.0), steps(8, 0.9))
-    assert wide[1] - wide[0] > high - low  # fewer steps, less sure
-    for bad, expect in (
-        (lambda: ratio_interval([], fast), "samples(0, 40)"),
-        (lambda: ratio_interval(slow, fast, draws=5), "draws(5) must be >= 20"),
-    ):
-        with pytest.raises(InvalidOptionError, match=re.escape(expect)):
-            bad()
+
+def test_the_protocol_stops_on_its_budget_when_the_interval_is_out_of_reach() -> None:
+    result = run_training(
+        MLP, Strategy(), RunOptions(world_size=2, iters=3, warmup=1, ci_target=1e-6, budget_s=2)
+    )
+    assert result.stopped_by == "budget"
+    assert len(result.samples_ms) > 3  # went on past the minimum
+    assert len(result.warmup_ms) >= 1
+    assert result.env()["stopped_by"] == "budget"
+
+
+def test_ranks_are_pinned_to_distinct_cores_and_recorded() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    result = run_training(MLP, Strategy(), RunOptions(world_size=2, iters=2, budget_s=0))
+    placed = [result.rank_cores[rank] for rank in (0, 1)]
+    assert all(len(c) == 1 for c in placed)
+    if len(cores) >= 2:
+        assert placed[0] != placed[1]
+    env = result.env()
+    assert env["pinned"] is True
+    assert sorted(r for ranks in env["ranks_per_core"].values() for r in ranks) == [0, 1]
+
+
+def test_four_ranks_share_the_cores_the_same_way_every_run() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    options = RunOptions(world_size=4, iters=1, warmup=0, budget_s=0)
+    first, second = (run_training(MLP, Strategy(), options) for _ in range(2))
+    assert first.rank_cores == second.rank_cores
+    for rank in range(4):
+        assert first.rank_cores[rank] == [cores[rank % len(cores)]]
+
+
+def test_run_json_carries_the_interval_of_its_median(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["run", MLP_JSON, "--world-size", "2", "--iters", "6", "--measure-budget", "0"]
+    assert main([*args, "--json"]) == 0
+    times = json.loads(capsys.readouterr().out)["iteration_time_ms"]
+    low, high = times["ci95_ms"]
+    assert low <= times["median"] <= high
+    assert times["stopped_by"] == "minimum"
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "95 % interval" in text and "rank 0 on core" in text
