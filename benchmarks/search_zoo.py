@@ -35,7 +35,7 @@ from data.specs.strategy import Strategy
 from data.store import Store
 from data.zoo import ZOO, resolve_model
 from service.cmd_predict import predict_on_store
-from service.cmd_search import describe
+from service.output import describe
 from simulator.calibration import risk_kind
 
 

@@ -69,6 +69,7 @@ from service.cmd_predict import (
 from service.cmd_run import add_result
 from service.output import (
     add_protocol_arguments,
+    describe,
     emit_json,
     format_interval,
     positive_int,
@@ -645,33 +646,6 @@ def _print(payload: dict[str, Any]) -> None:
             )
     for name, reason in payload.get("not_run", {}).items():
         print(f"  not run                  the {name}: {reason}")
-
-
-def describe(strategy: dict[str, Any]) -> str:
-    """One line of a strategy's JSON: its plan, buckets, DeAR and compiled blocks."""
-    if Strategy.from_dict(strategy) == Strategy():
-        return "DDP's defaults"
-    parallel, fusion = strategy["parallel"], strategy["tensor_fusion"]
-    parts = [f"{key}{parallel[key]}" for key in ("tp", "pp") if parallel[key] > 1]
-    if parallel["pp"] > 1:
-        parts.append(parallel["pp_schedule"])
-    if parallel["fsdp"]:
-        parts.append("FSDP")
-    if parallel["micro_batches"] > 1:
-        parts.append(f"{parallel['micro_batches']} micro-batches")
-    if parallel["pp"] == 1 and parallel["tp"] == 1 and not parallel["fsdp"]:
-        buckets = fusion.get("buckets")
-        parts.append(
-            f"{len(buckets)} buckets"
-            if buckets
-            else f"bucket cap {fusion['bucket_cap_mb']:.3g} MB"
-        )
-        if fusion.get("dear"):
-            parts.append("DeAR")
-    compiled = strategy["op_fusion"]["compiled"]
-    if compiled:
-        parts.append(f"{len(compiled)} blocks compiled")
-    return ", ".join(parts)
 
 
 def register(sub: Any) -> None:

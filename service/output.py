@@ -5,6 +5,8 @@ import json
 import sys
 from typing import Any
 
+from data.specs.strategy import Strategy
+
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
@@ -144,3 +146,30 @@ def verification_lines(verified: Any) -> list[str]:
         else:
             lines.append(f"no measurable difference ({ratio:.3f}x, {span}, side by side)")
     return lines
+
+
+def describe(strategy: dict[str, Any]) -> str:
+    """One line of a strategy's JSON: its plan, buckets, DeAR and compiled blocks."""
+    if Strategy.from_dict(strategy) == Strategy():
+        return "DDP's defaults"
+    parallel, fusion = strategy["parallel"], strategy["tensor_fusion"]
+    parts = [f"{key}{parallel[key]}" for key in ("tp", "pp") if parallel[key] > 1]
+    if parallel["pp"] > 1:
+        parts.append(parallel["pp_schedule"])
+    if parallel["fsdp"]:
+        parts.append("FSDP")
+    if parallel["micro_batches"] > 1:
+        parts.append(f"{parallel['micro_batches']} micro-batches")
+    if parallel["pp"] == 1 and parallel["tp"] == 1 and not parallel["fsdp"]:
+        buckets = fusion.get("buckets")
+        parts.append(
+            f"{len(buckets)} buckets"
+            if buckets
+            else f"bucket cap {fusion['bucket_cap_mb']:.3g} MB"
+        )
+        if fusion.get("dear"):
+            parts.append("DeAR")
+    compiled = strategy["op_fusion"]["compiled"]
+    if compiled:
+        parts.append(f"{len(compiled)} blocks compiled")
+    return ", ".join(parts)

@@ -185,6 +185,7 @@ def test_a_strategy_request_runs_to_a_result(client: TestClient, db: str) -> Non
 
 def test_an_execution_is_measured_and_predicted(client: TestClient, db: str) -> None:
     body = {**MLP, "world_size": 2, "bandwidth": None, "iters": 2, "warmup": 1}
+    body["measure_budget_s"] = 0
     task = client.post("/v1/executions", json=body, headers=AUTH).json()
     assert _work(db) == 1
     done = client.get(f"/v1/executions/{task['id']}").json()

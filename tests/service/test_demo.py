@@ -12,6 +12,7 @@ from pathlib import Path
 
 from data.store import Store
 from service.demo import Client, run_demo
+from service.output import verification_lines
 
 
 def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path) -> None:
@@ -36,16 +37,31 @@ def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path) -> None:
                 assert server.poll() is None and time.monotonic() < deadline
                 time.sleep(0.3)
         out = run_demo(
-            Client(url, "demo", timeout_s=300), model="mlp", world_size=2, bandwidth="1gbit"
+            Client(url, "demo", timeout_s=300),
+            model="mlp",
+            world_size=2,
+            bandwidth="1gbit",
+            measure_budget_s=0,
         )
     finally:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=60)
     assert all(ms > 0 for ms in out["predicted"].values())
     assert out["search"]["best"]["predicted_ms"] <= out["search"]["baseline"]["predicted_ms"]
-    runs = out["executions"]
-    assert set(runs) == {"pick", "DDP defaults"}
+    search = out["search"]
+    # The pick and DDP's defaults ran side by side in one launch: one measurement each, or one
+    # in all when the pick is DDP's defaults.
+    kept = bool(search.get("kept_baseline"))
+    assert len(search["verified"]) == (1 if kept else 2)
+    lines = verification_lines(search)
+    if kept:
+        assert len(lines) == 1 and "the pick is DDP's defaults: one measurement" in lines[0]
+    else:
+        assert isinstance(search["significant"], bool)
+        low, high = search["speedup_interval"]
+        assert low <= search["speedup"] <= high
     with Store.open(db) as store:
-        assert len(store.measurements()) == 2
-        assert {p.id for p in store.predictions()} >= {r["prediction_id"] for r in runs.values()}
+        measurements = store.measurements()
+        assert len(measurements) == len(search["verified"])
+        assert all(m.env["side_by_side"] == len(measurements) for m in measurements)
         assert store.collective_profiles(backend="gloo"), "the link was profiled"

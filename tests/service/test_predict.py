@@ -132,6 +132,7 @@ def test_validate_runs_predicts_and_scores(capsys: pytest.CaptureFixture[str]) -
             )
     args = ["simulator", "validate", "mlp", "--batch-size", "16", "--bandwidth", "none"]
     args += ["--strategies", "2", "--iters", "2", "--warmup", "1", "--profile-iters", "2"]
+    args += ["--measure-budget", "0"]
     assert main([*args, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [row["strategy"] for row in out["rows"]] == [

@@ -10,7 +10,7 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 
 from data.specs.strategy import Strategy
 from service.cli import main
-from service.cmd_search import describe
+from service.output import describe
 
 BASE = ["search", "mlp", "--world-size", "2", "--bandwidth", "1gbit", "--batch-size", "16"]
 BASE += ["--profile-iters", "2", "--simulator", "replay"]
@@ -49,16 +49,28 @@ def test_verify_runs_the_best_and_the_baseline(capsys: pytest.CaptureFixture[str
         "1",
         "--verify-rounds",
         "2",
+        "--measure-budget",
+        "0",
     )
     assert out["measured_best_ms"] > 0 and out["measured_baseline_ms"] > 0
     assert out["speedup"] == pytest.approx(out["measured_baseline_ms"] / out["measured_best_ms"])
+    # Every measured median carries its interval; the speed-up its interval and verdict.
+    for name in ("best", "baseline"):
+        low, high = out[f"measured_{name}_ci95_ms"]
+        assert low <= out[f"measured_{name}_ms"] <= high
+    if not out.get("kept_baseline"):
+        low, high = out["speedup_interval"]
+        assert low <= out["speedup"] <= high
+        assert out["significant"] == (not low <= 1.0 <= high)
+        assert out["verdict"] in ("faster", "slower", "no measurable difference")
+    assert out["measurement"]["stopped_by"] == "minimum"
 
 
 def test_verify_top_settles_the_pick_by_measurement(capsys: pytest.CaptureFixture[str]) -> None:
     out = _search(
         capsys,
         *("--budget", "20", "--verify", "--verify-top", "3"),
-        *("--iters", "2", "--warmup", "1", "--verify-rounds", "2"),
+        *("--iters", "2", "--warmup", "1", "--verify-rounds", "2", "--measure-budget", "0"),
     )
     assert out["picked_by"] == "measurement"
     # the baseline and the first three distinct candidates, each run once
@@ -98,9 +110,14 @@ def test_verify_top_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_verify_runs_a_kept_baseline_once(capsys: pytest.CaptureFixture[str]) -> None:
     # a budget of one prices DDP's defaults only: they are the pick
-    out = _search(capsys, "--budget", "1", "--verify", "--iters", "2", "--warmup", "1")
+    out = _search(
+        capsys, "--budget", "1", "--verify", "--iters", "2", "--warmup", "1",
+        "--measure-budget", "0",
+    )
     assert out["best"]["strategy"] == Strategy().to_dict() and out["kept_baseline"] is True
     assert out["measured_best_ms"] == out["measured_baseline_ms"] > 0
+    assert out["verdict"] == "the pick is DDP's defaults" and out["significant"] is False
+    assert len(out["verified"]) == 1
     assert out["speedup"] == 1.0 and out["picked_by"] == "score"
     assert out["speedup_interval"] == [1.0, 1.0]
     assert [row["verified_as"] for row in out["verified"]] == [["baseline", "best"]]
@@ -166,7 +183,7 @@ def test_verify_does_not_run_what_does_not_fit(capsys: pytest.CaptureFixture[str
     out = _search(
         capsys,
         *("--budget", "30", "--memory-gb", f"{ddp_gib * 0.9:.6f}"),
-        *("--verify", "--iters", "1", "--warmup", "1"),
+        *("--verify", "--iters", "1", "--warmup", "1", "--measure-budget", "0"),
     )
     assert not out["baseline"]["fits"] and out["best"]["fits"]
     assert out["measured_baseline_ms"] is None and out["speedup"] is None
@@ -183,7 +200,9 @@ def test_the_fusion_space_keeps_ddps_plan(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_autotune_measures_live_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _search(capsys, "--algo", "autotune", "--budget", "2", "--iters", "1")
+    out = _search(
+        capsys, "--algo", "autotune", "--budget", "2", "--iters", "1", "--measure-budget", "0"
+    )
     assert out["evaluations"] <= 2
     assert out["best"]["measured_ms"] > 0 and out["best"]["predicted_ms"] > 0
     assert out["baseline"]["measured_ms"] >= out["best"]["measured_ms"]
