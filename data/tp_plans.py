@@ -106,6 +106,10 @@ PLANS: dict[str, TensorParallelPlan] = {
 }
 
 
+# Mistral's decoder names its modules as LLaMA's does, grouped-query attention included.
+PLANS["mistral"] = dataclasses.replace(PLANS["llama"], family="mistral")
+
+
 def tp_family(spec: ModelSpec) -> str | None:
     """The model family (transformers ``model_type``) whose plan applies, or ``None``."""
     if spec.source != "transformers":

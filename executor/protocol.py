@@ -14,7 +14,11 @@ dataset's runs, ``simulator validate``, the demo, the autotune baseline) goes th
 - **Warm-up** until the step time is stable: at least ``warmup`` steps, then until the median of
   the last ``WARMUP_WINDOW`` steps is within ``WARMUP_TOLERANCE`` of the window before, or
   ``max_warmup`` steps, or half the time budget.
-- **Samples** in turns of ``iters`` steps until the median's 95 % confidence interval is within
+- **Turns** (side by side): each strategy's turn is ``iters`` steps, fewer where its steps are
+  slow (about ``TURN_S`` seconds a turn, at least one step; ``turn_steps``), so that a slow
+  spell of the machine falls on several turns of every strategy rather than on one long turn
+  of one of them.
+- **Samples** in turns until the median's 95 % confidence interval is within
   ``±ci_target`` of it for every strategy of the launch, or the time budget (``budget_s`` a
   strategy) or ``max_iters`` is reached; at least ``rounds`` turns (``min_samples``). The
   interval is distribution-free (order statistics of the samples).
@@ -45,6 +49,10 @@ ALLOCATOR_ENV: Mapping[str, str] = {
 
 WARMUP_WINDOW = 3
 WARMUP_TOLERANCE = 0.05
+# About how long one strategy's turn lasts side by side: llama-tiny's 0.9 s steps in turns of
+# 10 gave 3 or 4 rounds in a 30 s budget, and two copies of one strategy then differed by up to
+# 9 % in one launch (benchmarks/noise.py), a slow spell having fallen on one copy's turns.
+TURN_S = 2.0
 CONFIDENCE = 0.95
 # A stop's reason: the interval target met, the time budget spent, the sample cap reached, or
 # the minimum counts were all that was asked for (budget 0).
@@ -120,6 +128,18 @@ class StoppingRule:
         if any(len(s) >= self.max_iters for s in samples_ms):
             return "max_iters"
         return None
+
+
+def turn_steps(warmup_ms: Sequence[float], iters: int) -> int:
+    """Steps a strategy takes a turn side by side: ``iters``, or as many of its steps as last
+    about ``TURN_S`` seconds when that is fewer (the median of its last warm-up steps is the
+    step time), at least one."""
+    if not warmup_ms:
+        return iters
+    step_ms = statistics.median(warmup_ms[-WARMUP_WINDOW:])
+    if step_ms <= 0:
+        return iters
+    return max(1, min(iters, round(TURN_S * 1e3 / step_ms)))
 
 
 def median_interval(

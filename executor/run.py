@@ -13,6 +13,7 @@ import json
 import platform
 import statistics
 import tempfile
+import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -171,6 +172,8 @@ class RunResult:
     # launch stopped measuring (executor.protocol.STOP_REASONS, or "minimum").
     sample_rounds: list[int] = dataclasses.field(default_factory=list)
     stopped_by: str = "minimum"
+    # Shared by every result of one launch: which measurements were taken side by side.
+    launch_id: str = ""
 
     @property
     def median_ms(self) -> float:
@@ -213,6 +216,7 @@ class RunResult:
             "warmup_ms": self.warmup_ms,
             "compile_time_s": self.compile_time_s,
             "side_by_side": self.side_by_side,
+            "launch_id": self.launch_id,
             "rounds": self.rounds,
             "sample_rounds": self.sample_rounds,
             "stopped_by": self.stopped_by,
@@ -391,6 +395,7 @@ def _launch(
                 stdout_callback=say,
             )
         raw = json.loads(output.read_text(encoding="utf-8"))
+    launch_id = uuid.uuid4().hex[:16]
     return [
         RunResult(
             model=spec.label,
@@ -410,6 +415,7 @@ def _launch(
             rounds=int(raw["rounds"]),
             sample_rounds=[int(x) for x in mine["sample_rounds"]],
             stopped_by=str(raw["stopped_by"]),
+            launch_id=launch_id,
         )
         for strategy, mine in zip(strategies, raw["variants"], strict=True)
     ]

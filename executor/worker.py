@@ -10,11 +10,12 @@ A launch holds one or several strategies (``variants`` in the config) and follow
 measurement protocol (``executor.protocol``): each strategy warms up in turn until its step time
 is stable, then rounds follow; in each round every strategy takes one turn, in an order shuffled
 anew (the same on every rank), of ``settle`` steps that are not kept (side by side only) and
-``iters`` that are, until the stopping rule holds for every strategy. A slow spell of the
-machine then falls on all of them alike, and their ratios are steadier than those of separate
-launches. The result's ``variants`` holds each one's samples with the round of each, warm-up,
-losses (every step it ran, in order) and ``applied``; ``rounds`` and ``stopped_by`` say how
-measuring ended; peak memory is the process's, all of the strategies together.
+``iters`` that are (fewer for slow steps: ``executor.protocol.turn_steps``), until the stopping
+rule holds for every strategy. A slow spell of the machine then falls on all of them alike, and
+their ratios are steadier than those of separate launches. The result's ``variants`` holds
+each one's samples with the round of each, warm-up, losses (every step it ran, in order) and
+``applied``; ``rounds`` and ``stopped_by`` say how measuring ended; peak memory is the
+process's, all of the strategies together.
 """
 
 import argparse
@@ -39,7 +40,7 @@ from data.specs.model import ModelSpec
 from data.specs.strategy import Bucket, Strategy
 from executor.context import RankContext
 from executor.plan import build_trainer
-from executor.protocol import StoppingRule, relative_half_width
+from executor.protocol import StoppingRule, relative_half_width, turn_steps
 from profiler.cluster import die_with_parent, report_placement
 
 
@@ -224,11 +225,15 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
     collector_was_enabled = gc.isenabled()
     gc.collect()
     gc.disable()
+    # Steps a turn, each strategy's: shorter turns for slow steps (executor.protocol).
+    per_turn: list[int] = []
     for index in range(count):
         warm: list[float] = []
         began = time.perf_counter()
         while True:
-            if rule.warmed_up(*agree(warm, time.perf_counter() - began)):
+            agreed_warm, warm_s = agree(warm, time.perf_counter() - began)
+            if rule.warmed_up(agreed_warm, warm_s):
+                per_turn.append(turn_steps(agreed_warm, iters) if count > 1 else iters)
                 break
             timed(index, "warmup")
             warm.append(steps[-1][2])
@@ -248,7 +253,7 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
         for index in _order(count, round_index, seed):
             for _ in range(settle):
                 timed(index, "settle", round_index)
-            for _ in range(iters):
+            for _ in range(per_turn[index]):
                 kept.append((index, timed(index, "sample", round_index)))
             if count > 1:
                 trainers[index].drain()

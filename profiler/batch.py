@@ -9,10 +9,16 @@ The file lists jobs, a cross product of jobs, or both::
       - {kind: collectives, world_size: 2, bandwidth: 1gbit, sizes: [1MiB, 16MiB]}
       - {kind: run, model: gpt2-tiny, world_size: 2, bandwidth: 1gbit,
          strategy: {tensor_fusion: {dear: true}}}
+      - {kind: compare, model: gpt2-tiny, world_size: 2, bandwidth: 1gbit,
+         strategies: [{tensor_fusion: {bucket_cap_mb: 4}}, {parallel: {fsdp: true}}]}
     product:
       - kind: [kernels]
         model: [mlp, gpt2-tiny]
         batch_size: [8, 16]
+
+A ``compare`` job runs DDP's defaults and its ``strategies`` side by side in one launch
+(``executor.run.compare_training``): every measurement it stores has a reference taken in the
+same launch (the same ``launch_id``), so that speed-ups as well as times can be read off it.
 
 Every job has a key (a hash of its normalized settings). A job whose key is stored as done is
 skipped; a job interrupted mid-way (killed, Ctrl-C) is still "running" and is redone; a job that
@@ -49,6 +55,26 @@ from profiler.fusion import FusionProfile, profile_fusion
 from profiler.kernels import KernelProfile, profile_kernels
 
 MAX_JOBS = 10_000
+# What an executor job (one strategy, or several side by side) may set besides its strategies.
+_EXECUTOR_KEYS = frozenset(
+    {
+        "kind",
+        "model",
+        "world_size",
+        "bandwidth",
+        "batch_size",
+        "seq_len",
+        "image_size",
+        "iters",
+        "warmup",
+        "ci_target",
+        "measure_budget_s",
+        "seed",
+        "optimizer",
+        "device",
+        "backend",
+    }
+)
 KINDS: dict[str, frozenset[str]] = {
     "kernels": frozenset(
         {
@@ -90,27 +116,10 @@ KINDS: dict[str, frozenset[str]] = {
             "repeats",
         }
     ),
-    # Executor runs: the runner comes from the executor's side (``service.cmd_run``).
-    "run": frozenset(
-        {
-            "kind",
-            "model",
-            "strategy",
-            "world_size",
-            "bandwidth",
-            "batch_size",
-            "seq_len",
-            "image_size",
-            "iters",
-            "warmup",
-            "ci_target",
-            "measure_budget_s",
-            "seed",
-            "optimizer",
-            "device",
-            "backend",
-        }
-    ),
+    # Executor runs: the runners come from the executor's side (``service.cmd_run``).
+    "run": _EXECUTOR_KEYS | {"strategy"},
+    # DDP's defaults and several strategies side by side in one launch.
+    "compare": _EXECUTOR_KEYS | {"strategies", "rounds"},
 }
 
 
@@ -159,8 +168,15 @@ def _job(raw: Mapping[str, Any], where: str) -> Job:
             f"{where}.kind {kind!r} is not a job kind; allowed: {', '.join(KINDS)}"
         )
     check_keys(raw, set(KINDS[kind]), where, InvalidBatchError)
-    if kind in ("kernels", "fusion", "run") and "model" not in raw:
+    if kind in ("kernels", "fusion", "run", "compare") and "model" not in raw:
         raise InvalidBatchError(f"{where} ({kind}) needs 'model'")
+    if kind == "compare" and not (
+        isinstance(raw.get("strategies"), list) and raw.get("strategies")
+    ):
+        raise InvalidBatchError(
+            f"{where} (compare) needs 'strategies', a non-empty list of strategies "
+            f"(got {raw.get('strategies')!r})"
+        )
     if kind == "collectives" and "world_size" not in raw:
         raise InvalidBatchError(f"{where} (collectives) needs 'world_size'")
     settings = {k: v for k, v in raw.items() if k != "kind"}

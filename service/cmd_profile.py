@@ -31,7 +31,7 @@ from profiler.cluster import remove_stale_namespaces
 from profiler.collectives import COLLECTIVES, parse_sizes, profile_collectives
 from profiler.fusion import profile_fusion
 from profiler.kernels import DEVICES, profile_kernels
-from service.cmd_run import run_executor_job
+from service.cmd_run import run_compare_job, run_executor_job
 from service.output import emit_json, positive_int, progress
 
 
@@ -144,6 +144,7 @@ def batch_runners(trace_dir: Path | None = None) -> dict[str, JobRunner]:
         "fusion": run_fusion_job,
         "collectives": run_collective_job,
         "run": run_executor_job,
+        "compare": run_compare_job,
     }
 
 

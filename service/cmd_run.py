@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from data.errors import one_line
+from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.store import (
     MeasurementRecord,
@@ -17,7 +18,7 @@ from data.store import (
     strategy_hash,
 )
 from data.zoo import resolve_model
-from executor.run import RunOptions, RunResult, run_training
+from executor.run import RunOptions, RunResult, compare_training, run_training
 from profiler.batch import Job
 from profiler.cluster import ClusterRunError, remove_stale_namespaces
 from service.output import (
@@ -49,9 +50,9 @@ def measurement_record(result: RunResult) -> MeasurementRecord:
     )
 
 
-def run_executor_job(job: Job) -> Callable[[Any], None]:
-    """One ``kind: run`` batch job; the callback stores graph, strategy and measurement."""
-    settings = dict(job.settings)
+def _job_spec_and_options(settings: dict[str, Any]) -> tuple[ModelSpec, RunOptions]:
+    """An executor job's model at its inputs and its run options (the keys are taken out of
+    ``settings``)."""
     model = settings.pop("model")
     spec = resolve_model(json.dumps(model) if isinstance(model, Mapping) else str(model))
     spec = spec.with_inputs(
@@ -59,11 +60,6 @@ def run_executor_job(job: Job) -> Callable[[Any], None]:
         seq_len=settings.pop("seq_len", None),
         image_size=settings.pop("image_size", None),
     )
-    raw_strategy = settings.pop("strategy", None)
-    if isinstance(raw_strategy, Mapping):
-        strategy = Strategy.from_dict(raw_strategy)
-    else:
-        strategy = Strategy.parse(str(raw_strategy)) if raw_strategy else Strategy()
     bandwidth = settings.pop("bandwidth", None)
     options = RunOptions(
         world_size=int(settings.pop("world_size", 1)),
@@ -77,10 +73,45 @@ def run_executor_job(job: Job) -> Callable[[Any], None]:
         device=str(settings.pop("device", "cpu")),
         backend=None if (backend := settings.pop("backend", None)) is None else str(backend),
     )
+    return spec, options
+
+
+def _job_strategy(raw: Any) -> Strategy:
+    if isinstance(raw, Mapping):
+        return Strategy.from_dict(raw)
+    return Strategy.parse(str(raw)) if raw else Strategy()
+
+
+def run_executor_job(job: Job) -> Callable[[Any], None]:
+    """One ``kind: run`` batch job; the callback stores graph, strategy and measurement."""
+    settings = dict(job.settings)
+    strategy = _job_strategy(settings.pop("strategy", None))
+    spec, options = _job_spec_and_options(settings)
     result = run_training(spec, strategy, options)
 
     def write(session: Any) -> None:
         add_result(session, result)
+
+    return write
+
+
+def run_compare_job(job: Job) -> Callable[[Any], None]:
+    """One ``kind: compare`` batch job: DDP's defaults and the job's strategies side by side in
+    one launch (a strategy equal to DDP's defaults is the reference itself, run once); the
+    callback stores every measurement, all with the launch's id."""
+    settings = dict(job.settings)
+    strategies = [Strategy()]
+    for raw in settings.pop("strategies"):
+        strategy = _job_strategy(raw)
+        if strategy not in strategies:
+            strategies.append(strategy)
+    rounds = int(settings.pop("rounds", 3))
+    spec, options = _job_spec_and_options(settings)
+    results = compare_training(spec, strategies, options, rounds=rounds)
+
+    def write(session: Any) -> None:
+        for result in results:
+            add_result(session, result)
 
     return write
 

@@ -131,8 +131,105 @@ def dataset_models() -> list[ModelSpec]:
     ]
 
 
-# (world size, link) of every run group: both world sizes at 1 Gbit/s and unshaped.
+# The eight families cpu-v3 adds, each at its zoo's test size and a larger "mini" size, chosen
+# for structure the first eight lack: grouped- and multi-query attention (Mistral, Falcon),
+# attention and MLP in parallel (Falcon, GPT-J), one layer's weights shared by every layer
+# (ALBERT), factorised embeddings (ALBERT, ELECTRA), a post-norm encoder-decoder (BART),
+# LayerScale (DINOv2), depthwise convolutions with squeeze-and-excitation (EfficientNet).
+_V3_FAMILIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    (
+        "mistral-tiny",
+        "mistral-mini",
+        {
+            "num_hidden_layers": 4,
+            "hidden_size": 256,
+            "intermediate_size": 704,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+        },
+    ),
+    (
+        "falcon-tiny",
+        "falcon-mini",
+        {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8},
+    ),
+    ("gptj-tiny", "gptj-mini", {"n_layer": 4, "n_embd": 256, "n_head": 8}),
+    (
+        "albert-tiny",
+        "albert-mini",
+        {
+            "num_hidden_layers": 6,
+            "hidden_size": 256,
+            "embedding_size": 128,
+            "intermediate_size": 1024,
+        },
+    ),
+    (
+        "electra-tiny",
+        "electra-mini",
+        {
+            "num_hidden_layers": 4,
+            "hidden_size": 256,
+            "embedding_size": 128,
+            "intermediate_size": 1024,
+        },
+    ),
+    (
+        "bart-tiny",
+        "bart-mini",
+        {
+            "encoder_layers": 3,
+            "decoder_layers": 3,
+            "d_model": 256,
+            "encoder_attention_heads": 8,
+            "decoder_attention_heads": 8,
+            "encoder_ffn_dim": 1024,
+            "decoder_ffn_dim": 1024,
+        },
+    ),
+    ("dinov2-tiny", "dinov2-mini", {"num_hidden_layers": 4, "hidden_size": 256}),
+    (
+        "efficientnet-tiny",
+        "efficientnet-mini",
+        {"width_coefficient": 0.75, "depth_coefficient": 0.75, "hidden_dim": 960},
+    ),
+)
+
+DATASET_VERSIONS: tuple[str, ...] = ("cpu-v2", "cpu-v3")
+
+
+def dataset_models_v3() -> list[ModelSpec]:
+    """cpu-v3's models: cpu-v2's sixteen and two sizes of each of eight more families."""
+    added: list[ModelSpec] = []
+    for tiny, mini, config in _V3_FAMILIES:
+        inputs = _SMALL_IMAGE if ZOO[tiny].inputs.image_size is not None else _SMALL_TEXT
+        added.append(ZOO[tiny].with_inputs(**inputs))
+        added.append(_variant(tiny, mini, config, **inputs))
+    return [*dataset_models(), *added]
+
+
+def models_of(version: str) -> list[ModelSpec]:
+    """The models of dataset ``version``.
+
+    Raises:
+        InvalidOptionError: an unknown version, naming the known ones.
+    """
+    if version not in DATASET_VERSIONS:
+        raise InvalidOptionError(
+            f"dataset version {version!r} is unknown; allowed: {', '.join(DATASET_VERSIONS)}"
+        )
+    return dataset_models() if version == "cpu-v2" else dataset_models_v3()
+
+
+# (world size, link) of every run group: cpu-v2 ran both world sizes at 1 Gbit/s and unshaped;
+# cpu-v3 at 1 and 4 Gbit/s (raw TCP on this machine follows a shaped link up to ~6 Gb/s).
 SETTINGS: tuple[tuple[int, str], ...] = ((2, "1gbit"), (2, "none"), (4, "1gbit"), (4, "none"))
+SETTINGS_V3: tuple[tuple[int, str], ...] = (
+    (2, "1gbit"),
+    (4, "1gbit"),
+    (2, "4gbit"),
+    (4, "4gbit"),
+)
 LINK_SIZES: tuple[int, ...] = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
 LINK_COLLECTIVES: tuple[str, ...] = ("all_reduce", "sendrecv")
 # FSDP and tensor parallelism also gather and reduce-scatter.
@@ -217,10 +314,27 @@ def interleaved_pool() -> list[Strategy]:
     ]
 
 
+def mixed_pool(data_parallel: Sequence[Strategy], parallel: Sequence[Strategy]) -> list[Strategy]:
+    """Two data-parallel strategies, then a parallel plan, in turn (the rest of the longer
+    pool at the end), so that consecutive picks from it mix kinds."""
+    out: list[Strategy] = []
+    for index in range(max(len(data_parallel), 2 * len(parallel)) // 2 + 1):
+        out.extend(data_parallel[2 * index : 2 * index + 2])
+        out.extend(parallel[index : index + 1])
+    return out
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class PlanOptions:
     """How much to measure: strategies per (model, setting) group besides DDP's defaults, and
-    the executor's iterations per run."""
+    the executor's iterations per run.
+
+    With ``side_by_side`` (cpu-v3) a group is one launch (a ``compare`` job): DDP's defaults
+    and the group's strategies take turns of ``iters`` steps, at least ``rounds`` rounds, then
+    more until every median's 95 % interval is within ``±ci_target`` or ``measure_budget_s`` a
+    strategy is spent (the measurement protocol); no repeat runs (each run carries its
+    interval). Without it (cpu-v2) every strategy is a launch of its own, ``iters`` steps.
+    """
 
     per_group: int = 4
     iters: int = 5
@@ -228,14 +342,30 @@ class PlanOptions:
     kernel_iters: int = 15
     fusion_iters: int = 10
     collectives: tuple[str, ...] = LINK_COLLECTIVES
+    side_by_side: bool = False
+    rounds: int = 3
+    ci_target: float = 0.01
+    measure_budget_s: float = 10.0
 
     def __post_init__(self) -> None:
-        counts = (self.per_group, self.iters, self.warmup, self.kernel_iters, self.fusion_iters)
+        counts = (
+            self.per_group,
+            self.iters,
+            self.warmup,
+            self.kernel_iters,
+            self.fusion_iters,
+            self.rounds,
+        )
         if min(counts) < 1:
             raise InvalidOptionError(
                 f"per_group({self.per_group}), iters({self.iters}), warmup({self.warmup}), "
-                f"kernel_iters({self.kernel_iters}) and fusion_iters({self.fusion_iters}) must "
-                "all be >= 1"
+                f"kernel_iters({self.kernel_iters}), fusion_iters({self.fusion_iters}) and "
+                f"rounds({self.rounds}) must all be >= 1"
+            )
+        if not 0 < self.ci_target < 1 or not self.measure_budget_s >= 0:
+            raise InvalidOptionError(
+                f"ci_target({self.ci_target}) must be in (0, 1) and "
+                f"measure_budget_s({self.measure_budget_s}) >= 0"
             )
 
 
@@ -318,6 +448,9 @@ def plan_jobs(
                 "iters": options.fusion_iters,
             }
         )
+    if options.side_by_side:
+        jobs.extend(_compare_jobs(groups, len(settings), options))
+        return jobs
     run = {"iters": options.iters, "warmup": options.warmup}
     depth = max(len(g[3]) for g in groups)
     for slot in range(depth):
@@ -328,6 +461,46 @@ def plan_jobs(
         if index % 2:
             jobs.append(_run_job(spec, Strategy(), world_size, bandwidth, run, seed=1))
     return jobs
+
+
+def _compare_jobs(
+    groups: Sequence[tuple[ModelSpec, int, str, list[Strategy]]],
+    settings_count: int,
+    options: PlanOptions,
+) -> list[dict[str, Any]]:
+    """One launch a group, DDP's defaults beside the group's strategies; in rounds that take
+    every model once, each round on other settings, so that a batch cut short still covers
+    every model and every setting evenly."""
+    protocol = {
+        "iters": options.iters,
+        "warmup": options.warmup,
+        "rounds": options.rounds,
+        "ci_target": options.ci_target,
+        "measure_budget_s": options.measure_budget_s,
+        "seed": 0,
+    }
+    by_model: dict[str, list[tuple[ModelSpec, int, str, list[Strategy]]]] = {}
+    for group in groups:
+        by_model.setdefault(group[0].label, []).append(group)
+    jobs = []
+    for turn in range(settings_count):
+        for model_index, model_groups in enumerate(by_model.values()):
+            if turn >= len(model_groups):
+                continue
+            spec, world_size, bandwidth, strategies = model_groups[
+                (model_index + turn) % len(model_groups)
+            ]
+            others = [s.to_dict() for s in strategies if s != Strategy()]
+            where = {"model": spec.to_dict(), "world_size": world_size, "bandwidth": bandwidth}
+            if not others:  # nothing else fits this setting: DDP's defaults alone
+                jobs.append({"kind": "run", **where, "strategy": {}, **_single(protocol)})
+                continue
+            jobs.append({"kind": "compare", **where, "strategies": others, **protocol})
+    return jobs
+
+
+def _single(protocol: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in protocol.items() if k != "rounds"}
 
 
 def _rank_batch(spec: ModelSpec, strategy: Strategy, world_size: int) -> int | None:
@@ -423,6 +596,23 @@ class RunEntry:
     def family(self) -> str:
         return self.model.family or self.model.label
 
+    @property
+    def ci_half_width(self) -> float | None:
+        """Half the median's recorded 95 % interval over the median (0.01: ±1 %), or ``None``
+        for a run measured before the protocol recorded one (cpu-v2)."""
+        interval = self.extra.get("ci95_ms")
+        if not interval or self.measured_ms <= 0:
+            return None
+        low, high = (float(x) for x in interval)
+        return (high - low) / 2 / self.measured_ms
+
+    @property
+    def speedup(self) -> float | None:
+        """DDP's defaults measured in the same launch over this run's median (above 1: this
+        strategy was faster), or ``None`` without such a reference."""
+        reference = self.extra.get("reference_ms")
+        return float(reference) / self.measured_ms if reference else None
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Dataset:
@@ -458,11 +648,13 @@ def export_dataset(
     *,
     meta: Mapping[str, Any],
     models: Sequence[ModelSpec] | None = None,
+    merge: bool = False,
 ) -> dict[str, int]:
     """Write what ``store`` holds (CPU kernel profiles, fusion profiles, collective fits,
     measurements) to ``out`` (gzip JSON); with ``models``, only the runs of those specs and the
-    profiles of their labels (a store also used for other runs keeps them out of the dataset).
-    Returns counts of what was written."""
+    profiles of their labels (a store also used for other runs keeps them out of the dataset);
+    with ``merge``, together with what ``out`` already holds (``merge_datasets``). Returns
+    counts of what was written."""
     specs = None if models is None else {_spec_key(m) for m in models}
     labels = None if models is None else {m.label for m in models}
     kernels: dict[tuple[str, int], KernelEntry] = {}
@@ -519,18 +711,130 @@ def export_dataset(
                     "peak_memory_bytes": list(m.peak_memory_bytes),
                     "rank_cores": m.env.get("rank_cores", {}),
                     "compile_time_s": m.env.get("compile_time_s"),
+                    **{key: m.env[key] for key in _PROTOCOL_KEYS if key in m.env},
                 },
             )
         )
     dataset = Dataset(
-        runs=tuple(runs), kernels=kernels, links=links, meta=dict(meta), fusion=fusion
+        runs=tuple(with_references(runs)),
+        kernels=kernels,
+        links=links,
+        meta=dict(meta),
+        fusion=fusion,
     )
+    if merge and out.exists():
+        dataset = merge_datasets(load_dataset(out), dataset)
     save_dataset(dataset, out)
-    return {"kernels": len(kernels), "fusion": len(fusion), "links": len(links), "runs": len(runs)}
+    return {
+        "kernels": len(dataset.kernels),
+        "fusion": len(dataset.fusion),
+        "links": len(dataset.links),
+        "runs": len(dataset.runs),
+    }
+
+
+# What the measurement protocol records with a run (executor.run.RunResult.env) and the file
+# keeps: the median's interval, why sampling stopped, the launch it shared with others, the
+# round of each sample (for ratio intervals) and the rank-to-core placement.
+_PROTOCOL_KEYS: tuple[str, ...] = (
+    "ci95_ms",
+    "stopped_by",
+    "launch_id",
+    "side_by_side",
+    "sample_rounds",
+    "ranks_per_core",
+    "pinned",
+)
+
+
+def with_references(runs: Iterable[RunEntry]) -> list[RunEntry]:
+    """``runs`` with the reference each was measured beside: where a launch (``launch_id``)
+    also ran DDP's defaults, each of its runs gets that run's median and interval as
+    ``reference_ms`` and ``reference_ci95_ms`` (the reference itself gets its own)."""
+    runs = list(runs)
+    references: dict[str, RunEntry] = {}
+    for run in runs:
+        launch = run.extra.get("launch_id")
+        if launch and run.strategy == Strategy():
+            references[str(launch)] = run
+    out = []
+    for run in runs:
+        reference = references.get(str(run.extra.get("launch_id") or ""))
+        if reference is None:
+            out.append(run)
+            continue
+        extra = {
+            **run.extra,
+            "reference_ms": reference.measured_ms,
+            "reference_ci95_ms": reference.extra.get("ci95_ms"),
+        }
+        out.append(dataclasses.replace(run, extra=extra))
+    return out
 
 
 def _spec_key(spec: ModelSpec) -> str:
     return json.dumps(spec.to_dict(), sort_keys=True)
+
+
+def merge_datasets(older: Dataset, newer: Dataset) -> Dataset:
+    """One dataset holding both: profiles and fits of ``newer`` replace those of ``older`` with
+    the same key; runs are the union (a run in both, same launch and strategy, counted once).
+    A collection that spans several sessions exports each one's store into the same file."""
+
+    def run_key(run: RunEntry) -> str:
+        when = run.extra.get("launch_id") or run.created_at
+        return json.dumps(
+            [when, _spec_key(run.model), run.strategy.to_json(), run.world_size, run.bandwidth],
+            sort_keys=True,
+        )
+
+    links = {(f.collective, f.world_size, f.bandwidth): f for f in older.links}
+    links.update({(f.collective, f.world_size, f.bandwidth): f for f in newer.links})
+    runs = {run_key(r): r for r in older.runs}
+    runs.update({run_key(r): r for r in newer.runs})
+    parts = [*older.meta.get("parts", [older.meta]), newer.meta]
+    return Dataset(
+        runs=tuple(with_references(runs.values())),
+        kernels={**older.kernels, **newer.kernels},
+        links=tuple(links.values()),
+        meta={**newer.meta, "parts": parts},
+        fusion={**older.fusion, **newer.fusion},
+    )
+
+
+def drop_done(jobs: Sequence[Mapping[str, Any]], done: Dataset) -> list[dict[str, Any]]:
+    """``jobs`` (a plan) less those whose results ``done`` already holds: link fits of every
+    collective asked for, kernel and fusion profiles at the batch size, every strategy of a run
+    or side-by-side launch (DDP's defaults included) on the model, world size and link. A
+    collection resumes from its file this way when the store it wrote to is gone."""
+    measured = {
+        (_spec_key(r.model), r.world_size, r.bandwidth, r.strategy.to_json()) for r in done.runs
+    }
+    fitted = {(f.collective, f.world_size, f.bandwidth) for f in done.links}
+    out = []
+    for job in jobs:
+        kind = job["kind"]
+        if kind == "collectives":
+            finished = all(
+                (c, job["world_size"], job["bandwidth"]) in fitted for c in job["collectives"]
+            )
+        elif kind in ("kernels", "fusion"):
+            label = ModelSpec.from_dict(job["model"]).label
+            held = done.kernels if kind == "kernels" else done.fusion
+            finished = (label, int(job["batch_size"])) in held
+        else:
+            spec = _spec_key(ModelSpec.from_dict(job["model"]))
+            raw = job["strategies"] if kind == "compare" else [job["strategy"]]
+            strategies = [Strategy(), *map(Strategy.from_dict, raw)]
+            if kind == "run":
+                strategies = strategies[1:]
+            finished = all(
+                (spec, job["world_size"], job["bandwidth"], s.to_json()) in measured
+                for s in strategies
+            )
+        if not finished:
+            out.append(dict(job))
+    return out
 
 
 def save_dataset(dataset: Dataset, out: Path) -> None:

@@ -23,7 +23,7 @@ def test_zoo_covers_families_and_sizes() -> None:
         families[spec.family] = families.get(spec.family, 0) + 1
     transformers_families = {f for f, n in families.items() if f != "reference" and n >= 2}
     assert {"gpt2", "bert", "vit", "resnet"} <= transformers_families
-    assert len(transformers_families) >= 8
+    assert len(transformers_families) >= 16
     assert {"MLP", "VGG"} <= {s.cls for s in ZOO.values() if s.source == "reference"}
 
 
@@ -52,6 +52,12 @@ def test_every_entry_builds_with_its_inputs(name: str) -> None:
         ("opt-125m", 125.2e6),
         ("convnext-tiny", 28.6e6),
         ("convnext-atto", 3.7e6),
+        ("mistral-7b", 7.24e9),
+        ("falcon-7b", 6.92e9),
+        ("gptj-6b", 6.05e9),
+        ("electra-small", 13.5e6),
+        ("bart-base", 139.4e6),
+        ("efficientnet-b0", 5.3e6),
     ],
 )
 def test_standard_sizes(name: str, parameters: float) -> None:

@@ -99,7 +99,9 @@ def test_dp2_pp2_matches_single_process() -> None:
 
 def test_pipeline_through_ddlsim_run() -> None:
     strategy = Strategy.from_dict({"parallel": {"pp": 2, "micro_batches": 2}})
-    result = run_training(SPECS["llama-tiny"], strategy, RunOptions(world_size=2, iters=2, budget_s=0))
+    result = run_training(
+        SPECS["llama-tiny"], strategy, RunOptions(world_size=2, iters=2, budget_s=0)
+    )
     assert result.applied["plan"] == "pipeline"
     assert result.applied["stack"] == "model.layers"
     assert len(result.losses) == 4 and result.losses[-1] < result.losses[0]

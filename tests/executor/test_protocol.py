@@ -15,6 +15,7 @@ from executor.protocol import (
     ratio_interval,
     relative_half_width,
     speedup,
+    turn_steps,
 )
 from service.output import verification_lines
 
@@ -155,3 +156,10 @@ def test_verification_lines_say_plainly_what_was_measured() -> None:
 
 def test_ranks_per_core_lists_who_shared_a_core() -> None:
     assert ranks_per_core({0: [0], 1: [1], 2: [0], 3: [1]}) == {0: [0, 2], 1: [1, 3]}
+
+
+def test_slow_steps_take_shorter_turns() -> None:
+    assert turn_steps([50.0, 40.0, 40.0, 40.0], 10) == 10  # 50 steps would fill 2 s: capped
+    assert turn_steps([900.0, 880.0, 910.0], 10) == 2  # about 2 s of 0.9 s steps
+    assert turn_steps([5000.0, 4000.0, 4500.0], 10) == 1  # never fewer than one
+    assert turn_steps([], 7) == 7  # no warm-up to read the step time from

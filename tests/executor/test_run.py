@@ -19,6 +19,7 @@ from executor.run import (
 )
 from profiler.cluster import NAMESPACE_PREFIX, ClusterRunError
 from service.cli import main
+from simulator.dataset import export_dataset, load_dataset
 from tests.executor.harness import assert_losses_match, reference_losses
 
 MLP = ZOO["mlp"].with_inputs(batch_size=16)
@@ -191,6 +192,41 @@ def test_batch_runs_executor_jobs(capsys: pytest.CaptureFixture[str], tmp_path: 
         (stored,) = store.measurements()
     assert stored.world_size == 2 and len(stored.iteration_time_ms) == 2
     assert stored.applied["fusion"] == "hooks"
+
+
+def test_batch_compare_job_stores_each_strategy_beside_its_reference(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "batch.yaml"
+    path.write_text(
+        "jobs:\n"
+        "  - {kind: compare, model: mlp, batch_size: 8, world_size: 2, iters: 2, warmup: 0,\n"
+        "     rounds: 2, measure_budget_s: 0,\n"
+        "     strategies: [{tensor_fusion: {bucket_cap_mb: 1, implementation: hooks}}, {}]}\n"
+        "  - {kind: compare, model: mlp, world_size: 2, strategies: []}\n"
+    )
+    assert main(["profile", "batch", str(path), "--json"]) == 2
+    assert "(compare) needs 'strategies', a non-empty list" in capsys.readouterr().err
+    path.write_text("\n".join(path.read_text().splitlines()[:4]) + "\n")
+    assert main(["profile", "batch", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["done"]) == 1
+    with Store.open() as store:
+        stored = store.measurements()
+        strategies = [store.load_strategy(strategy_hash=m.strategy_hash) for m in stored]
+        exported = tmp_path / "d.json.gz"
+        export_dataset(store, exported, meta={})
+    # DDP's defaults (given again in the list, run once) and the hook buckets, one launch
+    assert sorted(s.tensor_fusion.implementation for s in strategies) == ["auto", "hooks"]
+    assert len({m.env["launch_id"] for m in stored}) == 1
+    assert all(len(m.iteration_time_ms) == 4 and m.env["side_by_side"] == 2 for m in stored)
+    runs = load_dataset(exported).runs
+    reference = next(r for r in runs if r.strategy == Strategy())
+    hooks = next(r for r in runs if r.strategy != Strategy())
+    assert hooks.extra["reference_ms"] == reference.measured_ms
+    assert hooks.speedup == pytest.approx(reference.measured_ms / hooks.measured_ms)
+    assert reference.speedup == 1.0
+    assert hooks.extra["ci95_ms"] is not None and hooks.extra["stopped_by"] == "minimum"
 
 
 def test_side_by_side_strategies_train_apart_and_take_turns() -> None:

@@ -43,7 +43,7 @@ VIT_4_HEADS = dataclasses.replace(
 ).with_inputs(batch_size=4, image_size=32)
 SPECS: dict[str, ModelSpec] = {
     name: ZOO[name].with_inputs(batch_size=4, seq_len=16)
-    for name in ("gpt2-tiny", "bert-tiny", "llama-tiny", "t5-tiny")
+    for name in ("gpt2-tiny", "bert-tiny", "llama-tiny", "mistral-tiny", "t5-tiny")
 } | {"vit-4-heads": VIT_4_HEADS}
 # A few module paths per model and the style each must get (the first block stands for all).
 EXPECTED_STYLES: dict[str, dict[str, str]] = {
@@ -68,6 +68,14 @@ EXPECTED_STYLES: dict[str, dict[str, str]] = {
         "model.layers.1.self_attn.k_proj": "colwise",
         "model.layers.1.self_attn.o_proj": "rowwise",
         "model.layers.1.mlp.gate_proj": "colwise",
+        "model.layers.1.mlp.down_proj": "rowwise",
+        "lm_head": "vocab_head",
+    },
+    "mistral-tiny": {
+        "model.embed_tokens": "vocab_embedding",
+        "model.layers.1.self_attn.k_proj": "colwise",
+        "model.layers.1.self_attn.o_proj": "rowwise",
+        "model.layers.1.mlp.up_proj": "colwise",
         "model.layers.1.mlp.down_proj": "rowwise",
         "lm_head": "vocab_head",
     },
@@ -151,7 +159,7 @@ def test_model_without_plan_is_refused(name: str) -> None:
     with pytest.raises(InvalidStrategyError, match="has no tensor-parallel plan") as info:
         check_tensor_parallel(ZOO[name], 2)
     assert "tp(2)" in str(info.value)
-    assert "bert, gpt2, llama, t5, vit" in str(info.value)
+    assert "bert, gpt2, llama, mistral, t5, vit" in str(info.value)
 
 
 @pytest.mark.parametrize(

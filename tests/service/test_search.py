@@ -111,8 +111,16 @@ def test_verify_top_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
 def test_verify_runs_a_kept_baseline_once(capsys: pytest.CaptureFixture[str]) -> None:
     # a budget of one prices DDP's defaults only: they are the pick
     out = _search(
-        capsys, "--budget", "1", "--verify", "--iters", "2", "--warmup", "1",
-        "--measure-budget", "0",
+        capsys,
+        "--budget",
+        "1",
+        "--verify",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--measure-budget",
+        "0",
     )
     assert out["best"]["strategy"] == Strategy().to_dict() and out["kept_baseline"] is True
     assert out["measured_best_ms"] == out["measured_baseline_ms"] > 0

@@ -164,16 +164,27 @@ def test_bad_input_is_one_line(
 def test_dataset_plan_and_export(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cmd_dataset, "dataset_models", lambda: [ZOO["mlp"], ZOO["gpt2-tiny"]])
+    monkeypatch.setattr(cmd_dataset, "models_of", lambda version: [ZOO["mlp"], ZOO["gpt2-tiny"]])
     plan = tmp_path / "plan.yaml"
-    out = _json(capsys, "simulator", "dataset", "plan", "--out", str(plan), "--per-group", "2")
+    v2 = ("--version", "cpu-v2")
+    out = _json(
+        capsys, "simulator", "dataset", "plan", *v2, "--out", str(plan), "--per-group", "2"
+    )
     assert out["models"] == 2 and out["by_kind"]["collectives"] == 4
     assert out["by_kind"]["run"] == 2 * 4 * 3 + 4  # groups x (defaults + 2) + repeats
     assert plan.read_text().startswith("# The simulator's dataset")
     # parallel plans: the mlp has no tensor-parallel plan (FSDP and pipelines it has)
     parallel = tmp_path / "parallel.yaml"
     out = _json(
-        capsys, "simulator", "dataset", "plan", "--plans", "parallel", "--out", str(parallel)
+        capsys,
+        "simulator",
+        "dataset",
+        "plan",
+        *v2,
+        "--plans",
+        "parallel",
+        "--out",
+        str(parallel),
     )
     jobs = yaml.safe_load(parallel.read_text())["jobs"]
     links = [j for j in jobs if j["kind"] == "collectives"]
@@ -197,3 +208,36 @@ def test_dataset_plan_and_export(
         capsys, "simulator", "dataset", "export", "--out", str(tmp_path / "d.json.gz")
     )
     assert (exported["runs"], exported["kernels"], exported["links"]) == (0, 0, 0)
+
+
+def test_dataset_plan_v3_runs_every_group_side_by_side(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models = [ZOO["mlp"].with_inputs(batch_size=8), ZOO["gpt2-tiny"].with_inputs(batch_size=8)]
+    monkeypatch.setattr(cmd_dataset, "models_of", lambda version: models)
+    plan = tmp_path / "v3.yaml"
+    out = _json(capsys, "simulator", "dataset", "plan", "--out", str(plan))
+    jobs = yaml.safe_load(plan.read_text())["jobs"]
+    compares = [j for j in jobs if j["kind"] == "compare"]
+    # one launch a (model, setting): DDP's defaults beside three strategies of mixed kinds
+    assert out["by_kind"]["compare"] == len(compares) == 2 * 4
+    assert "run" not in out["by_kind"]
+    assert {(j["world_size"], j["bandwidth"]) for j in compares} == {
+        (2, "1gbit"),
+        (4, "1gbit"),
+        (2, "4gbit"),
+        (4, "4gbit"),
+    }
+    assert all(1 <= len(j["strategies"]) <= 3 for j in compares)
+    assert all(j["strategies"] and Strategy().to_dict() not in j["strategies"] for j in compares)
+    kinds = {
+        "parallel" if Strategy.from_dict(s).parallel != Strategy().parallel else "data"
+        for j in compares
+        for s in j["strategies"]
+    }
+    assert kinds == {"parallel", "data"}
+    # the first round takes every model once
+    assert [j["model"]["name"] for j in compares[:2]] == ["mlp", "gpt2-tiny"]
+    assert all(j["rounds"] == 3 and j["ci_target"] == 0.01 for j in compares)
+    links = [j for j in jobs if j["kind"] == "collectives"]
+    assert all("reduce_scatter" in j["collectives"] for j in links)

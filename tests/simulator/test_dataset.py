@@ -1,5 +1,6 @@
 """The dataset's plan (which jobs, in which order) and its file (export, load)."""
 
+import dataclasses
 import gzip
 import json
 from collections.abc import Callable
@@ -26,13 +27,22 @@ from data.zoo import ZOO
 from simulator.dataset import (
     PARALLEL_COLLECTIVES,
     SETTINGS,
+    Dataset,
+    KernelEntry,
+    LinkFit,
     PlanOptions,
+    RunEntry,
     dataset_models,
+    drop_done,
     export_dataset,
     load_dataset,
+    merge_datasets,
+    mixed_pool,
+    models_of,
     parallel_pool,
     plan_jobs,
     strategy_pool,
+    with_references,
 )
 
 GraphOf = Callable[[str], IterationGraph]
@@ -47,6 +57,129 @@ def test_dataset_models_cover_eight_families_in_two_sizes() -> None:
     assert len(families) >= 8
     assert all(len(labels) == 2 for labels in families.values())
     assert len({s.label for s in models}) == len(models)
+
+
+# Families kept out of every dataset: they stand for models the simulator has never seen.
+RESERVED: tuple[str, ...] = (
+    *("distilbert", "mobilenet", "swin", "gpt_neox", "gptneox", "bloom", "deit", "regnet"),
+    "pegasus",
+)
+
+
+def test_cpu_v3_models_cover_sixteen_families_none_reserved() -> None:
+    models = models_of("cpu-v3")
+    families: dict[str, set[str]] = {}
+    for spec in models:
+        assert spec.family is not None
+        families.setdefault(spec.family, set()).add(spec.label)
+    assert len(families) >= 16
+    assert all(len(labels) == 2 for labels in families.values())
+    assert len({s.label for s in models}) == len(models)
+    assert all(m in models for m in dataset_models())  # cpu-v2's models stay, same inputs
+    for spec in models:
+        text = f"{spec.family} {spec.cls}".lower()
+        assert not any(name in text for name in RESERVED), spec.label
+    assert models_of("cpu-v2") == dataset_models()
+    with pytest.raises(InvalidOptionError, match="'cpu-v9' is unknown; allowed: cpu-v2, cpu-v3"):
+        models_of("cpu-v9")
+
+
+def test_mixed_pool_alternates_kinds_and_keeps_every_strategy() -> None:
+    data = [Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": k + 1}}) for k in range(5)]
+    parallel = [Strategy.from_dict({"parallel": {"fsdp": True}})]
+    parallel.append(Strategy.from_dict({"parallel": {"pp": 2, "micro_batches": 2}}))
+    mixed = mixed_pool(data, parallel)
+    assert mixed == [data[0], data[1], parallel[0], data[2], data[3], parallel[1], data[4]]
+    assert mixed_pool([], parallel) == parallel
+    assert mixed_pool(data, []) == data
+
+
+def _run(strategy: Strategy, samples: tuple[float, ...], launch: str) -> RunEntry:
+    return RunEntry(
+        model=ZOO["mlp"],
+        strategy=strategy,
+        world_size=2,
+        bandwidth="1gbit",
+        samples_ms=samples,
+        seed=0,
+        created_at="",
+        extra={"launch_id": launch, "ci95_ms": [min(samples), max(samples)]},
+    )
+
+
+def test_runs_get_the_reference_measured_in_their_launch() -> None:
+    bucket = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 4}})
+    runs = [
+        _run(Strategy(), (10.0, 11.0, 12.0), "a"),
+        _run(bucket, (8.0, 8.0, 9.0), "a"),
+        _run(bucket, (20.0, 21.0, 22.0), "b"),  # a launch without DDP's defaults
+    ]
+    reference, faster, alone = with_references(runs)
+    assert faster.extra["reference_ms"] == 11.0
+    assert faster.extra["reference_ci95_ms"] == [10.0, 12.0]
+    assert faster.speedup == pytest.approx(11.0 / 8.0)
+    assert reference.speedup == 1.0
+    assert alone.speedup is None and "reference_ms" not in alone.extra
+    assert reference.ci_half_width == pytest.approx(1.0 / 11.0)
+    assert dataclasses.replace(alone, extra={}).ci_half_width is None
+
+
+def _link(world_size: int, busbw_gbps: float) -> LinkFit:
+    return LinkFit(
+        collective="all_reduce",
+        world_size=world_size,
+        bandwidth="1gbit",
+        alpha_us=100.0,
+        busbw_gbps=busbw_gbps,
+        r2=1.0,
+    )
+
+
+def test_merged_collections_keep_both_and_count_a_shared_run_once() -> None:
+    bucket = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 4}})
+    first = Dataset(
+        runs=(_run(Strategy(), (10.0, 11.0), "a"), _run(bucket, (9.0, 9.0), "a")),
+        kernels={},
+        links=(_link(2, 0.9), _link(4, 0.8)),
+        meta={"note": "first"},
+    )
+    second = Dataset(
+        runs=(_run(bucket, (9.0, 9.0), "a"), _run(bucket, (7.0, 7.0), "b")),
+        kernels={},
+        links=(_link(2, 0.95),),
+        meta={"note": "second"},
+    )
+    merged = merge_datasets(first, second)
+    assert len(merged.runs) == 3
+    assert {f.world_size: f.busbw_gbps for f in merged.links} == {2: 0.95, 4: 0.8}
+    assert [part["note"] for part in merged.meta["parts"]] == ["first", "second"]
+    assert next(r for r in merged.runs if r.extra["launch_id"] == "a" and r.strategy == bucket)
+    assert merged.runs[1].extra["reference_ms"] == 10.5
+
+
+def test_a_plan_leaves_out_what_a_dataset_file_holds(zoo_graph: GraphOf) -> None:
+    spec = ZOO["mlp"].with_inputs(batch_size=8)
+    bucket = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 1}})
+    fsdp = Strategy.from_dict({"parallel": {"fsdp": True}})
+    options = PlanOptions(per_group=2, side_by_side=True, collectives=("all_reduce",))
+    jobs = plan_jobs([spec], {spec.label: [bucket, fsdp]}, [(2, "1gbit")], options)
+    assert [j["kind"] for j in jobs] == ["collectives", "kernels", "compare"]
+    graph = zoo_graph("mlp")  # the zoo's mlp, batch 64: another kernel profile than batch 4
+    runs = tuple(
+        dataclasses.replace(_run(s, (5.0,), "x"), model=spec) for s in (Strategy(), bucket)
+    )
+    held = Dataset(
+        runs=runs,
+        kernels={(spec.label, 64): KernelEntry(graph=graph, node_ms={}, iteration_time_ms=1.0)},
+        links=(_link(2, 0.9),),
+        meta={},
+    )
+    # the link is fitted; the kernel profile is at another batch; FSDP was never run
+    assert [j["kind"] for j in drop_done(jobs, held)] == ["kernels", "compare"]
+    with_fsdp = dataclasses.replace(
+        held, runs=(*runs, dataclasses.replace(runs[1], strategy=fsdp))
+    )
+    assert [j["kind"] for j in drop_done(jobs, with_fsdp)] == ["kernels"]
 
 
 def test_strategy_pool_is_twenty_valid_strategies(zoo_graph: GraphOf) -> None:
@@ -100,6 +233,10 @@ def test_plan_leaves_out_strategies_the_batch_cannot_split() -> None:
 def test_plan_options_are_checked() -> None:
     with pytest.raises(InvalidOptionError, match=r"per_group\(0\)"):
         PlanOptions(per_group=0)
+    with pytest.raises(InvalidOptionError, match=r"rounds\(0\)"):
+        PlanOptions(rounds=0)
+    with pytest.raises(InvalidOptionError, match=r"ci_target\(1.5\)"):
+        PlanOptions(ci_target=1.5)
 
 
 def test_export_and_load_round_trip(tmp_path: Path, zoo_graph: GraphOf) -> None:
