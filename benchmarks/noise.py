@@ -13,6 +13,7 @@ the 90th percentile of |ratio - 1| over the pairs of each world size; the headli
 level of ``--json``) is the first world size asked for.
 
     python benchmarks/noise.py --json --out noise.json
+    python benchmarks/noise.py --table noise.json      # BENCHMARKS.md's table from a run
 
 Progress goes to stderr; ``--out`` is rewritten after every pair, so an interrupted run keeps
 what it measured.
@@ -108,6 +109,34 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def table(payload: dict[str, Any]) -> str:
+    """The rows of a run as a Markdown table: each launch's median, the side-by-side ratio with
+    its interval and verdict, the separate launches' ratio."""
+    lines = [
+        "| model | plan | ranks | alone, 1st | side by side (A / A) | interval | verdict "
+        "| alone, 2nd | separate (1st / 2nd) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in payload["rows"]:
+        launches = row["launches"]
+        low, high = row["side_by_side_interval"]
+        lines.append(
+            f"| {row['model']} | {row['kind']} | {row['world_size']} "
+            f"| {launches['first']['median_ms']:.1f} ms | {row['side_by_side_ratio']:.4f} "
+            f"| {low:.3f}-{high:.3f} | {row['side_by_side_verdict']} "
+            f"| {launches['second']['median_ms']:.1f} ms | {row['separate_ratio']:.4f} |"
+        )
+    for size, summary in payload["by_world_size"].items():
+        lines.append("")
+        lines.append(
+            f"{size} ranks, {summary['pairs']} pairs: side by side median "
+            f"{summary['side_by_side_median']:.2%}, p90 {summary['side_by_side_p90']:.2%}; "
+            f"separate median {summary['separate_median']:.2%}, p90 "
+            f"{summary['separate_p90']:.2%}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS))
@@ -119,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure-budget", type=float, default=30.0)
     parser.add_argument("--out", type=Path, help="write the JSON here as pairs finish")
     parser.add_argument("--json", action="store_true", help="print the JSON")
+    parser.add_argument("--table", type=Path, help="print a saved run (--out) as Markdown")
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(json.loads(args.table.read_text(encoding="utf-8"))))
+        return 0
     remove_stale_namespaces()
     rows: list[dict[str, Any]] = []
     started = time.time()

@@ -29,6 +29,7 @@ from data.graph.format import IterationGraph
 from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.zoo import ZOO
+from simulator.calibration import risk_kind
 
 DATASET_FORMAT = 1
 
@@ -393,7 +394,6 @@ def plan_jobs(
                 "collectives": list(options.collectives),
             }
         )
-    rank_batches: dict[str, set[int]] = {}
     groups: list[tuple[ModelSpec, int, str, list[Strategy]]] = []
     for model_index, spec in enumerate(models):
         pool = list(pools[spec.label])
@@ -403,11 +403,15 @@ def plan_jobs(
             fitting = [
                 s for s in [Strategy(), *chosen] if _rank_batch(spec, s, world_size) is not None
             ]
-            for strategy in fitting:
-                rank_batches.setdefault(spec.label, set()).add(
-                    int(_rank_batch(spec, strategy, world_size) or 0)
-                )
             groups.append((spec, world_size, bandwidth, fitting))
+    if options.side_by_side:
+        _cover_every_kind(groups, pools)
+    rank_batches: dict[str, set[int]] = {}
+    for spec, world_size, _, strategies in groups:
+        for strategy in strategies:
+            rank_batches.setdefault(spec.label, set()).add(
+                int(_rank_batch(spec, strategy, world_size) or 0)
+            )
     by_label = {spec.label: spec for spec in models}
     for label, batches in rank_batches.items():
         for batch in sorted(batches, reverse=True):
@@ -461,6 +465,42 @@ def plan_jobs(
         if index % 2:
             jobs.append(_run_job(spec, Strategy(), world_size, bandwidth, run, seed=1))
     return jobs
+
+
+def plan_kind(strategy: Strategy) -> str:
+    """The kind of plan a strategy is, as the dataset covers them: ``risk_kind`` (tensor
+    parallelism, FSDP, compiled blocks, DeAR, the executor's hooks, DDP's reducer), pipelines by
+    schedule, and gradient accumulation apart."""
+    kind = risk_kind(strategy)
+    plan = strategy.parallel
+    if kind == "pipeline":
+        return f"pipeline:{plan.pp_schedule}"
+    return f"{kind}:accumulation" if plan.micro_batches > 1 else kind
+
+
+def _cover_every_kind(
+    groups: list[tuple[ModelSpec, int, str, list[Strategy]]],
+    pools: Mapping[str, Sequence[Strategy]],
+) -> None:
+    """Add to ``groups`` (in place) a strategy of every kind (``plan_kind``) that some model's
+    pool has and that fits a setting where the picks in turn left it out: in the group of the
+    first model it fits, among the groups of that setting holding the fewest strategies."""
+    kinds = {plan_kind(s) for pool in pools.values() for s in pool}
+    for setting in dict.fromkeys((g[1], g[2]) for g in groups):
+        here = [g for g in groups if (g[1], g[2]) == setting]
+        for kind in sorted(kinds - {plan_kind(s) for g in here for s in g[3]}):
+            for spec, world_size, _, strategies in sorted(here, key=lambda g: len(g[3])):
+                extra = next(
+                    (
+                        s
+                        for s in pools[spec.label]
+                        if plan_kind(s) == kind and _rank_batch(spec, s, world_size) is not None
+                    ),
+                    None,
+                )
+                if extra is not None:
+                    strategies.append(extra)
+                    break
 
 
 def _compare_jobs(

@@ -219,7 +219,7 @@ def test_dataset_plan_v3_runs_every_group_side_by_side(
     out = _json(capsys, "simulator", "dataset", "plan", "--out", str(plan))
     jobs = yaml.safe_load(plan.read_text())["jobs"]
     compares = [j for j in jobs if j["kind"] == "compare"]
-    # one launch a (model, setting): DDP's defaults beside three strategies of mixed kinds
+    # one launch a (model, setting): DDP's defaults beside strategies of mixed kinds
     assert out["by_kind"]["compare"] == len(compares) == 2 * 4
     assert "run" not in out["by_kind"]
     assert {(j["world_size"], j["bandwidth"]) for j in compares} == {
@@ -228,7 +228,8 @@ def test_dataset_plan_v3_runs_every_group_side_by_side(
         (2, "4gbit"),
         (4, "4gbit"),
     }
-    assert all(1 <= len(j["strategies"]) <= 3 for j in compares)
+    # three in turn, fewer where they do not fit, more where a kind was missing at the setting
+    assert all(len(j["strategies"]) >= 1 for j in compares)
     assert all(j["strategies"] and Strategy().to_dict() not in j["strategies"] for j in compares)
     kinds = {
         "parallel" if Strategy.from_dict(s).parallel != Strategy().parallel else "data"

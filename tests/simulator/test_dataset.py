@@ -157,6 +157,20 @@ def test_merged_collections_keep_both_and_count_a_shared_run_once() -> None:
     assert merged.runs[1].extra["reference_ms"] == 10.5
 
 
+def test_side_by_side_plan_covers_every_kind_at_every_setting() -> None:
+    spec = ZOO["gpt2-tiny"].with_inputs(batch_size=8)
+    caps = [Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": k}}) for k in (1, 2, 3)]
+    fsdp = Strategy.from_dict({"parallel": {"fsdp": True}})
+    tp4 = Strategy.from_dict({"parallel": {"tp": 4}})
+    options = PlanOptions(per_group=1, side_by_side=True)
+    settings = [(2, "1gbit"), (4, "1gbit")]
+    jobs = plan_jobs([spec], {spec.label: [*caps, fsdp, tp4]}, settings, options)
+    compares = {j["world_size"]: j["strategies"] for j in jobs if j["kind"] == "compare"}
+    # in turn each setting would get one cap; FSDP joins both, tp(4) the 4-rank launch only
+    assert compares[2] == [caps[0].to_dict(), fsdp.to_dict()]
+    assert compares[4] == [caps[1].to_dict(), fsdp.to_dict(), tp4.to_dict()]
+
+
 def test_a_plan_leaves_out_what_a_dataset_file_holds(zoo_graph: GraphOf) -> None:
     spec = ZOO["mlp"].with_inputs(batch_size=8)
     bucket = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 1}})
