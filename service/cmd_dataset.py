@@ -39,7 +39,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     models = models_of(args.version)
     pools: dict[str, list[Strategy]] = {}
     for spec in models:
-        parallel = [s for s in [*parallel_pool(), *interleaved_pool()] if model_supports(spec, s)]
         if args.version == "cpu-v2" and args.plans in ("parallel", "interleaved"):
             pool = parallel_pool() if args.plans == "parallel" else interleaved_pool()
             pools[spec.label] = [s for s in pool if model_supports(spec, s)]
@@ -47,11 +46,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         progress(f"capturing {spec.label} for its gradient order and blocks")
         order = capture_graph(spec).grad_ready_order
         data_parallel = strategy_pool(order, repeated_blocks(spec), seed=len(pools))
+        if args.version == "cpu-v2":
+            pools[spec.label] = data_parallel
+            continue
         # cpu-v3 mixes every kind in each model's pool: two data-parallel strategies, then a
         # parallel plan, in turn.
-        pools[spec.label] = (
-            data_parallel if args.version == "cpu-v2" else mixed_pool(data_parallel, parallel)
-        )
+        parallel = [s for s in [*parallel_pool(), *interleaved_pool()] if model_supports(spec, s)]
+        pools[spec.label] = mixed_pool(data_parallel, parallel)
     if args.version == "cpu-v2":
         options = PlanOptions(
             per_group=args.per_group or {"dp": 4, "parallel": 2, "interleaved": 1}[args.plans],

@@ -12,6 +12,7 @@ from data.errors import InvalidOptionError
 from data.graph.annotate import with_strategy
 from data.graph.format import IterationGraph
 from data.models import repeated_blocks
+from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.store import (
     CollectiveProfileRecord,
@@ -48,15 +49,20 @@ from simulator.dataset import (
 GraphOf = Callable[[str], IterationGraph]
 
 
-def test_dataset_models_cover_eight_families_in_two_sizes() -> None:
-    models = dataset_models()
+def _labels_by_family(models: list[ModelSpec]) -> dict[str, set[str]]:
+    """Each family's model labels; every model has a family and a label of its own."""
     families: dict[str, set[str]] = {}
     for spec in models:
         assert spec.family is not None
         families.setdefault(spec.family, set()).add(spec.label)
+    assert len({s.label for s in models}) == len(models)
+    return families
+
+
+def test_dataset_models_cover_eight_families_in_two_sizes() -> None:
+    families = _labels_by_family(dataset_models())
     assert len(families) >= 8
     assert all(len(labels) == 2 for labels in families.values())
-    assert len({s.label for s in models}) == len(models)
 
 
 # Families kept out of every dataset: they stand for models the simulator has never seen.
@@ -68,13 +74,9 @@ RESERVED: tuple[str, ...] = (
 
 def test_cpu_v3_models_cover_sixteen_families_none_reserved() -> None:
     models = models_of("cpu-v3")
-    families: dict[str, set[str]] = {}
-    for spec in models:
-        assert spec.family is not None
-        families.setdefault(spec.family, set()).add(spec.label)
+    families = _labels_by_family(models)
     assert len(families) >= 16
     assert all(len(labels) == 2 for labels in families.values())
-    assert len({s.label for s in models}) == len(models)
     assert all(m in models for m in dataset_models())  # cpu-v2's models stay, same inputs
     for spec in models:
         text = f"{spec.family} {spec.cls}".lower()
