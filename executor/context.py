@@ -43,6 +43,7 @@ class RankContext:
     mesh: Any
     optimizer: str = "adamw"
     dropout: bool = False
+    frozen: tuple[str, ...] = ()
 
     @property
     def tp_rank(self) -> int:
@@ -72,10 +73,16 @@ class RankContext:
 
         Without ``dropout`` every dropout probability is zero, so that a run's losses can be
         compared with single-process training (dropout draws differ when the batch is split).
+        The ``frozen`` parameters (those the captured iteration gives no gradient) stop
+        requiring one, as a user would freeze them: every plan then agrees that they are not
+        trained (DDP's reducer would otherwise wait for their gradients and fail).
         """
         model = build_model(self.spec, seed=self.seed)
         if not self.dropout:
             disable_dropout(model)
+        params = dict(model.named_parameters())
+        for name in self.frozen:
+            params[name].requires_grad_(False)
         return model.to(self.device)
 
 

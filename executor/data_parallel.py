@@ -136,7 +136,8 @@ class BucketTrainer:
         self._accumulating = False
         self._all_reduce_works: list[tuple[int, torch.Tensor, Any]] = []
         for param in params.values():
-            param.register_post_accumulate_grad_hook(self._on_grad)
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self._on_grad)
         if self.dear:
             implementation = plan.reduce_scatter
             if implementation == "auto":
@@ -204,10 +205,28 @@ class BucketTrainer:
     # -- forward side (DeAR) ------------------------------------------------------------
 
     def _install_forward_hooks(self) -> None:
-        for module in self.model.modules():
-            own = {self.bucket_of[id(p)] for p in module.parameters(recurse=False)}
+        """A forward pre-hook on each module with parameters in a bucket: it applies those
+        buckets' all-gathers before the module runs.
+
+        Inside a compiled block the hook goes on the block instead (outside the compiled code,
+        ``executor.plan._compile_blocks``), for all the block's buckets: a hook inside would be
+        traced into the block's graph, breaking it at every wait, and a block whose graph was
+        traced with another model's hooks would update parameters that the compiled backward
+        has saved. Parameters in no bucket (frozen: no gradient reaches them) have no hook.
+        """
+        compiled = list(self.ctx.strategy.op_fusion.compiled)
+        hooked: dict[str, set[int]] = {}
+        for name, module in self.model.named_modules():
+            own = {
+                self.bucket_of[id(p)]
+                for p in module.parameters(recurse=False)
+                if id(p) in self.bucket_of
+            }
             if own:
-                module.register_forward_pre_hook(self._make_pre_hook(sorted(own)))
+                hooked.setdefault(_enclosing_block(name, compiled), set()).update(own)
+        for name, indices in hooked.items():
+            module = self.model.get_submodule(name)
+            module.register_forward_pre_hook(self._make_pre_hook(sorted(indices)))
 
     def _make_pre_hook(self, indices: list[int]) -> Callable[..., None]:
         def hook(module: nn.Module, args: Any) -> None:
@@ -299,6 +318,12 @@ class BucketTrainer:
         else:
             out["collectives"] = ["all_reduce"]
         return out
+
+
+def _enclosing_block(name: str, compiled: Sequence[str]) -> str:
+    """``name``'s compiled block (itself or its outermost compiled ancestor), else ``name``."""
+    blocks = [block for block in compiled if name == block or name.startswith(block + ".")]
+    return min(blocks, key=len) if blocks else name
 
 
 def _via_host(collective: Collective) -> Collective:

@@ -357,6 +357,7 @@ def _launch(
     config = {
         "spec": spec.to_dict(),
         "variants": variants,
+        "frozen": graph.params_without_grad,
         "settle": settle,
         "iters": options.iters,
         "rule": options.rule(rounds=rounds).to_dict(),

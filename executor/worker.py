@@ -77,6 +77,7 @@ def _context(
         mesh=mesh,
         optimizer=str(config["optimizer"]),
         dropout=bool(config["dropout"]),
+        frozen=tuple(config.get("frozen", ())),
     )
 
 

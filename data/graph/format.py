@@ -172,6 +172,12 @@ class IterationGraph:
         return [n.param for n in self.nodes if n.kind == "grad_ready" and n.param is not None]
 
     @property
+    def params_without_grad(self) -> list[str]:
+        """Parameters no gradient reached in the captured iteration (the loss does not depend
+        on them: DINOv2's ``mask_token`` without a mask), sorted by name."""
+        return sorted({p.name for p in self.params} - set(self.grad_ready_order))
+
+    @property
     def num_params(self) -> int:
         return sum(p.numel for p in self.params)
 
@@ -206,9 +212,7 @@ class IterationGraph:
             "optimizer_flops": self.flops_of("optimizer"),
             "grad_bytes": self.grad_bytes,
             "num_buckets": len({n.bucket for n in self.nodes if n.kind == "comm"}),
-            "params_without_grad": sorted(
-                {p.name for p in self.params} - set(self.grad_ready_order)
-            ),
+            "params_without_grad": self.params_without_grad,
             "optimizer": self.optimizer,
             "inputs": self.model.inputs.to_dict(),
             "graph_hash": self.graph_hash,

@@ -17,6 +17,7 @@ from executor.run import (
     compare_training,
     run_training,
 )
+from profiler.capture import capture_graph
 from profiler.cluster import NAMESPACE_PREFIX, ClusterRunError
 from service.cli import main
 from simulator.dataset import export_dataset, load_dataset
@@ -335,3 +336,52 @@ def test_run_json_carries_the_interval_of_its_median(capsys: pytest.CaptureFixtu
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "95 % interval" in text and "rank 0 on core" in text
+
+
+def test_side_by_side_compiled_blocks_under_hooks_and_dear() -> None:
+    # Two models of one class, their blocks compiled, one under DeAR (whose forward pre-hooks
+    # wait for and apply each bucket's all-gather) and one under the executor's hooks: the
+    # collection of cpu-v3 stopped on this pair (ELECTRA) with "modified by an inplace
+    # operation" in the compiled backward. DeAR's waits for a compiled block now sit on the
+    # block, outside the compiled code, so both train as they would alone.
+    spec = ZOO["gpt2-tiny"].with_inputs(batch_size=4, seq_len=16)
+    blocks = {"compiled": ["transformer.h.0", "transformer.h.1"]}
+    strategies = [
+        Strategy.from_dict({"tensor_fusion": {"implementation": "hooks"}, "op_fusion": blocks}),
+        Strategy.from_dict({"tensor_fusion": {"dear": True}, "op_fusion": blocks}),
+    ]
+    rounds, iters, warmup = 2, 1, 1
+    results = compare_training(
+        spec,
+        strategies,
+        RunOptions(world_size=2, iters=iters, warmup=warmup, budget_s=0),
+        rounds=rounds,
+    )
+    want = reference_losses(spec, warmup + rounds * (1 + iters))
+    for result in results:
+        assert result.applied["compiled"] == blocks["compiled"]
+        assert_losses_match(result.losses, want, rtol=1e-4)
+
+
+def test_a_parameter_without_gradient_is_frozen_under_every_plan() -> None:
+    # DINOv2's mask_token is used only when a mask is given: no gradient reaches it, so DDP's
+    # reducer stopped ("did not receive grad") and DeAR looked up a bucket it is in none of.
+    spec = ZOO["dinov2-tiny"].with_inputs(batch_size=4)
+    assert capture_graph(spec).params_without_grad == ["dinov2.embeddings.mask_token"]
+    strategies = [
+        Strategy(),
+        Strategy.from_dict({"tensor_fusion": {"dear": True, "bucket_cap_mb": 0.1}}),
+        Strategy.from_dict({"parallel": {"fsdp": True}}),
+    ]
+    rounds, iters, warmup = 1, 1, 1
+    results = compare_training(
+        spec,
+        strategies,
+        RunOptions(world_size=2, iters=iters, warmup=warmup, budget_s=0),
+        rounds=rounds,
+    )
+    want = reference_losses(spec, warmup + rounds * (1 + iters))
+    for result in results:
+        assert_losses_match(result.losses, want, rtol=1e-4)
+    launched = {p for b in results[1].applied["buckets"] for p in b["params"]}
+    assert "dinov2.embeddings.mask_token" not in launched
