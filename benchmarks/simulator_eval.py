@@ -9,7 +9,9 @@ tensor parallel, pipelines).
 Also the duration head's median error on the held-out family's ops (durations hidden), the
 fused-block head's median error on the held-out family's compiled blocks (against taking their
 eager time for the compiled one), the dataset's noise (repeat runs of DDP's defaults) and the
-training time per fold.
+training time per fold. Where the runs recorded their median's 95 % interval (cpu-v3), each
+fold's row also gives its labels' own noise: the median and 90th percentile of that interval's
+half-width over the median, the error no predictor can be shown to beat.
 
     .venv/bin/python benchmarks/simulator_eval.py [--dataset FILE] [--epochs N] [--workers W]
         [--out FILE.json]
@@ -29,7 +31,7 @@ from simulator.dataset import Dataset, load_dataset
 from simulator.default import shipped_dataset
 from simulator.evaluate import Accuracy
 from simulator.gnn import CostModelConfig
-from simulator.holdout import cross_validate, metrics_by_kind
+from simulator.holdout import cross_validate, label_noise, metrics_by_kind
 from simulator.train import PREDICTORS, TrainOptions
 
 
@@ -44,6 +46,13 @@ def noise(dataset: Dataset) -> tuple[float, int]:
         (again if run.seed == 1 else first)[key] = run.measured_ms
     pairs = [abs(again[k] - first[k]) / first[k] for k in again if k in first]
     return (statistics.median(pairs) if pairs else float("nan")), len(pairs)
+
+
+def _noise_cell(rows: list[dict]) -> str:
+    noise = label_noise(rows)
+    if noise["median"] is None:
+        return "-"
+    return f"±{noise['median']:.3f} (p90 ±{noise['p90']:.3f})"
 
 
 def _cells(m: Accuracy) -> str:
@@ -81,22 +90,23 @@ def main() -> None:
     )
     header = " | ".join(f"{p} MAPE | {p} p90 | {p} tau | {p} pairs" for p in PREDICTORS)
     print(
-        f"| held out | runs | {header} | op-time MdAPE | compiled blocks | fused MdAPE "
-        "(eager as fused) | train |"
+        f"| held out | runs | label noise | {header} | op-time MdAPE | compiled blocks | "
+        "fused MdAPE (eager as fused) | train |"
     )
-    print("|---|---|" + "---|" * (4 * len(PREDICTORS)) + "---|---|---|---|")
+    print("|---|---|---|" + "---|" * (4 * len(PREDICTORS)) + "---|---|---|---|")
     for report in reports:
         cells = " | ".join(_cells(report.metrics[p]) for p in PREDICTORS)
         print(
-            f"| {', '.join(report.holdout)} | {len(report.rows)} | {cells} | "
+            f"| {', '.join(report.holdout)} | {len(report.rows)} | "
+            f"{_noise_cell(list(report.rows))} | {cells} | "
             f"{report.duration_mdape:.2f} | {report.fused_blocks} | "
             f"{report.fused_mdape:.3f} ({report.fused_mdape_unfused:.3f}) | "
             f"{report.train_seconds:.0f} s |"
         )
     cells = " | ".join(_cells(pooled[p]) for p in PREDICTORS)
     total = sum(len(r.rows) for r in reports)
-    print(f"| **all folds** | {total} | {cells} | | | | |")
     rows = [row for report in reports for row in report.rows]
+    print(f"| **all folds** | {total} | {_noise_cell(rows)} | {cells} | | | | |")
     print("\nAll folds' runs by strategy kind (MAPE | p90 | tau | pairs):\n")
     print(f"| kind | runs | {header} |")
     print("|---|---|" + "---|" * (4 * len(PREDICTORS)))
@@ -110,6 +120,7 @@ def main() -> None:
                     "folds": [r.to_json() for r in reports],
                     "pooled": {p: m.to_json() for p, m in pooled.items()},
                     "noise": spread,
+                    "label_noise": label_noise(rows),
                 },
                 indent=1,
             ),

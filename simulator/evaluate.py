@@ -61,14 +61,15 @@ def accuracy(predicted: Sequence[float], measured: Sequence[float]) -> Accuracy:
     pairs = n * (n - 1) // 2
     return Accuracy(
         mape=statistics.fmean(errors),
-        p90_ape=_quantile(errors, 0.9),
+        p90_ape=quantile(errors, 0.9),
         kendall_tau=(concordant - discordant) / pairs,
         pair_accuracy=right / counted if counted else None,
         pairs_counted=counted,
     )
 
 
-def _quantile(ordered: Sequence[float], q: float) -> float:
+def quantile(ordered: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of the sorted ``ordered``, interpolated linearly."""
     position = q * (len(ordered) - 1)
     low = int(position)
     high = min(low + 1, len(ordered) - 1)

@@ -147,6 +147,9 @@ class StrategySample:
     family: str = ""
     kind: str = ""
     risk_kind: str = ""
+    # The measured median's 95 % interval, half its width over the median (0.01: ±1 %), where
+    # the run recorded one (cpu-v3): how far the label itself is known.
+    label_noise: float | None = None
 
 
 def _is_inside(module: str, blocks: Sequence[str]) -> bool:
@@ -215,6 +218,7 @@ def strategy_sample(
     group: str = "",
     family: str = "",
     compute_scale: float = 1.0,
+    label_noise: float | None = None,
 ) -> StrategySample:
     """The tokens and global features of ``strategy`` replayed as ``summary``."""
     iteration = max(summary.iteration_time_ms, 1e-6)
@@ -279,4 +283,5 @@ def strategy_sample(
         family=family,
         kind=strategy_kind(strategy),
         risk_kind=risk_kind(strategy),
+        label_noise=label_noise,
     )

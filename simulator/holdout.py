@@ -16,7 +16,7 @@ from typing import Any
 
 from data.errors import InvalidOptionError
 from simulator.dataset import Dataset
-from simulator.evaluate import Accuracy, grouped_accuracy
+from simulator.evaluate import Accuracy, grouped_accuracy, quantile
 from simulator.gnn import CostModelConfig, IterationCostModel
 from simulator.train import (
     PREDICTORS,
@@ -60,8 +60,20 @@ class HoldoutReport:
             "fused_mdape": _finite_or_none(self.fused_mdape),
             "fused_mdape_unfused": _finite_or_none(self.fused_mdape_unfused),
             "train_seconds": self.train_seconds,
+            "label_noise": label_noise(self.rows),
             "rows": list(self.rows),
         }
+
+
+def label_noise(rows: Sequence[dict[str, Any]]) -> dict[str, float | int | None]:
+    """How well the rows' labels are known: the median and 90th percentile, over the rows that
+    recorded an interval, of half the measured median's 95 % interval over the median (0.01:
+    ±1 %), and how many rows recorded one. An error near these figures is as small as the
+    measurements can show."""
+    widths = sorted(float(r["label_noise"]) for r in rows if r.get("label_noise") is not None)
+    if not widths:
+        return {"median": None, "p90": None, "runs": 0}
+    return {"median": quantile(widths, 0.5), "p90": quantile(widths, 0.9), "runs": len(widths)}
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -124,6 +136,7 @@ def evaluate_holdout(
             "risk_kind": sample.risk_kind,
             "model_key": sample.model_key,
             "measured_ms": float(sample.measured_ms or 0.0),
+            "label_noise": sample.label_noise,
             **{f"{name}_ms": predictions[name][i] for name in PREDICTORS},
         }
         for i, sample in enumerate(test.samples)

@@ -145,6 +145,7 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
                 group=f"{run.model.label}|{run.world_size}|{run.bandwidth}",
                 family=run.family,
                 compute_scale=scale,
+                label_noise=run.ci_half_width,
             )
         )
     blocks = _fused_blocks(dataset, {r.model.label: r.family for r in selected}, graphs)

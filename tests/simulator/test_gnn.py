@@ -2,6 +2,7 @@
 known way: it must learn the difference, keep the order of strategies, and survive a
 checkpoint round trip."""
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from data.zoo import ZOO
 from simulator.dataset import Dataset
 from simulator.features import BUCKET_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
 from simulator.gnn import CostModelConfig
-from simulator.holdout import cross_validate
+from simulator.holdout import cross_validate, label_noise
 from simulator.train import (
     TrainOptions,
     build_training_set,
@@ -114,3 +115,26 @@ def test_cross_validation_in_two_processes_gives_the_same_folds(synthetic: Datas
     assert [r.holdout for r in two] == [r.holdout for r in one] == [("gpt2",), ("reference",)]
     assert [r.rows for r in two] == [r.rows for r in one]
     assert pooled_two == pooled_one
+
+
+def test_held_out_rows_carry_their_labels_noise(synthetic: Dataset) -> None:
+    # A run that recorded its median's 95 % interval (cpu-v3) brings it to its held-out row,
+    # so that each fold's error can be read beside how well its labels are known.
+    runs = list(synthetic.runs)
+    for index, run in enumerate(runs[:4]):
+        half = 0.01 * (index + 1) * run.measured_ms
+        interval = [run.measured_ms - half, run.measured_ms + half]
+        runs[index] = dataclasses.replace(run, extra={**run.extra, "ci95_ms": interval})
+    dataset = dataclasses.replace(synthetic, runs=tuple(runs))
+    samples = build_training_set(dataset).samples
+    assert [s.label_noise for s in samples[:5]] == pytest.approx([0.01, 0.02, 0.03, 0.04, None])
+    config, options = CostModelConfig(hidden=8, layers=1), TrainOptions(epochs=1)
+    reports, _ = cross_validate(dataset, config=config, options=options, workers=1)
+    rows = [row for report in reports for row in report.rows]
+    noise = label_noise(rows)
+    assert noise == {"median": pytest.approx(0.025), "p90": pytest.approx(0.037), "runs": 4}
+    assert label_noise([{"label_noise": None}]) == {"median": None, "p90": None, "runs": 0}
+    assert (
+        reports[0].to_json()["label_noise"]["runs"] + reports[1].to_json()["label_noise"]["runs"]
+        == 4
+    )
