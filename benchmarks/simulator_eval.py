@@ -31,7 +31,7 @@ from simulator.dataset import Dataset, load_dataset
 from simulator.default import shipped_dataset
 from simulator.evaluate import Accuracy
 from simulator.gnn import CostModelConfig
-from simulator.holdout import cross_validate, label_noise, metrics_by_kind
+from simulator.holdout import cross_validate, label_noise, metrics_by_kind, speedup_error
 from simulator.train import PREDICTORS, TrainOptions
 
 
@@ -53,6 +53,13 @@ def _noise_cell(rows: list[dict]) -> str:
     if noise["median"] is None:
         return "-"
     return f"±{noise['median']:.3f} (p90 ±{noise['p90']:.3f})"
+
+
+def _speedup_cell(rows: list[dict], predictor: str) -> str:
+    error = speedup_error(rows, predictor)
+    if error["median"] is None:
+        return "-"
+    return f"{error['median']:.3f} (p90 {error['p90']:.3f})"
 
 
 def _cells(m: Accuracy) -> str:
@@ -90,15 +97,16 @@ def main() -> None:
     )
     header = " | ".join(f"{p} MAPE | {p} p90 | {p} tau | {p} pairs" for p in PREDICTORS)
     print(
-        f"| held out | runs | label noise | {header} | op-time MdAPE | compiled blocks | "
-        "fused MdAPE (eager as fused) | train |"
+        f"| held out | runs | label noise | {header} | blend speed-up error | op-time MdAPE | "
+        "compiled blocks | fused MdAPE (eager as fused) | train |"
     )
-    print("|---|---|---|" + "---|" * (4 * len(PREDICTORS)) + "---|---|---|---|")
+    print("|---|---|---|" + "---|" * (4 * len(PREDICTORS)) + "---|---|---|---|---|")
     for report in reports:
         cells = " | ".join(_cells(report.metrics[p]) for p in PREDICTORS)
         print(
             f"| {', '.join(report.holdout)} | {len(report.rows)} | "
             f"{_noise_cell(list(report.rows))} | {cells} | "
+            f"{_speedup_cell(list(report.rows), 'blend')} | "
             f"{report.duration_mdape:.2f} | {report.fused_blocks} | "
             f"{report.fused_mdape:.3f} ({report.fused_mdape_unfused:.3f}) | "
             f"{report.train_seconds:.0f} s |"
@@ -106,7 +114,13 @@ def main() -> None:
     cells = " | ".join(_cells(pooled[p]) for p in PREDICTORS)
     total = sum(len(r.rows) for r in reports)
     rows = [row for report in reports for row in report.rows]
-    print(f"| **all folds** | {total} | {_noise_cell(rows)} | {cells} | | | | |")
+    print(
+        f"| **all folds** | {total} | {_noise_cell(rows)} | {cells} | "
+        f"{_speedup_cell(rows, 'blend')} | | | | |"
+    )
+    for predictor in PREDICTORS:
+        error = speedup_error(rows, predictor)
+        print(f"# {predictor} speed-up error over DDP's defaults: {error}")
     print("\nAll folds' runs by strategy kind (MAPE | p90 | tau | pairs):\n")
     print(f"| kind | runs | {header} |")
     print("|---|---|" + "---|" * (4 * len(PREDICTORS)))
@@ -121,6 +135,7 @@ def main() -> None:
                     "pooled": {p: m.to_json() for p, m in pooled.items()},
                     "noise": spread,
                     "label_noise": label_noise(rows),
+                    "speedup_error": {p: speedup_error(rows, p) for p in PREDICTORS},
                 },
                 indent=1,
             ),

@@ -150,6 +150,8 @@ class StrategySample:
     # The measured median's 95 % interval, half its width over the median (0.01: ±1 %), where
     # the run recorded one (cpu-v3): how far the label itself is known.
     label_noise: float | None = None
+    # DDP's defaults: the run the group's speed-ups are measured against.
+    reference: bool = False
 
 
 def _is_inside(module: str, blocks: Sequence[str]) -> bool:
@@ -284,4 +286,5 @@ def strategy_sample(
         kind=strategy_kind(strategy),
         risk_kind=risk_kind(strategy),
         label_noise=label_noise,
+        reference=strategy == Strategy(),
     )

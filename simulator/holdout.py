@@ -61,8 +61,29 @@ class HoldoutReport:
             "fused_mdape_unfused": _finite_or_none(self.fused_mdape_unfused),
             "train_seconds": self.train_seconds,
             "label_noise": label_noise(self.rows),
+            "speedup_error": {name: speedup_error(self.rows, name) for name in self.metrics},
             "rows": list(self.rows),
         }
+
+
+def speedup_error(rows: Sequence[dict[str, Any]], predictor: str) -> dict[str, float | int | None]:
+    """How far ``predictor``'s speed-ups over DDP's defaults are from the measured ones: the
+    median and 90th percentile of ``|predicted / measured - 1|`` over the runs whose group (one
+    launch of cpu-v3: the reference measured beside them) holds a reference run, and how many.
+    The search ranks strategies by these ratios, so this is the error it acts on."""
+    references = {r["group"]: r for r in rows if r.get("reference")}
+    errors = []
+    for row in rows:
+        reference = references.get(row["group"])
+        if reference is None or row is reference:
+            continue
+        measured = reference["measured_ms"] / row["measured_ms"]
+        predicted = reference[f"{predictor}_ms"] / row[f"{predictor}_ms"]
+        errors.append(abs(predicted / measured - 1))
+    if not errors:
+        return {"median": None, "p90": None, "runs": 0}
+    errors.sort()
+    return {"median": quantile(errors, 0.5), "p90": quantile(errors, 0.9), "runs": len(errors)}
 
 
 def label_noise(rows: Sequence[dict[str, Any]]) -> dict[str, float | int | None]:
@@ -137,6 +158,7 @@ def evaluate_holdout(
             "model_key": sample.model_key,
             "measured_ms": float(sample.measured_ms or 0.0),
             "label_noise": sample.label_noise,
+            "reference": sample.reference,
             **{f"{name}_ms": predictions[name][i] for name in PREDICTORS},
         }
         for i, sample in enumerate(test.samples)

@@ -14,7 +14,7 @@ from data.zoo import ZOO
 from simulator.dataset import Dataset
 from simulator.features import BUCKET_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
 from simulator.gnn import CostModelConfig
-from simulator.holdout import cross_validate, label_noise
+from simulator.holdout import cross_validate, label_noise, speedup_error
 from simulator.train import (
     TrainOptions,
     build_training_set,
@@ -138,3 +138,17 @@ def test_held_out_rows_carry_their_labels_noise(synthetic: Dataset) -> None:
         reports[0].to_json()["label_noise"]["runs"] + reports[1].to_json()["label_noise"]["runs"]
         == 4
     )
+
+
+def test_speedup_error_is_against_the_reference_of_the_same_launch() -> None:
+    rows = [
+        {"group": "a", "reference": True, "measured_ms": 100.0, "blend_ms": 110.0},
+        {"group": "a", "reference": False, "measured_ms": 50.0, "blend_ms": 50.0},
+        {"group": "a", "reference": False, "measured_ms": 125.0, "blend_ms": 110.0},
+        # No reference in its group: no speed-up to check.
+        {"group": "b", "reference": False, "measured_ms": 10.0, "blend_ms": 30.0},
+    ]
+    # Measured 2.0 and 0.8, predicted 2.2 and 1.0: off by 10 % and 25 %.
+    error = speedup_error(rows, "blend")
+    assert error == {"median": pytest.approx(0.175), "p90": pytest.approx(0.235), "runs": 2}
+    assert speedup_error(rows[3:], "blend") == {"median": None, "p90": None, "runs": 0}
