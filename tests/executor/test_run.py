@@ -8,12 +8,14 @@ from pathlib import Path
 import pytest
 
 from data.errors import InvalidOptionError, InvalidStrategyError
+from data.specs.model import ModelSpec
 from data.specs.strategy import Strategy
 from data.store import Store
 from data.zoo import ZOO
 from executor.run import (
     MAX_SIDE_BY_SIDE,
     RunOptions,
+    RunResult,
     compare_training,
     run_training,
 )
@@ -338,6 +340,24 @@ def test_run_json_carries_the_interval_of_its_median(capsys: pytest.CaptureFixtu
     assert "95 % interval" in text and "rank 0 on core" in text
 
 
+def _side_by_side_like_one_process(
+    spec: ModelSpec, strategies: list[Strategy], *, rounds: int
+) -> list[RunResult]:
+    """``strategies`` side by side on 2 ranks, one kept step a turn, each checked to train step
+    for step as one process does."""
+    iters, warmup = 1, 1
+    results = compare_training(
+        spec,
+        strategies,
+        RunOptions(world_size=2, iters=iters, warmup=warmup, budget_s=0),
+        rounds=rounds,
+    )
+    want = reference_losses(spec, warmup + rounds * (1 + iters))
+    for result in results:
+        assert_losses_match(result.losses, want, rtol=1e-4)
+    return results
+
+
 def test_side_by_side_compiled_blocks_under_hooks_and_dear() -> None:
     # Two models of one class, their blocks compiled, one under DeAR (whose forward pre-hooks
     # wait for and apply each bucket's all-gather) and one under the executor's hooks: the
@@ -350,17 +370,8 @@ def test_side_by_side_compiled_blocks_under_hooks_and_dear() -> None:
         Strategy.from_dict({"tensor_fusion": {"implementation": "hooks"}, "op_fusion": blocks}),
         Strategy.from_dict({"tensor_fusion": {"dear": True}, "op_fusion": blocks}),
     ]
-    rounds, iters, warmup = 2, 1, 1
-    results = compare_training(
-        spec,
-        strategies,
-        RunOptions(world_size=2, iters=iters, warmup=warmup, budget_s=0),
-        rounds=rounds,
-    )
-    want = reference_losses(spec, warmup + rounds * (1 + iters))
-    for result in results:
-        assert result.applied["compiled"] == blocks["compiled"]
-        assert_losses_match(result.losses, want, rtol=1e-4)
+    results = _side_by_side_like_one_process(spec, strategies, rounds=2)
+    assert all(result.applied["compiled"] == blocks["compiled"] for result in results)
 
 
 def test_a_parameter_without_gradient_is_frozen_under_every_plan() -> None:
@@ -373,15 +384,6 @@ def test_a_parameter_without_gradient_is_frozen_under_every_plan() -> None:
         Strategy.from_dict({"tensor_fusion": {"dear": True, "bucket_cap_mb": 0.1}}),
         Strategy.from_dict({"parallel": {"fsdp": True}}),
     ]
-    rounds, iters, warmup = 1, 1, 1
-    results = compare_training(
-        spec,
-        strategies,
-        RunOptions(world_size=2, iters=iters, warmup=warmup, budget_s=0),
-        rounds=rounds,
-    )
-    want = reference_losses(spec, warmup + rounds * (1 + iters))
-    for result in results:
-        assert_losses_match(result.losses, want, rtol=1e-4)
+    results = _side_by_side_like_one_process(spec, strategies, rounds=1)
     launched = {p for b in results[1].applied["buckets"] for p in b["params"]}
     assert "dinov2.embeddings.mask_token" not in launched
