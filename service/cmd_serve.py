@@ -19,7 +19,7 @@ import platformdirs
 import uvicorn
 
 from data.errors import InvalidOptionError
-from data.store import default_url, mask_url
+from data.store import DB_ENV_VAR, default_url, mask_url
 from service.api import Settings, create_app
 from service.worker import cmd_worker
 
@@ -100,12 +100,14 @@ class _Supervisor:
 
 
 def _start_worker(url: str, simulator: str | None) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "service.cli", "worker", "--db", url]
-    command += ["--parent", str(os.getpid())]
+    """The worker, in a session of its own (so that its executor ranks end with it). The store's
+    URL, which may hold a password, goes in its environment (``$DDLSIM_DB``), never on its
+    command line, which any user can read (``ps``, ``/proc/PID/cmdline``)."""
+    command = [sys.executable, "-m", "service.cli", "worker", "--parent", str(os.getpid())]
     if simulator:
         command += ["--simulator", simulator]
-    # Its own session, so that its executor ranks end with it.
-    return subprocess.Popen(command, start_new_session=True)
+    env = {**os.environ, DB_ENV_VAR: url}
+    return subprocess.Popen(command, start_new_session=True, env=env)
 
 
 def _stop(worker: subprocess.Popen[bytes]) -> None:

@@ -272,6 +272,13 @@ def test_serve_starts_the_api_and_its_worker_and_ends_both(tmp_path: Path) -> No
         children = _children(server.pid)
         worker_pids = [int(p) for p in children if int(p) != server.pid]
         assert worker_pids, "the embedded worker runs"
+        # The store's URL (a password in it, for PostgreSQL) is not on the worker's command
+        # line, which every user can read; it reaches the worker in its environment.
+        url = f"sqlite:///{tmp_path / 's.db'}"
+        cmdline = Path(f"/proc/{worker_pids[0]}/cmdline").read_bytes().split(b"\0")
+        assert b"worker" in cmdline and not any(str(tmp_path).encode() in a for a in cmdline)
+        environ = Path(f"/proc/{worker_pids[0]}/environ").read_bytes().split(b"\0")
+        assert f"DDLSIM_DB={url}".encode() in environ
         # a worker that dies is started again
         os.kill(worker_pids[0], signal.SIGKILL)
         deadline = time.monotonic() + 30
