@@ -1,4 +1,4 @@
-"""Specs, the iteration-graph format, the model zoo and (later) the store.
+"""Specs, the iteration-graph format, the model zoo, the store and the shipped datasets.
 
 The lowest layer of ddlsim: everything else imports from here, and this package imports only
 torch, torch_geometric, transformers (to build zoo models) and the standard library.

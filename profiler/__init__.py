@@ -1,4 +1,5 @@
-"""Graph capture and (later) kernel and collective profiling, emulated clusters."""
+"""Graph capture, kernel, fusion and collective profiling, batch profiling runs, and the
+emulated clusters (network namespaces, shaped links) that distributed runs use."""
 
 from profiler.capture import CaptureOptions, capture_graph
 

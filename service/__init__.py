@@ -1,1 +1,1 @@
-"""The ``ddlsim`` command line (and later the REST service, job worker and dashboard)."""
+"""The ``ddlsim`` command line, the REST service, its job worker and the dashboard."""

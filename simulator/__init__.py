@@ -1,1 +1,3 @@
-"""Iteration-time prediction: stream replay and the GNN cost model (not yet built)."""
+"""Iteration-time prediction: the replay over compute and communication streams (every plan
+kind), the GNN cost model that corrects it and prices fused blocks, the datasets it learns
+from, and held-out evaluation."""
