@@ -28,6 +28,7 @@ from typing import Any
 
 from data.errors import InvalidOptionError
 from data.specs.strategy import Strategy
+from simulator.evaluate import quantile
 
 # Kinds of strategy by what the simulator gets wrong about them: the split of data-parallel
 # buckets into DDP's own reducer and the executor's hooks matters (Python per bucket).
@@ -100,7 +101,7 @@ class Calibration:
         errors = self.errors.get(kind, ())
         if len(errors) < MIN_ERRORS:
             errors = self.pooled()
-        return _quantile(errors, confidence) if errors else 0.0
+        return quantile(errors, confidence) if errors else 0.0
 
     def factor(self, strategy: Strategy, confidence: float) -> float:
         """What a predicted time of ``strategy`` is multiplied by to score it."""
@@ -194,11 +195,3 @@ def check_confidence(confidence: float) -> float:
             "speed-up errors a pick is scored at), or 'off'"
         )
     return confidence
-
-
-def _quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of sorted ``values``, linearly interpolated."""
-    position = q * (len(values) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(values) - 1)
-    return values[low] + (values[high] - values[low]) * (position - low)

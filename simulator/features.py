@@ -221,6 +221,7 @@ def strategy_sample(
     family: str = "",
     compute_scale: float = 1.0,
     label_noise: float | None = None,
+    reference: bool = False,
 ) -> StrategySample:
     """The tokens and global features of ``strategy`` replayed as ``summary``."""
     iteration = max(summary.iteration_time_ms, 1e-6)
@@ -286,5 +287,5 @@ def strategy_sample(
         kind=strategy_kind(strategy),
         risk_kind=risk_kind(strategy),
         label_noise=label_noise,
-        reference=strategy == Strategy(),
+        reference=reference,
     )

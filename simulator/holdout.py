@@ -80,10 +80,7 @@ def speedup_error(rows: Sequence[dict[str, Any]], predictor: str) -> dict[str, f
         measured = reference["measured_ms"] / row["measured_ms"]
         predicted = reference[f"{predictor}_ms"] / row[f"{predictor}_ms"]
         errors.append(abs(predicted / measured - 1))
-    if not errors:
-        return {"median": None, "p90": None, "runs": 0}
-    errors.sort()
-    return {"median": quantile(errors, 0.5), "p90": quantile(errors, 0.9), "runs": len(errors)}
+    return _spread(errors)
 
 
 def label_noise(rows: Sequence[dict[str, Any]]) -> dict[str, float | int | None]:
@@ -91,10 +88,15 @@ def label_noise(rows: Sequence[dict[str, Any]]) -> dict[str, float | int | None]
     recorded an interval, of half the measured median's 95 % interval over the median (0.01:
     ±1 %), and how many rows recorded one. An error near these figures is as small as the
     measurements can show."""
-    widths = sorted(float(r["label_noise"]) for r in rows if r.get("label_noise") is not None)
-    if not widths:
+    return _spread([float(r["label_noise"]) for r in rows if r.get("label_noise") is not None])
+
+
+def _spread(values: list[float]) -> dict[str, float | int | None]:
+    """The median and 90th percentile of ``values`` and how many there are (``None`` for none)."""
+    if not values:
         return {"median": None, "p90": None, "runs": 0}
-    return {"median": quantile(widths, 0.5), "p90": quantile(widths, 0.9), "runs": len(widths)}
+    ordered = sorted(values)
+    return {"median": quantile(ordered, 0.5), "p90": quantile(ordered, 0.9), "runs": len(ordered)}
 
 
 def _finite_or_none(value: float) -> float | None:

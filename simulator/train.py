@@ -31,6 +31,7 @@ from data.errors import InvalidOptionError, InvalidStrategyError
 from data.graph.annotate import with_strategy
 from data.graph.format import IterationGraph
 from data.specs.cluster import parse_bandwidth_gbps
+from data.specs.strategy import Strategy
 from simulator.costs import comm_models, compute_scale, rank_spec, scaled, uses_ring
 from simulator.dataset import Dataset, RunEntry
 from simulator.fast import DataParallelReplay, ReplaySummary
@@ -146,6 +147,7 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
                 family=run.family,
                 compute_scale=scale,
                 label_noise=run.ci_half_width,
+                reference=run.strategy == Strategy(),
             )
         )
     blocks = _fused_blocks(dataset, {r.model.label: r.family for r in selected}, graphs)
