@@ -91,7 +91,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [
-            *(sys.executable, "-m", "service.cli", "serve", "--no-worker"),
+            *(sys.executable, "-m", "ddlsim.service.cli", "serve", "--no-worker"),
             *("--db", args.db, "--port", str(port)),
         ],
         env={**os.environ, "DDLSIM_API_TOKEN": TOKEN},

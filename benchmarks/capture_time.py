@@ -22,11 +22,11 @@ from collections.abc import Callable
 
 import torch
 
-from data.models import build_model, count_parameters, make_batch, training_loss
-from data.specs.model import ModelSpec
-from data.zoo import ZOO
-from profiler.capture import capture_graph
-from profiler.fake import fake_model
+from ddlsim.data.models import build_model, count_parameters, make_batch, training_loss
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.zoo import ZOO
+from ddlsim.profiler.capture import capture_graph
+from ddlsim.profiler.fake import fake_model
 
 DEFAULT_MODELS = ("gpt2-small", "bert-base", "vit-base", "llama-160m")
 
@@ -68,7 +68,7 @@ def main() -> None:
         capture_graph(spec)  # warm-up: imports, dispatch caches
         capture_s = _median_seconds(functools.partial(capture_graph, spec), args.repeats)
         nodes = len(capture_graph(spec).nodes)
-        command = [sys.executable, "-m", "service.cli", "graph", name, "--json"]
+        command = [sys.executable, "-m", "ddlsim.service.cli", "graph", name, "--json"]
         process_s = _median_seconds(
             functools.partial(subprocess.run, command, check=True, capture_output=True),
             args.real_repeats,

@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from data.models import repeated_blocks
-from data.specs.model import ModelSpec
-from data.specs.strategy import Strategy
-from data.zoo import ZOO
-from executor.run import RunOptions, RunResult, run_training
-from profiler.cluster import ClusterRunError
-from profiler.kernels import profile_kernels
+from ddlsim.data.models import repeated_blocks
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import ZOO
+from ddlsim.executor.run import RunOptions, RunResult, run_training
+from ddlsim.profiler.cluster import ClusterRunError
+from ddlsim.profiler.kernels import profile_kernels
 
 
 def _run(spec: ModelSpec, strategy: Strategy, args: argparse.Namespace) -> RunResult:

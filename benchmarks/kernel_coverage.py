@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from data.zoo import ZOO
-from profiler.kernels import KernelProfile, profile_kernels
+from ddlsim.data.zoo import ZOO
+from ddlsim.profiler.kernels import KernelProfile, profile_kernels
 
 
 def _repeat_difference(first: KernelProfile, second: KernelProfile) -> float:

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from data.models import build_model, make_batch, training_loss
-from data.specs.strategy import Strategy
-from data.zoo import resolve_model
-from profiler.capture import capture_graph
-from simulator.memory import peak_memory
+from ddlsim.data.models import build_model, make_batch, training_loss
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import resolve_model
+from ddlsim.profiler.capture import capture_graph
+from ddlsim.simulator.memory import peak_memory
 
 MIB = 2**20
 

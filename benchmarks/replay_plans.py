@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from data.specs.strategy import Strategy
-from data.store import Store
-from data.zoo import resolve_model
-from executor.plan import model_supports
-from executor.run import RunOptions, run_training
-from profiler.cluster import remove_stale_namespaces
-from service.cmd_predict import predict_on_store
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import Store
+from ddlsim.data.zoo import resolve_model
+from ddlsim.executor.plan import model_supports
+from ddlsim.executor.run import RunOptions, run_training
+from ddlsim.profiler.cluster import remove_stale_namespaces
+from ddlsim.service.cmd_predict import predict_on_store
 
 PLANS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("DDP defaults", {}),

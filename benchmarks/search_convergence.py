@@ -44,7 +44,7 @@ def main() -> None:
     rows = {}
     for algo in ALGORITHMS:
         command = [
-            *(sys.executable, "-m", "service.cli", "search", args.model),
+            *(sys.executable, "-m", "ddlsim.service.cli", "search", args.model),
             *("--world-size", args.world_size, "--bandwidth", args.bandwidth),
             *("--batch-size", args.batch_size, "--seq-len", args.seq_len),
             *("--algo", algo, "--budget", str(args.budget), "--time-limit", "600"),

@@ -12,7 +12,7 @@ with 120 steps a point, the 90 % bootstrap interval of a ratio is a few per cent
 with the pick's); the table's launch spread shows how far one point's launches are apart.
 
 The pick is the strategy the search would take: the lowest score (the predicted time times its
-kind's calibration factor, see ``simulator/calibration.py``; ``--confidence off``: the
+kind's calibration factor, see ``ddlsim/simulator/calibration.py``; ``--confidence off``: the
 predicted time alone); the table gives its measured time as a ratio to the best measured one
 (1.00: the search found the fastest; the target is within 3 %), the same for the lowest
 predicted time alone, and the rank correlation of predicted and measured times.
@@ -36,16 +36,16 @@ from typing import Any
 
 import torch
 
-from data.specs.model import ModelSpec
-from data.specs.strategy import Strategy
-from data.store import Store
-from data.zoo import resolve_model
-from executor.protocol import ratio_interval
-from executor.run import RunOptions, compare_training
-from profiler.cluster import remove_stale_namespaces
-from search.backtrack import even_cuts, strategy_of
-from service.cmd_search import build_evaluator
-from simulator.calibration import Calibration
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import Store
+from ddlsim.data.zoo import resolve_model
+from ddlsim.executor.protocol import ratio_interval
+from ddlsim.executor.run import RunOptions, compare_training
+from ddlsim.profiler.cluster import remove_stale_namespaces
+from ddlsim.search.backtrack import even_cuts, strategy_of
+from ddlsim.service.cmd_search import build_evaluator
+from ddlsim.simulator.calibration import Calibration
 
 
 def space(order: list[str], sizes: list[int]) -> dict[str, Strategy]:

@@ -23,7 +23,7 @@ import torch
 
 def run(args: argparse.Namespace, workers: int) -> tuple[float, float]:
     command = [
-        *(sys.executable, "-m", "service.cli", "search", args.model),
+        *(sys.executable, "-m", "ddlsim.service.cli", "search", args.model),
         *("--world-size", str(args.world_size), "--bandwidth", args.bandwidth),
         *("--algo", args.algo, "--budget", str(args.budget), "--space", args.space),
         *("--time-limit", "600", "--workers", str(workers), "--db", args.db, "--json"),

@@ -30,13 +30,13 @@ from typing import Any
 
 import torch
 
-from data.specs.cluster import parse_bandwidth_gbps
-from data.specs.strategy import Strategy
-from data.store import Store
-from data.zoo import ZOO, resolve_model
-from service.cmd_predict import predict_on_store
-from service.output import describe
-from simulator.calibration import risk_kind
+from ddlsim.data.specs.cluster import parse_bandwidth_gbps
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import Store
+from ddlsim.data.zoo import ZOO, resolve_model
+from ddlsim.service.cmd_predict import predict_on_store
+from ddlsim.service.output import describe
+from ddlsim.simulator.calibration import risk_kind
 
 
 def line_rate_ms(grad_bytes: int, world_size: int, bandwidth_gbps: float) -> float:
@@ -63,7 +63,7 @@ def bound_ms(model: str, world_size: int, bandwidth: str, db: str) -> dict[str, 
 
 def measure(args: argparse.Namespace, model: str, world_size: int) -> dict[str, Any]:
     command = [
-        *(sys.executable, "-m", "service.cli", "search", model),
+        *(sys.executable, "-m", "ddlsim.service.cli", "search", model),
         *("--world-size", str(world_size), "--bandwidth", args.bandwidth),
         *("--algo", args.algo, "--budget", str(args.budget)),
         *("--iters", str(args.iters), "--warmup", str(args.warmup)),

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from simulator.dataset import Dataset, load_dataset
-from simulator.default import shipped_dataset
-from simulator.evaluate import Accuracy
-from simulator.gnn import CostModelConfig
-from simulator.holdout import cross_validate, label_noise, metrics_by_kind, speedup_error
-from simulator.train import PREDICTORS, TrainOptions
+from ddlsim.simulator.dataset import Dataset, load_dataset
+from ddlsim.simulator.default import shipped_dataset
+from ddlsim.simulator.evaluate import Accuracy
+from ddlsim.simulator.gnn import CostModelConfig
+from ddlsim.simulator.holdout import cross_validate, label_noise, metrics_by_kind, speedup_error
+from ddlsim.simulator.train import PREDICTORS, TrainOptions
 
 
 def noise(dataset: Dataset) -> tuple[float, int]:

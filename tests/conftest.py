@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.graph.format import GraphNode, IterationGraph, ParamInfo, TensorMeta
-from data.specs.model import InputSpec, ModelSpec
-from data.specs.strategy import Strategy
-from data.zoo import ZOO
-from profiler.capture import capture_graph
+from ddlsim.data.graph.format import GraphNode, IterationGraph, ParamInfo, TensorMeta
+from ddlsim.data.specs.model import InputSpec, ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import ZOO
+from ddlsim.profiler.capture import capture_graph
 
 _CACHE: dict[str, IterationGraph] = {}
 

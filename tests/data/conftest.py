@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from data.store import Store
+from ddlsim.data.store import Store
 
 POSTGRES_ENV = "DDLSIM_TEST_POSTGRES_URL"
 

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from data.errors import InvalidGraphError
-from data.graph.format import SCHEMA_VERSION, IterationGraph
+from ddlsim.data.errors import InvalidGraphError
+from ddlsim.data.graph.format import SCHEMA_VERSION, IterationGraph
 
 
 def test_summary_totals(tiny_graph: IterationGraph) -> None:

@@ -2,9 +2,9 @@ from collections.abc import Callable
 
 import torch
 
-from data.graph.format import IterationGraph
-from data.graph.ops import OP_CATEGORIES, op_category
-from data.graph.pyg import FEATURE_NAMES, to_hetero, to_pyg
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.graph.ops import OP_CATEGORIES, op_category
+from ddlsim.data.graph.pyg import FEATURE_NAMES, to_hetero, to_pyg
 
 
 def test_to_pyg_shapes_and_edges(tiny_graph: IterationGraph) -> None:

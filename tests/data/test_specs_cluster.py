@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import InvalidClusterError
-from data.specs.cluster import ClusterSpec, DeviceSpec, LinkSpec, parse_bandwidth_gbps
+from ddlsim.data.errors import InvalidClusterError
+from ddlsim.data.specs.cluster import ClusterSpec, DeviceSpec, LinkSpec, parse_bandwidth_gbps
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 import pytest
 
-from data.errors import InvalidModelSpecError
-from data.specs.model import InputSpec, ModelSpec
+from ddlsim.data.errors import InvalidModelSpecError
+from ddlsim.data.specs.model import InputSpec, ModelSpec
 
 SPEC = {
     "source": "transformers",

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from data.errors import InvalidStrategyError
-from data.specs.strategy import (
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.specs.strategy import (
     MIB,
     OpFusionPlan,
     ParallelPlan,

@@ -24,10 +24,10 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy.orm import Session
 
-from data.errors import DdlsimError, InvalidOptionError
-from data.graph.format import IterationGraph
-from data.specs.strategy import ParallelPlan, Strategy, TensorFusionPlan
-from data.store import (
+from ddlsim.data.errors import DdlsimError, InvalidOptionError
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.strategy import ParallelPlan, Strategy, TensorFusionPlan
+from ddlsim.data.store import (
     CollectiveProfileRecord,
     KernelProfileRecord,
     MeasurementRecord,
@@ -40,7 +40,7 @@ from data.store import (
     default_url,
     strategy_hash,
 )
-from data.store.schema import TABLE_PREFIX, VERSION_TABLE, Base, GraphRow
+from ddlsim.data.store.schema import TABLE_PREFIX, VERSION_TABLE, Base, GraphRow
 
 ROOT = Path(__file__).resolve().parents[2]
 URL_FORMS = '"sqlite:///PATH" or "postgresql+psycopg://USER:PASS@HOST/DB"'
@@ -382,7 +382,7 @@ _CRASHING_CHILD = textwrap.dedent(
     import sys
     import time
 
-    from data.store import CollectiveProfileRecord, Store, add_collective_profile
+    from ddlsim.data.store import CollectiveProfileRecord, Store, add_collective_profile
 
     PROFILE = CollectiveProfileRecord(
         collective="all_reduce", backend="gloo", world_size=2, bandwidth="none",

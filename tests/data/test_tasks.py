@@ -6,9 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from data.store import Store
-from data.store.schema import utc_now
-from data.store.tasks import TaskCancelledError, TaskLostError, TaskNotFoundError, TaskQueue
+from ddlsim.data.store import Store
+from ddlsim.data.store.schema import utc_now
+from ddlsim.data.store.tasks import TaskCancelledError, TaskLostError, TaskNotFoundError, TaskQueue
 
 
 def test_a_task_runs_from_queued_to_done(store: Store) -> None:

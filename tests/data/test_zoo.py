@@ -5,15 +5,15 @@ from typing import Any
 import pytest
 import torch
 
-from data.errors import InvalidModelSpecError, UnknownModelError
-from data.models import (
+from ddlsim.data.errors import InvalidModelSpecError, UnknownModelError
+from ddlsim.data.models import (
     batch_fields,
     build_model,
     check_model_spec,
     count_parameters,
     make_batch,
 )
-from data.zoo import ZOO, resolve_model
+from ddlsim.data.zoo import ZOO, resolve_model
 
 
 def test_zoo_covers_families_and_sizes() -> None:

@@ -15,10 +15,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
-from data.models import build_model, make_batch
-from data.specs.model import ModelSpec
-from data.specs.strategy import Strategy
-from executor.context import RankContext, disable_dropout, local_loss, make_optimizer
+from ddlsim.data.models import build_model, make_batch
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.executor.context import RankContext, disable_dropout, local_loss, make_optimizer
 
 RankFn = Callable[[RankContext], Any]
 
@@ -44,7 +44,7 @@ def _rank_main(  # noqa: PLR0917 (multiprocessing passes positional arguments)
         results.put((rank, fn(ctx)))
     finally:
         dist.destroy_process_group()
-    # As the executor's ranks do (executor/worker.py): once the result is delivered, skip
+    # As the executor's ranks do (ddlsim/executor/worker.py): once the result is delivered, skip
     # interpreter finalization, where gloo's threads now and then abort a finished process.
     results.close()
     results.join_thread()

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from data.errors import InvalidOptionError
-from data.specs.strategy import Strategy
-from data.zoo import ZOO
-from executor.run import RunOptions, run_training
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import ZOO
+from ddlsim.executor.run import RunOptions, run_training
 from tests.executor.harness import assert_losses_match, reference_losses
 
 MLP = ZOO["mlp"].with_inputs(batch_size=16)

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from data.specs.strategy import Strategy
-from data.zoo import ZOO
-from executor.context import RankContext
-from executor.plan import build_trainer, check_strategy
-from profiler.capture import capture_graph
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import ZOO
+from ddlsim.executor.context import RankContext
+from ddlsim.executor.plan import build_trainer, check_strategy
+from ddlsim.profiler.capture import capture_graph
 from tests.executor.harness import (
     Losses,
     assert_losses_match,

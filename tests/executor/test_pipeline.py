@@ -6,16 +6,16 @@ import re
 
 import pytest
 
-from data.errors import InvalidStrategyError
-from data.specs.model import ModelSpec
-from data.specs.strategy import Strategy
-from data.stages import balanced_cuts
-from data.zoo import ZOO
-from executor.context import RankContext
-from executor.pipeline import PipelineTrainer, check_pipeline
-from executor.plan import check_strategy
-from executor.run import RunOptions, run_training
-from profiler.capture import capture_graph
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.stages import balanced_cuts
+from ddlsim.data.zoo import ZOO
+from ddlsim.executor.context import RankContext
+from ddlsim.executor.pipeline import PipelineTrainer, check_pipeline
+from ddlsim.executor.plan import check_strategy
+from ddlsim.executor.run import RunOptions, run_training
+from ddlsim.profiler.capture import capture_graph
 from tests.executor.harness import (
     Losses,
     assert_losses_match,

@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from data.errors import InvalidOptionError
-from executor.protocol import (
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.executor.protocol import (
     Speedup,
     StoppingRule,
     median_interval,
@@ -17,7 +17,7 @@ from executor.protocol import (
     speedup,
     turn_steps,
 )
-from service.output import verification_lines
+from ddlsim.service.output import verification_lines
 
 
 def steps(count: int, scale: float = 1.0) -> list[float]:

@@ -5,10 +5,10 @@ import functools
 import torch
 import torch.distributed as dist
 
-from data.specs.strategy import Strategy
-from data.zoo import ZOO
-from executor.context import RankContext
-from executor.ring import CommThread, ring_all_gather, ring_reduce_scatter
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import ZOO
+from ddlsim.executor.context import RankContext
+from ddlsim.executor.ring import CommThread, ring_all_gather, ring_reduce_scatter
 from tests.executor.harness import run_ranks
 
 

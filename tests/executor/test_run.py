@@ -7,22 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import InvalidOptionError, InvalidStrategyError
-from data.specs.model import ModelSpec
-from data.specs.strategy import Strategy
-from data.store import Store
-from data.zoo import ZOO
-from executor.run import (
+from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import Store
+from ddlsim.data.zoo import ZOO
+from ddlsim.executor.run import (
     MAX_SIDE_BY_SIDE,
     RunOptions,
     RunResult,
     compare_training,
     run_training,
 )
-from profiler.capture import capture_graph
-from profiler.cluster import NAMESPACE_PREFIX, ClusterRunError
-from service.cli import main
-from simulator.dataset import export_dataset, load_dataset
+from ddlsim.profiler.capture import capture_graph
+from ddlsim.profiler.cluster import NAMESPACE_PREFIX, ClusterRunError
+from ddlsim.service.cli import main
+from ddlsim.simulator.dataset import export_dataset, load_dataset
 from tests.executor.harness import assert_losses_match, reference_losses
 
 MLP = ZOO["mlp"].with_inputs(batch_size=16)
@@ -49,7 +49,7 @@ def _netns() -> list[str]:
 def _ddlsim_ranks() -> list[str]:
     """Live rank processes started by this test process."""
     out = subprocess.run(
-        ["pgrep", "-f", "executor.worker"], check=False, capture_output=True, text=True
+        ["pgrep", "-f", "ddlsim.executor.worker"], check=False, capture_output=True, text=True
     )
     mark = f"{OWNER_ENV}={os.getpid()}".encode()
     ours = []

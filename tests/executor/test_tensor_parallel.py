@@ -8,14 +8,14 @@ import re
 import pytest
 import torch
 
-from data.errors import InvalidStrategyError
-from data.models import build_model, make_batch
-from data.specs.model import ModelSpec
-from data.specs.strategy import Strategy
-from data.tp_plans import check_tensor_parallel
-from data.zoo import ZOO
-from executor.context import RankContext, disable_dropout, local_loss
-from executor.tensor_parallel import (
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.models import build_model, make_batch
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.tp_plans import check_tensor_parallel
+from ddlsim.data.zoo import ZOO
+from ddlsim.executor.context import RankContext, disable_dropout, local_loss
+from ddlsim.executor.tensor_parallel import (
     TensorParallelTrainer,
     conv1d_to_linear,
     interleaved_qkv_rows,

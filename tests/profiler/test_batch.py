@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from data.store import Store
-from profiler.batch import InvalidBatchError, Job, parse_batch, run_batch
+from ddlsim.data.store import Store
+from ddlsim.profiler.batch import InvalidBatchError, Job, parse_batch, run_batch
 
 
 def test_parse_list_and_product(tmp_path: Path) -> None:

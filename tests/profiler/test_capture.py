@@ -7,16 +7,16 @@ from typing import Any
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
-from data.errors import InvalidModelSpecError, InvalidOptionError, InvalidStrategyError
-from data.graph.annotate import with_strategy
-from data.graph.format import IterationGraph
-from data.models import build_model, make_batch, training_loss
-from data.specs.model import ModelSpec
-from data.specs.strategy import Strategy, TensorFusionPlan
-from data.zoo import ZOO, resolve_model
-from profiler.capture import CaptureOptions, capture_graph
-from profiler.fake import fake_model
-from profiler.flops import register_missing_flop_formulas
+from ddlsim.data.errors import InvalidModelSpecError, InvalidOptionError, InvalidStrategyError
+from ddlsim.data.graph.annotate import with_strategy
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.models import build_model, make_batch, training_loss
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy, TensorFusionPlan
+from ddlsim.data.zoo import ZOO, resolve_model
+from ddlsim.profiler.capture import CaptureOptions, capture_graph
+from ddlsim.profiler.fake import fake_model
+from ddlsim.profiler.flops import register_missing_flop_formulas
 
 GraphOf = Callable[[str], IterationGraph]
 

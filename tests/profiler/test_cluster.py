@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
-from profiler.cluster import (
+from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
+from ddlsim.profiler.cluster import (
     FORCE_LOOPBACK_ENV,
     ClusterRunError,
     EmulatedCluster,
@@ -21,7 +21,7 @@ from profiler.cluster import (
     remove_stale_namespaces,
 )
 
-WORKER = "profiler._collective_worker"
+WORKER = "ddlsim.profiler._collective_worker"
 NETNS_REASON = netns_unavailable_reason()
 needs_netns = pytest.mark.skipif(
     NETNS_REASON is not None, reason=f"network namespaces unavailable: {NETNS_REASON}"
@@ -140,10 +140,10 @@ def test_failure_names_the_rank_that_caused_it_first(tmp_path: Path) -> None:
 
 _PARENT = """
 import sys
-from profiler.cluster import EmulatedCluster
+from ddlsim.profiler.cluster import EmulatedCluster
 with EmulatedCluster(2, "1gbit") as cluster:
     print(cluster.prefix, flush=True)
-    cluster.launch("profiler._collective_worker", sys.argv[1:], timeout_s=300)
+    cluster.launch("ddlsim.profiler._collective_worker", sys.argv[1:], timeout_s=300)
 """
 
 

@@ -10,10 +10,14 @@ from typing import Any
 import pytest
 import torch
 
-from data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
-from profiler import collectives
-from profiler.cluster import FORCE_LOOPBACK_ENV, LoopbackFallbackWarning, netns_unavailable_reason
-from profiler.collectives import (
+from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
+from ddlsim.profiler import collectives
+from ddlsim.profiler.cluster import (
+    FORCE_LOOPBACK_ENV,
+    LoopbackFallbackWarning,
+    netns_unavailable_reason,
+)
+from ddlsim.profiler.collectives import (
     COLLECTIVES,
     CollectiveFit,
     CollectiveProfile,

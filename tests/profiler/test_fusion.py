@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import InvalidOptionError, InvalidStrategyError
-from data.store import Store
-from data.zoo import ZOO
-from profiler.capture import capture_graph
-from profiler.fusion import _block_inputs, profile_fusion
-from service.cli import main
+from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
+from ddlsim.data.store import Store
+from ddlsim.data.zoo import ZOO
+from ddlsim.profiler.capture import capture_graph
+from ddlsim.profiler.fusion import _block_inputs, profile_fusion
+from ddlsim.service.cli import main
 
 MLP = ZOO["mlp"].with_inputs(batch_size=8)
 
@@ -27,7 +27,7 @@ def test_blocks_are_timed_eager_and_compiled() -> None:
 
 
 def test_block_inputs_are_what_the_block_receives() -> None:
-    from data.models import build_model, make_batch
+    from ddlsim.data.models import build_model, make_batch
 
     model = build_model(MLP)
     modules = {"body.1": model.get_submodule("body.1")}

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.errors import InvalidOptionError
-from data.zoo import ZOO
-from profiler.kernels import profile_kernels
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.zoo import ZOO
+from ddlsim.profiler.kernels import profile_kernels
 
 
 @pytest.mark.timing

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from data.errors import InvalidOptionError
-from data.specs.strategy import Strategy
-from search.autotune import autotune_fusion
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.search.autotune import autotune_fusion
 
 
 def test_autotune_finds_the_best_cap_of_a_measured_curve() -> None:

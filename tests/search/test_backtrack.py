@@ -7,14 +7,14 @@ from collections.abc import Callable
 
 import pytest
 
-from data.comm_model import AlphaBeta
-from data.errors import InvalidOptionError
-from data.graph.format import IterationGraph
-from data.specs.strategy import Strategy
-from search.backtrack import BacktrackOptions, backtrack_fusion, cuts_of, strategy_of
-from search.evaluator import FusionEvaluator
-from simulator.fast import DataParallelReplay
-from simulator.replay import comm_models_for_link
+from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.search.backtrack import BacktrackOptions, backtrack_fusion, cuts_of, strategy_of
+from ddlsim.search.evaluator import FusionEvaluator
+from ddlsim.simulator.fast import DataParallelReplay
+from ddlsim.simulator.replay import comm_models_for_link
 
 GraphOf = Callable[[str], IterationGraph]
 

@@ -7,15 +7,15 @@ from collections.abc import Mapping
 
 import pytest
 
-from data.graph.format import IterationGraph
-from data.specs.model import ModelSpec
-from data.specs.strategy import ParallelPlan, Strategy
-from data.zoo import resolve_model
-from executor.plan import model_supports
-from profiler.capture import CaptureOptions, capture_graph
-from search.backtrack import BacktrackOptions, backtrack_fusion
-from search.joint import backtrack_all
-from search.optuna_search import (
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import ParallelPlan, Strategy
+from ddlsim.data.zoo import resolve_model
+from ddlsim.executor.plan import model_supports
+from ddlsim.profiler.capture import CaptureOptions, capture_graph
+from ddlsim.search.backtrack import BacktrackOptions, backtrack_fusion
+from ddlsim.search.joint import backtrack_all
+from ddlsim.search.optuna_search import (
     Space,
     StudyOptions,
     finished_trials,
@@ -23,9 +23,9 @@ from search.optuna_search import (
     optimize,
     result_from_study,
 )
-from search.space import Cluster, StrategyEvaluator, candidate_plans, plan_label
-from simulator.calibration import MIN_ERRORS, RISK_KINDS, Calibration, risk_kind
-from simulator.memory import GIB, peak_memory
+from ddlsim.search.space import Cluster, StrategyEvaluator, candidate_plans, plan_label
+from ddlsim.simulator.calibration import MIN_ERRORS, RISK_KINDS, Calibration, risk_kind
+from ddlsim.simulator.memory import GIB, peak_memory
 
 GPT2 = resolve_model("gpt2-tiny").with_inputs(batch_size=8, seq_len=32)
 

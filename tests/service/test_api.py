@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from data.store import Store
-from data.zoo import ZOO
-from service import worker as worker_module
-from service.api import Settings, create_app
-from service.worker import Worker
+from ddlsim.data.store import Store
+from ddlsim.data.zoo import ZOO
+from ddlsim.service import worker as worker_module
+from ddlsim.service.api import Settings, create_app
+from ddlsim.service.worker import Worker
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -249,7 +249,7 @@ def test_serve_starts_the_api_and_its_worker_and_ends_both(tmp_path: Path) -> No
     env = {k: v for k, v in os.environ.items() if k != "DDLSIM_API_TOKEN"}
     server = subprocess.Popen(
         [
-            *(sys.executable, "-m", "service.cli", "serve", "--port", str(port)),
+            *(sys.executable, "-m", "ddlsim.service.cli", "serve", "--port", str(port)),
             *("--db", f"sqlite:///{tmp_path / 's.db'}", "--token-file", str(token_file)),
         ],
         stdout=subprocess.PIPE,
@@ -303,7 +303,7 @@ def test_the_worker_ends_when_serve_is_killed_outright(tmp_path: Path) -> None:
     port = _free_port()
     server = subprocess.Popen(
         [
-            *(sys.executable, "-m", "service.cli", "serve", "--port", str(port)),
+            *(sys.executable, "-m", "ddlsim.service.cli", "serve", "--port", str(port)),
             *("--db", f"sqlite:///{tmp_path / 'k.db'}"),
         ],
         stdout=subprocess.DEVNULL,

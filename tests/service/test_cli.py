@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from data.graph.format import IterationGraph
-from data.store import Store
-from service.cli import main
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.store import Store
+from ddlsim.service.cli import main
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -167,7 +167,7 @@ def test_console_script_never_shows_a_traceback() -> None:
         '"inputs": {"batch_size": 1, "seq_len": 4}}'
     )
     result = subprocess.run(
-        [sys.executable, "-m", "service.cli", "graph", bad],
+        [sys.executable, "-m", "ddlsim.service.cli", "graph", bad],
         capture_output=True,
         text=True,
         timeout=120,
@@ -183,7 +183,7 @@ def test_hash_is_the_same_in_another_process(capsys: pytest.CaptureFixture[str])
     code, out, _ = run(capsys, "graph", "vgg-mini", "--json")
     assert code == 0
     result = subprocess.run(
-        [sys.executable, "-m", "service.cli", "graph", "vgg-mini", "--json"],
+        [sys.executable, "-m", "ddlsim.service.cli", "graph", "vgg-mini", "--json"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from data.graph.format import IterationGraph
-from data.specs.strategy import Strategy
-from data.store import MeasurementRecord, PredictionRecord, Store, strategy_hash
-from data.store.tasks import TaskQueue
-from service.api import Settings, create_app
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import MeasurementRecord, PredictionRecord, Store, strategy_hash
+from ddlsim.data.store.tasks import TaskQueue
+from ddlsim.service.api import Settings, create_app
 
 GraphOf = Callable[[str], IterationGraph]
 DEAR = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}})
@@ -144,7 +144,7 @@ def server(seeded: str, tmp_path: Path) -> Iterator[str]:
     env = {**os.environ, "DDLSIM_API_TOKEN": "t"}
     process = subprocess.Popen(
         [
-            *(sys.executable, "-m", "service.cli", "serve", "--no-worker"),
+            *(sys.executable, "-m", "ddlsim.service.cli", "serve", "--no-worker"),
             *("--db", seeded, "--port", str(port), "--simulator", "replay"),
         ],
         env=env,

@@ -10,9 +10,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from data.store import Store
-from service.demo import Client, run_demo
-from service.output import verification_lines
+from ddlsim.data.store import Store
+from ddlsim.service.demo import Client, run_demo
+from ddlsim.service.output import verification_lines
 
 
 def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path) -> None:
@@ -21,7 +21,7 @@ def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path) -> None:
         port = probe.getsockname()[1]
     db = f"sqlite:///{tmp_path / 'demo.db'}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--db", db, "--port", str(port)],
+        [sys.executable, "-m", "ddlsim.service.cli", "serve", "--db", db, "--port", str(port)],
         env={**os.environ, "DDLSIM_API_TOKEN": "demo"},
         stdout=subprocess.DEVNULL,
         start_new_session=True,

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Ok
 
-from service.api import Settings, create_app
+from ddlsim.service.api import Settings, create_app
 
 TOKEN = "fuzz-token"
 EXAMPLES = 30  # an operation

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from data.specs.strategy import Strategy
-from data.store import CollectiveProfileRecord, Store
-from data.zoo import ZOO
-from service.cli import main
-from service.cmd_simulator import CANDIDATES, strategies_for
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import CollectiveProfileRecord, Store
+from ddlsim.data.zoo import ZOO
+from ddlsim.service.cli import main
+from ddlsim.service.cmd_simulator import CANDIDATES, strategies_for
 
 
 def _predict(capsys: pytest.CaptureFixture[str], *args: str) -> dict:

@@ -8,9 +8,9 @@ import optuna
 import pytest
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-from data.specs.strategy import Strategy
-from service.cli import main
-from service.output import describe
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.service.cli import main
+from ddlsim.service.output import describe
 
 BASE = ["search", "mlp", "--world-size", "2", "--bandwidth", "1gbit", "--batch-size", "16"]
 BASE += ["--profile-iters", "2", "--simulator", "replay"]

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from data.specs.strategy import Strategy
-from data.zoo import ZOO
-from service import cmd_dataset
-from service.cli import main
-from simulator.calibration import RISK_KINDS, Calibration
-from simulator.dataset import save_dataset
-from simulator.train import PREDICTORS, load_checkpoint
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import ZOO
+from ddlsim.service import cmd_dataset
+from ddlsim.service.cli import main
+from ddlsim.simulator.calibration import RISK_KINDS, Calibration
+from ddlsim.simulator.dataset import save_dataset
+from ddlsim.simulator.train import PREDICTORS, load_checkpoint
 from tests.simulator.synthetic import synthetic_dataset, with_truth
 
 

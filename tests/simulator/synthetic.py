@@ -5,13 +5,13 @@ FSDP 30 % slower, which the replay does not model)."""
 import dataclasses
 from typing import Any
 
-from data.graph.format import IterationGraph
-from data.models import repeated_blocks
-from data.specs.model import ModelSpec
-from data.specs.strategy import Strategy
-from profiler.capture import capture_graph
-from simulator.dataset import Dataset, FusionEntry, KernelEntry, LinkFit, RunEntry
-from simulator.train import build_training_set
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.models import repeated_blocks
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.profiler.capture import capture_graph
+from ddlsim.simulator.dataset import Dataset, FusionEntry, KernelEntry, LinkFit, RunEntry
+from ddlsim.simulator.train import build_training_set
 
 STRATEGIES: list[dict[str, Any]] = [
     {},

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from data.errors import InvalidOptionError
-from data.specs.strategy import Strategy
-from simulator.calibration import (
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.simulator.calibration import (
     MIN_ERRORS,
     Calibration,
     calibrate,

@@ -2,11 +2,11 @@
 
 import pytest
 
-from data.errors import InvalidStrategyError
-from data.specs.strategy import Strategy
-from data.store import CollectiveProfileRecord
-from data.zoo import ZOO
-from simulator.costs import UNSHAPED_GBPS, comm_models, rank_spec, uses_ring
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import CollectiveProfileRecord
+from ddlsim.data.zoo import ZOO
+from ddlsim.simulator.costs import UNSHAPED_GBPS, comm_models, rank_spec, uses_ring
 
 MIB = 1024 * 1024
 

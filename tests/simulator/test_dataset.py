@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from data.errors import InvalidOptionError
-from data.graph.annotate import with_strategy
-from data.graph.format import IterationGraph
-from data.models import repeated_blocks
-from data.specs.model import ModelSpec
-from data.specs.strategy import Strategy
-from data.store import (
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.graph.annotate import with_strategy
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.models import repeated_blocks
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import (
     CollectiveProfileRecord,
     FusionProfileRecord,
     KernelProfileRecord,
@@ -24,8 +24,8 @@ from data.store import (
     add_strategy,
     strategy_hash,
 )
-from data.zoo import ZOO
-from simulator.dataset import (
+from ddlsim.data.zoo import ZOO
+from ddlsim.simulator.dataset import (
     PARALLEL_COLLECTIVES,
     SETTINGS,
     Dataset,

@@ -2,8 +2,8 @@
 
 import pytest
 
-from data.errors import InvalidOptionError
-from simulator.evaluate import accuracy, grouped_accuracy
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.simulator.evaluate import accuracy, grouped_accuracy
 
 
 def test_perfect_prediction() -> None:

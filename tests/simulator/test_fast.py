@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
-from data.comm_model import AlphaBeta
-from data.graph.annotate import with_strategy
-from data.graph.format import IterationGraph
-from data.specs.strategy import Strategy
-from simulator.fast import DataParallelReplay
-from simulator.replay import replay, transfer_durations
+from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.graph.annotate import with_strategy
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.simulator.fast import DataParallelReplay
+from ddlsim.simulator.replay import replay, transfer_durations
 
 GraphOf = Callable[[str], IterationGraph]
 

@@ -5,13 +5,13 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from data.comm_model import AlphaBeta
-from data.graph.format import GraphNode, IterationGraph, ParamInfo
-from data.models import build_model
-from data.specs.strategy import Strategy
-from data.stages import default_groups
-from data.zoo import ZOO
-from simulator.fsdp import ROOT, group_of_nodes, replay_fsdp
+from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.graph.format import GraphNode, IterationGraph, ParamInfo
+from ddlsim.data.models import build_model
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.stages import default_groups
+from ddlsim.data.zoo import ZOO
+from ddlsim.simulator.fsdp import ROOT, group_of_nodes, replay_fsdp
 
 GraphOf = Callable[[str], IterationGraph]
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.errors import InvalidOptionError
-from data.zoo import ZOO
-from simulator.dataset import Dataset
-from simulator.features import BUCKET_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
-from simulator.gnn import CostModelConfig
-from simulator.holdout import cross_validate, label_noise, speedup_error
-from simulator.train import (
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.zoo import ZOO
+from ddlsim.simulator.dataset import Dataset
+from ddlsim.simulator.features import BUCKET_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
+from ddlsim.simulator.gnn import CostModelConfig
+from ddlsim.simulator.holdout import cross_validate, label_noise, speedup_error
+from ddlsim.simulator.train import (
     TrainOptions,
     build_training_set,
     duration_error,

@@ -7,19 +7,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from data.comm_model import AlphaBeta
-from data.graph.format import IterationGraph
-from data.models import build_model
-from data.stages import block_stack, tied_parameters
-from data.zoo import resolve_model
-from simulator.pipeline import (
+from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.models import build_model
+from ddlsim.data.stages import block_stack, tied_parameters
+from ddlsim.data.zoo import resolve_model
+from ddlsim.simulator.pipeline import (
     StageCosts,
     interleaved_order,
     replay_pipeline,
     schedule_order,
     stage_costs,
 )
-from simulator.replay import UnsupportedPlanError
+from ddlsim.simulator.replay import UnsupportedPlanError
 
 GraphOf = Callable[[str], IterationGraph]
 NO_LINK = AlphaBeta(collective="sendrecv", world_size=1, alpha_us=0.0, busbw_gbps=1.0)

@@ -5,13 +5,13 @@ from typing import Any
 
 import pytest
 
-from data.comm_model import AlphaBeta
-from data.errors import InvalidOptionError
-from data.graph.format import GraphNode, IterationGraph, ParamInfo, Phase
-from data.specs.strategy import Strategy
-from data.zoo import ZOO
-from profiler.capture import CaptureOptions, capture_graph
-from simulator.replay import UnsupportedPlanError, replay, transfer_durations
+from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.graph.format import GraphNode, IterationGraph, ParamInfo, Phase
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import ZOO
+from ddlsim.profiler.capture import CaptureOptions, capture_graph
+from ddlsim.simulator.replay import UnsupportedPlanError, replay, transfer_durations
 
 MIB = 1024 * 1024
 # Two layers a -> b, one parameter each, one bucket each (b's gradient is ready first).

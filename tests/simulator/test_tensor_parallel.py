@@ -4,10 +4,10 @@ from collections.abc import Callable
 
 import pytest
 
-from data.comm_model import AlphaBeta
-from data.graph.format import IterationGraph
-from data.tp_plans import PLANS
-from simulator.tensor_parallel import replay_tensor_parallel, sharded_nodes
+from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.tp_plans import PLANS
+from ddlsim.simulator.tensor_parallel import replay_tensor_parallel, sharded_nodes
 
 GraphOf = Callable[[str], IterationGraph]
 

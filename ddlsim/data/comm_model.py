@@ -1,0 +1,71 @@
+"""The latency-bandwidth (alpha-beta) model of a collective, shared by profiler and simulator.
+
+Following nccl-tests, a collective over ``size`` bytes that takes ``time`` has an algorithm
+bandwidth ``size / time`` and a bus bandwidth ``busbw = algbw * factor``, where ``factor`` is what
+a ring algorithm moves per rank relative to ``size``. The profiler fits
+``time_us = alpha_us + factor * bytes / busbw`` to measured samples; the simulator evaluates it.
+"""
+
+import dataclasses
+
+from ddlsim.data.errors import InvalidOptionError
+
+COLLECTIVES: tuple[str, ...] = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "sendrecv",
+)
+
+
+def bus_factor(collective: str, world_size: int) -> float:
+    """nccl-tests' busbw factor of ``collective`` on ``world_size`` ranks.
+
+    Raises:
+        InvalidOptionError: for an unknown collective.
+    """
+    n = world_size
+    factors = {
+        "all_reduce": 2 * (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "broadcast": 1.0,
+        "sendrecv": 1.0,
+    }
+    if collective not in factors:
+        raise InvalidOptionError(
+            f"collective {collective!r} is not supported; allowed: {', '.join(COLLECTIVES)}"
+        )
+    return factors[collective]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class AlphaBeta:
+    """``time_us = alpha_us + factor(collective, world_size) * bytes / busbw``.
+
+    ``busbw_gbps`` is in Gbit/s (``inf``: time does not grow with size). ``world_size`` is the
+    number of ranks the collective spans.
+    """
+
+    collective: str
+    world_size: int
+    alpha_us: float
+    busbw_gbps: float
+
+    def __post_init__(self) -> None:
+        bus_factor(self.collective, self.world_size)  # refuses unknown collectives
+        if self.world_size < 1:
+            raise InvalidOptionError(f"world_size({self.world_size}) must be >= 1")
+        if not self.busbw_gbps > 0 or self.alpha_us < 0:
+            raise InvalidOptionError(
+                f"busbw_gbps({self.busbw_gbps}) must be > 0 and alpha_us({self.alpha_us}) >= 0"
+            )
+
+    def time_us(self, nbytes: int) -> float:
+        """Predicted duration of one collective over ``nbytes`` bytes (0 on a single rank)."""
+        if self.world_size == 1 or nbytes <= 0:
+            return 0.0
+        factor = bus_factor(self.collective, self.world_size)
+        # Gbit/s -> bytes/us: 1e9 / 8 / 1e6 = 125.
+        return self.alpha_us + factor * nbytes / (self.busbw_gbps * 125.0)

@@ -1,0 +1,25 @@
+"""Declarative, validated, JSON round-tripping specs shared by every layer."""
+
+from ddlsim.data.specs.cluster import ClusterSpec, DeviceSpec, LinkSpec, parse_bandwidth_gbps
+from ddlsim.data.specs.model import InputSpec, ModelSpec
+from ddlsim.data.specs.strategy import (
+    Bucket,
+    OpFusionPlan,
+    ParallelPlan,
+    Strategy,
+    TensorFusionPlan,
+)
+
+__all__ = [
+    "Bucket",
+    "ClusterSpec",
+    "DeviceSpec",
+    "InputSpec",
+    "LinkSpec",
+    "ModelSpec",
+    "OpFusionPlan",
+    "ParallelPlan",
+    "Strategy",
+    "TensorFusionPlan",
+    "parse_bandwidth_gbps",
+]

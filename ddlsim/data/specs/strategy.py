@@ -1,0 +1,351 @@
+"""``Strategy``: how a training job is parallelized, how gradients are bucketed, what is compiled.
+
+Defaults equal PyTorch DDP's: pure data parallelism, gradient buckets capped at 25 MiB with a
+1 MiB first bucket (caps in MiB, as ``DistributedDataParallel(bucket_cap_mb=...)`` reads them),
+plain all-reduce, nothing compiled.
+"""
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.specs._serde import check_keys, expect_int, expect_number, load_json_or_file
+
+MIB = 1024 * 1024
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
+PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
+DEFAULT_BUCKET_CAP_MB = 25.0
+DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
+FusionImplementation = Literal["auto", "ddp", "hooks"]
+FUSION_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ddp", "hooks")
+ReduceScatterImplementation = Literal["auto", "ring", "native"]
+REDUCE_SCATTER_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ring", "native")
+
+
+MAX_CAP_MB = float(1 << 30)  # a PiB: above any model's gradients, and bytes that fit an int
+
+
+def _cap(value: Any, where: str) -> float:
+    """A bucket cap in MiB: a finite number in (0, MAX_CAP_MB]."""
+    cap = expect_number(value, where, InvalidStrategyError)
+    if cap > MAX_CAP_MB:
+        raise InvalidStrategyError(f"{where} must be at most {MAX_CAP_MB:.0f} MiB, got {value!r}")
+    return cap
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class ParallelPlan:
+    """``dp * tp * pp`` ranks; ``dp=None`` takes whatever the world size leaves.
+
+    ``fsdp`` shards parameters over the data-parallel ranks (FSDP2 ``fully_shard``), one call per
+    entry of ``fsdp_groups`` (module paths) or per top-level block when it is ``None``.
+    ``micro_batches`` splits each rank's batch (pipeline micro-batches, or gradient accumulation
+    when ``pp == 1``).
+    """
+
+    dp: int | None = None
+    tp: int = 1
+    pp: int = 1
+    fsdp: bool = False
+    fsdp_groups: tuple[tuple[str, ...], ...] | None = None
+    micro_batches: int = 1
+    pp_schedule: PipelineSchedule = "1f1b"
+
+    def __post_init__(self) -> None:
+        if self.dp is not None:
+            expect_int(self.dp, "parallel.dp", InvalidStrategyError)
+        expect_int(self.tp, "parallel.tp", InvalidStrategyError)
+        expect_int(self.pp, "parallel.pp", InvalidStrategyError)
+        expect_int(self.micro_batches, "parallel.micro_batches", InvalidStrategyError)
+        if not isinstance(self.fsdp, bool):
+            raise InvalidStrategyError(f"parallel.fsdp must be true or false, got {self.fsdp!r}")
+        if self.pp_schedule not in PIPELINE_SCHEDULES:
+            raise InvalidStrategyError(
+                f"parallel.pp_schedule {self.pp_schedule!r} is not supported; "
+                f"allowed: {', '.join(PIPELINE_SCHEDULES)}"
+            )
+        if self.fsdp_groups is not None:
+            if not self.fsdp:
+                raise InvalidStrategyError(
+                    "parallel.fsdp_groups is set but parallel.fsdp is false"
+                )
+            object.__setattr__(
+                self, "fsdp_groups", _string_groups(self.fsdp_groups, "parallel.fsdp_groups")
+            )
+        if self.pp > 1 and self.micro_batches < self.pp and self.pp_schedule != "gpipe":
+            raise InvalidStrategyError(
+                f"parallel.micro_batches({self.micro_batches}) < pp({self.pp}): the "
+                f"{self.pp_schedule} schedule needs at least one micro-batch per stage"
+            )
+
+    def resolve_dp(self, world_size: int) -> int:
+        """The data-parallel degree on ``world_size`` ranks.
+
+        Raises:
+            InvalidStrategyError: when ``dp * tp * pp != world_size``.
+        """
+        model_parallel = self.tp * self.pp
+        dp = self.dp if self.dp is not None else world_size // model_parallel
+        if dp * model_parallel != world_size or dp < 1:
+            shown = self.dp if self.dp is not None else f"auto={dp}"
+            raise InvalidStrategyError(
+                f"dp({shown}) * tp({self.tp}) * pp({self.pp}) != world_size({world_size})"
+            )
+        return dp
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class Bucket:
+    """One gradient bucket: parameter names in ready order and their total bytes."""
+
+    index: int
+    params: tuple[str, ...]
+    grad_bytes: int
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class TensorFusionPlan:
+    """How gradients are grouped into collectives.
+
+    Either ``buckets`` (an explicit partition of the gradients, by parameter name; any grouping)
+    or caps: ``bucket_caps_mb`` (one cap per bucket, the last repeating) or
+    ``first_bucket_cap_mb`` then ``bucket_cap_mb``. ``dear`` decouples each bucket's all-reduce
+    into a reduce-scatter during backward and an all-gather before the next forward.
+
+    ``implementation`` picks who buckets: ``"ddp"`` is ``DistributedDataParallel`` itself (caps
+    only), ``"hooks"`` the executor's own post-accumulate-grad hooks (any partition, DeAR);
+    ``"auto"`` takes DDP for caps without DeAR and hooks otherwise. ``reduce_scatter`` picks
+    DeAR's reduce-scatter and all-gather: the backend's own or a ring over send/recv; ``"auto"``
+    takes the ring on gloo, whose own reduce-scatter is a whole all-reduce.
+    """
+
+    buckets: tuple[tuple[str, ...], ...] | None = None
+    bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB
+    first_bucket_cap_mb: float = DEFAULT_FIRST_BUCKET_CAP_MB
+    bucket_caps_mb: tuple[float, ...] | None = None
+    dear: bool = False
+    implementation: FusionImplementation = "auto"
+    reduce_scatter: ReduceScatterImplementation = "auto"
+
+    def __post_init__(self) -> None:
+        if self.implementation not in FUSION_IMPLEMENTATIONS:
+            raise InvalidStrategyError(
+                f"tensor_fusion.implementation {self.implementation!r} is not supported; "
+                f"allowed: {', '.join(FUSION_IMPLEMENTATIONS)}"
+            )
+        if self.reduce_scatter not in REDUCE_SCATTER_IMPLEMENTATIONS:
+            raise InvalidStrategyError(
+                f"tensor_fusion.reduce_scatter {self.reduce_scatter!r} is not supported; "
+                f"allowed: {', '.join(REDUCE_SCATTER_IMPLEMENTATIONS)}"
+            )
+        if self.implementation == "ddp" and (self.buckets is not None or self.dear):
+            raise InvalidStrategyError(
+                "tensor_fusion.implementation 'ddp' takes bucket caps only: explicit buckets "
+                "and dear need 'hooks' (or 'auto')"
+            )
+        _cap(self.bucket_cap_mb, "tensor_fusion.bucket_cap_mb")
+        _cap(self.first_bucket_cap_mb, "tensor_fusion.first_bucket_cap_mb")
+        if not isinstance(self.dear, bool):
+            raise InvalidStrategyError(
+                f"tensor_fusion.dear must be true or false, got {self.dear!r}"
+            )
+        if self.buckets is not None:
+            if self.bucket_caps_mb is not None:
+                raise InvalidStrategyError(
+                    "tensor_fusion.buckets and tensor_fusion.bucket_caps_mb are exclusive: "
+                    "give one"
+                )
+            groups = _string_groups(self.buckets, "tensor_fusion.buckets")
+            if not groups:
+                raise InvalidStrategyError("tensor_fusion.buckets must hold at least one bucket")
+            seen: set[str] = set()
+            for index, group in enumerate(groups):
+                if not group:
+                    raise InvalidStrategyError(f"tensor_fusion.buckets[{index}] is empty")
+                for name in group:
+                    if name in seen:
+                        raise InvalidStrategyError(
+                            f"gradient {name!r} appears in more than one bucket "
+                            f"(again in tensor_fusion.buckets[{index}])"
+                        )
+                    seen.add(name)
+            object.__setattr__(self, "buckets", groups)
+        if self.bucket_caps_mb is not None:
+            if isinstance(self.bucket_caps_mb, str | bytes) or not isinstance(
+                self.bucket_caps_mb, Sequence
+            ):
+                raise InvalidStrategyError(
+                    f"tensor_fusion.bucket_caps_mb must be a list of numbers, "
+                    f"got {self.bucket_caps_mb!r}"
+                )
+            caps = tuple(
+                _cap(cap, f"tensor_fusion.bucket_caps_mb[{i}]")
+                for i, cap in enumerate(self.bucket_caps_mb)
+            )
+            if not caps:
+                raise InvalidStrategyError("tensor_fusion.bucket_caps_mb must not be empty")
+            object.__setattr__(self, "bucket_caps_mb", caps)
+
+    @property
+    def uses_ddp(self) -> bool:
+        """Whether ``DistributedDataParallel`` itself buckets (see ``implementation``)."""
+        if self.implementation == "auto":
+            return self.buckets is None and not self.dear
+        return self.implementation == "ddp"
+
+    def assign(self, grads: Sequence[tuple[str, int]]) -> list[Bucket]:
+        """Partition ``grads`` (``(name, bytes)`` in gradient-ready order) into buckets.
+
+        With caps, as DDP does after its first iteration: walk the gradients in ready order and
+        close a bucket once it holds at least its cap. With explicit buckets, they are returned
+        in launch order (the order in which their last gradient becomes ready).
+
+        Raises:
+            InvalidStrategyError: when explicit buckets name an unknown gradient or miss one.
+        """
+        if self.buckets is None:
+            return self._assign_by_caps(grads)
+        ready_index = {name: i for i, (name, _) in enumerate(grads)}
+        sizes = dict(grads)
+        for index, group in enumerate(self.buckets):
+            for name in group:
+                if name not in ready_index:
+                    raise InvalidStrategyError(
+                        f"tensor_fusion.buckets[{index}] names {name!r}, which is not a gradient "
+                        f"of this model ({len(grads)} gradients, e.g. {grads[0][0]!r})"
+                    )
+        covered = {name for group in self.buckets for name in group}
+        missing = [name for name, _ in grads if name not in covered]
+        if missing:
+            raise InvalidStrategyError(
+                f"tensor_fusion.buckets miss {len(missing)} gradient(s), first {missing[0]!r}; "
+                "explicit buckets must partition all gradients"
+            )
+        ordered = sorted(self.buckets, key=lambda g: max(ready_index[n] for n in g))
+        return [
+            Bucket(
+                index=i,
+                params=tuple(sorted(group, key=ready_index.__getitem__)),
+                grad_bytes=sum(sizes[n] for n in group),
+            )
+            for i, group in enumerate(ordered)
+        ]
+
+    def _assign_by_caps(self, grads: Sequence[tuple[str, int]]) -> list[Bucket]:
+        if self.bucket_caps_mb is not None:
+            caps = [int(cap * MIB) for cap in self.bucket_caps_mb]
+        else:
+            caps = [int(self.first_bucket_cap_mb * MIB), int(self.bucket_cap_mb * MIB)]
+        buckets: list[Bucket] = []
+        current: list[str] = []
+        current_bytes = 0
+        for name, size in grads:
+            current.append(name)
+            current_bytes += size
+            if current_bytes >= caps[min(len(buckets), len(caps) - 1)]:
+                buckets.append(
+                    Bucket(index=len(buckets), params=tuple(current), grad_bytes=current_bytes)
+                )
+                current, current_bytes = [], 0
+        if current:
+            buckets.append(
+                Bucket(index=len(buckets), params=tuple(current), grad_bytes=current_bytes)
+            )
+        return buckets
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class OpFusionPlan:
+    """Which blocks (module paths) are compiled with ``torch.compile``; the rest run eagerly."""
+
+    compiled: tuple[str, ...] = ()
+    backend: Literal["inductor"] = "inductor"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.compiled, str) or not isinstance(self.compiled, Sequence):
+            raise InvalidStrategyError(
+                f"op_fusion.compiled must be a list of module paths, got {self.compiled!r}"
+            )
+        for index, path in enumerate(self.compiled):
+            if not isinstance(path, str):
+                raise InvalidStrategyError(
+                    f"op_fusion.compiled[{index}] must be a module path string, got {path!r}"
+                )
+        if len(set(self.compiled)) != len(self.compiled):
+            raise InvalidStrategyError(
+                f"op_fusion.compiled repeats a block: {list(self.compiled)}"
+            )
+        object.__setattr__(self, "compiled", tuple(self.compiled))
+        if self.backend != "inductor":
+            raise InvalidStrategyError(
+                f"op_fusion.backend {self.backend!r} is not supported; allowed: inductor"
+            )
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class Strategy:
+    """A whole training strategy. ``Strategy()`` is PyTorch DDP's defaults.
+
+    Raises:
+        InvalidStrategyError: on construction, naming the bad field and the allowed values.
+    """
+
+    parallel: ParallelPlan = dataclasses.field(default_factory=ParallelPlan)
+    tensor_fusion: TensorFusionPlan = dataclasses.field(default_factory=TensorFusionPlan)
+    op_fusion: OpFusionPlan = dataclasses.field(default_factory=OpFusionPlan)
+
+    def validate_for(self, world_size: int) -> None:
+        """Check the plan fits ``world_size`` ranks (``dp * tp * pp``)."""
+        self.parallel.resolve_dp(world_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "Strategy":
+        check_keys(
+            raw, {"parallel", "tensor_fusion", "op_fusion"}, "strategy", InvalidStrategyError
+        )
+        parallel = _section(raw, "parallel", ParallelPlan)
+        tensor_fusion = _section(raw, "tensor_fusion", TensorFusionPlan)
+        op_fusion = _section(raw, "op_fusion", OpFusionPlan)
+        return cls(parallel=parallel, tensor_fusion=tensor_fusion, op_fusion=op_fusion)
+
+    @classmethod
+    def parse(cls, text: str) -> "Strategy":
+        """A strategy from inline JSON or a JSON/YAML file path."""
+        return cls.from_dict(load_json_or_file(text, "strategy", InvalidStrategyError))
+
+
+_SectionT = TypeVar("_SectionT", ParallelPlan, TensorFusionPlan, OpFusionPlan)
+_LIST_FIELDS = {"fsdp_groups", "buckets", "bucket_caps_mb", "compiled"}
+
+
+def _section(raw: Mapping[str, Any], key: str, section_cls: type[_SectionT]) -> _SectionT:
+    body = raw.get(key, {})
+    fields = {f.name for f in dataclasses.fields(section_cls)}
+    check_keys(body, fields, key, InvalidStrategyError)
+    kwargs: dict[str, Any] = {
+        name: (tuple(value) if name in _LIST_FIELDS and isinstance(value, list) else value)
+        for name, value in body.items()
+    }
+    return section_cls(**kwargs)
+
+
+def _string_groups(groups: Any, where: str) -> tuple[tuple[str, ...], ...]:
+    if isinstance(groups, str) or not isinstance(groups, Sequence):
+        raise InvalidStrategyError(f"{where} must be a list of lists of names, got {groups!r}")
+    out = []
+    for index, group in enumerate(groups):
+        if isinstance(group, str) or not isinstance(group, Sequence):
+            raise InvalidStrategyError(f"{where}[{index}] must be a list of names, got {group!r}")
+        for name in group:
+            if not isinstance(name, str):
+                raise InvalidStrategyError(f"{where}[{index}] holds a non-string {name!r}")
+        out.append(tuple(group))
+    return tuple(out)

@@ -1,0 +1,112 @@
+"""Where a pipeline cuts a model: its one stack of repeated blocks, and FLOP-balanced stages.
+
+Shared by the executor, which cuts the real model, and the simulator, which replays the same
+stages from the graph.
+"""
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+if TYPE_CHECKING:
+    from ddlsim.data.specs.strategy import ParallelPlan
+
+# Stages per rank under the interleaved schedule (torchtitan's default is also two).
+VIRTUAL_STAGES = 2
+
+
+def stage_count(plan: "ParallelPlan") -> int:
+    """Stages in the pipeline: one per rank, ``VIRTUAL_STAGES`` per rank when interleaved."""
+    return plan.pp * (VIRTUAL_STAGES if plan.pp_schedule == "interleaved_1f1b" else 1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockStack:
+    """The container the stages are cut from: its path and the paths of its blocks."""
+
+    path: str
+    blocks: tuple[str, ...]
+
+
+def block_stack(model: nn.Module) -> BlockStack | None:
+    """The model's one stack of repeated blocks, or ``None`` when it has none or several.
+
+    The outermost ``nn.ModuleList`` when there is exactly one; without any, the longest
+    outermost ``nn.Sequential`` (reference models).
+    """
+    lists = _outermost(model, nn.ModuleList)
+    if len(lists) > 1:
+        return None
+    if lists:
+        name, module = lists[0]
+    else:
+        sequences = _outermost(model, nn.Sequential)
+        if not sequences:
+            return None
+        name, module = max(sequences, key=lambda item: len(list(item[1].children())))
+    count = len(list(module.children()))
+    return BlockStack(name, tuple(f"{name}.{index}" for index in range(count)))
+
+
+def _outermost(model: nn.Module, kind: type[nn.Module]) -> list[tuple[str, nn.Module]]:
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if not name or not isinstance(module, kind):
+            continue
+        if any(name.startswith(f"{outer}.") for outer, _ in found):
+            continue
+        found.append((name, module))
+    return found
+
+
+def balanced_cuts(costs: list[float], parts: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` ranges of ``costs``, ``parts`` of them, each non-empty,
+    minimizing the largest sum (ties: the earliest cut)."""
+    n = len(costs)
+    if not 1 <= parts <= n:
+        raise ValueError(f"cannot cut {n} blocks into {parts} non-empty stages")
+    prefix = [0.0]
+    for cost in costs:
+        prefix.append(prefix[-1] + cost)
+    inf = float("inf")
+    # best[k][i]: the smallest largest-part sum cutting the first i blocks into k parts.
+    best = [[inf] * (n + 1) for _ in range(parts + 1)]
+    cut = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for k in range(1, parts + 1):
+        for i in range(k, n + 1):
+            for j in range(k - 1, i):
+                value = max(best[k - 1][j], prefix[i] - prefix[j])
+                if value < best[k][i]:
+                    best[k][i], cut[k][i] = value, j
+    ranges: list[tuple[int, int]] = []
+    end = n
+    for k in range(parts, 0, -1):
+        start = cut[k][end]
+        ranges.append((start, end))
+        end = start
+    return ranges[::-1]
+
+
+def default_groups(model: nn.Module) -> list[list[str]]:
+    """FSDP's default groups: one per element of every outermost ``nn.ModuleList``, as
+    torchtitan shards transformer blocks."""
+    groups: list[list[str]] = []
+    outer: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(f"{o}.") for o in outer):
+            outer.append(name)
+            groups.extend([f"{name}.{index}"] for index in range(len(module)))
+    return groups
+
+
+def tied_parameters(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """Parameters registered under more than one module (an input embedding tied to the LM
+    head): each one's first name (as the graph names it) and the modules that hold it."""
+    first: dict[int, str] = {}
+    owners: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        first.setdefault(id(param), name)
+        owners.setdefault(id(param), []).append(name.rpartition(".")[0])
+    return {first[key]: tuple(mods) for key, mods in owners.items() if len(mods) > 1}

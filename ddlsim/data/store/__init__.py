@@ -1,0 +1,59 @@
+"""The persistent store: SQLite by default, PostgreSQL by URL, migrated on open.
+
+>>> store = Store.open()  # $DDLSIM_DB, else ddlsim.db in the user's data directory
+>>> graph_hash = store.save_graph(graph=graph)
+"""
+
+from ddlsim.data.store.records import (
+    JOB_STATUSES,
+    CollectiveProfileRecord,
+    FusionProfileRecord,
+    JobRecord,
+    JobStatus,
+    KernelProfileRecord,
+    MeasurementRecord,
+    PredictionRecord,
+)
+from ddlsim.data.store.store import (
+    DB_ENV_VAR,
+    Store,
+    StoreError,
+    add_collective_profile,
+    add_fusion_profile,
+    add_graph,
+    add_kernel_profile,
+    add_measurement,
+    add_model_spec,
+    add_prediction,
+    add_strategy,
+    alembic_config,
+    default_url,
+    mask_url,
+    strategy_hash,
+)
+
+__all__ = [
+    "DB_ENV_VAR",
+    "JOB_STATUSES",
+    "CollectiveProfileRecord",
+    "FusionProfileRecord",
+    "JobRecord",
+    "JobStatus",
+    "KernelProfileRecord",
+    "MeasurementRecord",
+    "PredictionRecord",
+    "Store",
+    "StoreError",
+    "add_collective_profile",
+    "add_fusion_profile",
+    "add_graph",
+    "add_kernel_profile",
+    "add_measurement",
+    "add_model_spec",
+    "add_prediction",
+    "add_strategy",
+    "alembic_config",
+    "default_url",
+    "mask_url",
+    "strategy_hash",
+]

@@ -1,0 +1,182 @@
+"""The plain records the store reads and writes: JSON-friendly data, no database types.
+
+``id`` and ``created_at`` are filled by the store: leave them ``None`` when saving (a given
+``created_at`` is kept, e.g. when importing older results). Times are timezone-aware UTC.
+"""
+
+import dataclasses
+from datetime import datetime
+from typing import Any, Literal, get_args
+
+from ddlsim.data.errors import InvalidOptionError
+
+JobStatus = Literal["running", "done", "failed"]
+JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
+TaskStatus = Literal["queued", "running", "done", "failed", "cancelled"]
+TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
+
+
+def _check_aware(value: datetime | None, where: str) -> None:
+    if value is not None and value.utcoffset() is None:
+        raise InvalidOptionError(f"{where} must be timezone-aware, got naive {value.isoformat()}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class KernelProfileRecord:
+    """Measured per-node durations of one iteration graph on one device.
+
+    ``node_ms`` maps a graph node id to its median duration; ``coverage`` is
+    ``attributed_ms / iteration_time_ms``.
+    """
+
+    graph_hash: str
+    model: str
+    device: str
+    device_name: str
+    iters: int
+    iteration_time_ms: float
+    attributed_ms: float
+    coverage: float
+    node_ms: dict[int, float]
+    trace_path: str | None
+    env: dict[str, str]
+    created_at: datetime | None = None
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_aware(self.created_at, "kernel profile created_at")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class FusionProfileRecord:
+    """Blocks of one graph's model timed alone, eager and compiled (``torch.compile``).
+
+    ``blocks`` holds one entry a block: ``block`` (module path), ``eager_ms`` and
+    ``compiled_ms`` (median forward and backward), ``compile_s`` (the first compiled call).
+    """
+
+    graph_hash: str
+    model: str
+    device: str
+    backend: str
+    iters: int
+    blocks: list[dict[str, Any]]
+    env: dict[str, str]
+    created_at: datetime | None = None
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_aware(self.created_at, "fusion profile created_at")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CollectiveProfileRecord:
+    """Samples of one collective and the latency-bandwidth model fitted to them.
+
+    ``bandwidth`` is the link limit (``"1gbit"``, ``"none"``); ``network`` how ranks were
+    connected (``"netns"``, ``"loopback"``); ``rank_cores`` the CPU cores each rank ran on.
+    """
+
+    collective: str
+    backend: str
+    world_size: int
+    bandwidth: str
+    network: str
+    alpha_us: float
+    busbw_gbps: float
+    r2: float
+    samples: list[dict[str, float | int | str]]
+    rank_cores: dict[int, list[int]]
+    env: dict[str, str]
+    created_at: datetime | None = None
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_aware(self.created_at, "collective profile created_at")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class MeasurementRecord:
+    """One executor run: iteration-time samples, peak memory per rank, what was applied, and
+    the loss of the whole global batch at each step (warm-up steps first)."""
+
+    model: str
+    graph_hash: str | None
+    strategy_hash: str
+    world_size: int
+    bandwidth: str
+    network: str
+    iteration_time_ms: list[float]
+    peak_memory_bytes: list[int]
+    applied: dict[str, Any]
+    env: dict[str, Any]
+    losses: list[float] | None = None
+    created_at: datetime | None = None
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_aware(self.created_at, "measurement created_at")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class PredictionRecord:
+    """A simulator's prediction for a graph, a strategy and a cluster (``ClusterSpec`` dict)."""
+
+    model: str
+    graph_hash: str
+    strategy_hash: str
+    cluster: dict[str, Any]
+    iteration_time_ms: float
+    breakdown: dict[str, float]
+    simulator_version: str
+    created_at: datetime | None = None
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_aware(self.created_at, "prediction created_at")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class JobRecord:
+    """One batch job; ``key`` names it, so a restarted batch skips the jobs already done."""
+
+    key: str
+    kind: str
+    status: JobStatus
+    spec: dict[str, Any]
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TaskRecord:
+    """One request the service's workers run: a search, a profiling batch or an execution.
+
+    ``queued`` until a worker claims it, ``running`` while that worker's heartbeat
+    (``updated_at``) is fresh, then ``done`` (``result``), ``failed`` (``error``) or
+    ``cancelled``. ``progress`` is the fraction done (0 to 1), ``message`` what it is doing;
+    ``attempts`` counts claims (a task whose worker died is queued again once).
+    """
+
+    id: int
+    kind: str
+    status: TaskStatus
+    request: dict[str, Any]
+    result: dict[str, Any] | None
+    error: str | None
+    progress: float
+    message: str | None
+    cancel_requested: bool
+    attempts: int
+    worker: str | None
+    created_at: datetime
+    started_at: datetime | None
+    updated_at: datetime
+    finished_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for key in ("created_at", "started_at", "updated_at", "finished_at"):
+            out[key] = out[key].isoformat() if out[key] is not None else None
+        return out

@@ -1,0 +1,162 @@
+"""What every parallel plan's trainer gets (``RankContext``) and must provide (``Trainer``).
+
+Ranks are laid out as torchtitan lays them out: ``rank = (pp_rank * dp + dp_rank) * tp +
+tp_rank``, tensor parallelism innermost (its ranks are neighbours), pipeline stages outermost.
+Every rank builds the same model from the same seed and the same global batch; a trainer takes
+its share of that batch (``dp_slice``) so that the losses can be compared with single-process
+training on the whole batch.
+"""
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.models import build_model, training_loss
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+
+
+@dataclasses.dataclass(kw_only=True)
+class RankContext:
+    """One rank's place in the run.
+
+    ``mesh`` is a ``DeviceMesh`` of shape ``(pp, dp, tp)`` with dimension names
+    ``("pp", "dp", "tp")``, or ``None`` for single-process training. ``global_batch`` is the
+    whole global batch (identical on every rank). ``make_optimizer`` builds the run's optimizer
+    over the given parameters (the same kind and settings for every plan).
+    """
+
+    rank: int
+    world_size: int
+    dp: int
+    tp: int
+    pp: int
+    spec: ModelSpec
+    strategy: Strategy
+    seed: int
+    device: torch.device
+    global_batch: Mapping[str, torch.Tensor]
+    mesh: Any
+    optimizer: str = "adamw"
+    dropout: bool = False
+    frozen: tuple[str, ...] = ()
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def dp_rank(self) -> int:
+        return (self.rank // self.tp) % self.dp
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // (self.tp * self.dp)
+
+    def dp_slice(self) -> dict[str, torch.Tensor]:
+        """This data-parallel rank's equal share of the global batch (split along dim 0).
+
+        Raises:
+            InvalidStrategyError: when the batch size is not a multiple of ``dp``.
+        """
+        return split_batch(self.global_batch, self.dp)[self.dp_rank]
+
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        return make_optimizer(self.optimizer, params)
+
+    def build_model(self) -> nn.Module:
+        """The whole model on this rank's device, identical on every rank (seeded).
+
+        Without ``dropout`` every dropout probability is zero, so that a run's losses can be
+        compared with single-process training (dropout draws differ when the batch is split).
+        The ``frozen`` parameters (those the captured iteration gives no gradient) stop
+        requiring one, as a user would freeze them: every plan then agrees that they are not
+        trained (DDP's reducer would otherwise wait for their gradients and fail).
+        """
+        model = build_model(self.spec, seed=self.seed)
+        if not self.dropout:
+            disable_dropout(model)
+        params = dict(model.named_parameters())
+        for name in self.frozen:
+            params[name].requires_grad_(False)
+        return model.to(self.device)
+
+
+class Trainer(Protocol):
+    """A model wrapped by one parallel plan, on one rank.
+
+    ``step`` runs one whole training iteration (forward, backward, gradient communication,
+    optimizer step) and returns this rank's share of the global-batch loss, detached, such that
+    the sum over all ranks is the loss of the whole global batch (a data-parallel rank returns
+    its mean loss divided by ``dp``; tensor-parallel ranks divide by ``dp * tp`` as they all
+    compute the same loss; pipeline stages other than the last return zero). When ``step``
+    returns, every gradient collective this iteration needs before its optimizer step has
+    completed; work a strategy overlaps with the next iteration (DeAR's all-gathers) may still be
+    in flight: ``drain`` completes it (the next ``step`` then starts with none), and ``finish``
+    completes it and releases what the trainer holds (no ``step`` after it).
+
+    ``applied`` describes what really ran: at least ``{"plan": ...}``; data-parallel trainers add
+    ``buckets`` (launch order, parameter names and bytes) and ``collectives``.
+    """
+
+    def step(self) -> torch.Tensor: ...
+
+    def drain(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def applied(self) -> dict[str, Any]: ...
+
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def make_optimizer(name: str, params: Any) -> torch.optim.Optimizer:
+    """The run's optimizer: AdamW (lr 1e-3, no fused or foreach kernels) or SGD with momentum.
+
+    Elementwise optimizers, so that one optimizer per parameter group (DeAR updates bucket by
+    bucket) computes exactly what a single optimizer over all parameters does.
+    """
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, foreach=False)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=False)
+    raise ValueError(f"optimizer {name!r} is not supported; allowed: {', '.join(OPTIMIZERS)}")
+
+
+def split_batch(batch: Mapping[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
+    """``parts`` equal slices of ``batch`` along dim 0 (every field the same way)."""
+    sizes = {int(t.shape[0]) for t in batch.values()}
+    (size,) = sizes
+    if size % parts:
+        raise InvalidStrategyError(
+            f"batch_size({size}) is not divisible by {parts}: each rank needs an equal share"
+        )
+    step = size // parts
+    return [{k: t[i * step : (i + 1) * step] for k, t in batch.items()} for i in range(parts)]
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """Set every dropout probability in ``model`` (modules and config) to zero, in place."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        # Attention implementations read their dropout from a float attribute or the config.
+        for name in ("attention_dropout", "dropout", "attn_dropout"):
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
+        # Hugging Face configs keep their settings in ``__dict__``; reference configs have none.
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "__dict__"):
+            for key, value in vars(config).items():
+                if isinstance(value, float) and ("dropout" in key or key.endswith("pdrop")):
+                    setattr(config, key, 0.0)
+
+
+def local_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The model's training loss on ``batch`` (see :func:`data.models.training_loss`)."""
+    return training_loss(model, batch)

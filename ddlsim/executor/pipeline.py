@@ -1,0 +1,433 @@
+"""Pipeline parallelism with ``torch.distributed.pipelining`` (GPipe, 1F1B, interleaved 1F1B).
+
+A model is cut into stages along its one stack of repeated blocks (the outermost
+``nn.ModuleList``, such as GPT-2's ``transformer.h``; for a model without one, its longest
+``nn.Sequential``). The cut points balance the blocks' forward FLOPs (counted with
+``FlopCounterMode`` on one micro-batch at start-up), each stage keeping at least one block.
+
+Stage modules are not rewritten models: each stage keeps the whole model but only its own
+blocks, and runs the model's own forward. The first stage runs it from the inputs and stops
+after its last block; a later stage receives the previous stage's activation, which replaces the
+hidden state entering its first block, and either stops after its last block or, on the last
+stage, runs on through the head to the model's own loss. This keeps every family's masks,
+rotary embeddings and heads exactly as the model computes them, at the price of a later stage
+recomputing the model's prefix before its blocks (embedding lookups and masks, whose output it
+discards: no gradient flows through it). Models whose blocks pass more than the hidden state
+from one block to the next (T5's position bias) or that have two stacks (encoder and decoder)
+are refused.
+
+Parameters outside the blocks exist on every stage. A parameter used on more than one stage (an
+input embedding tied to the LM head) gets gradients on each, which are summed over the pipeline
+group after backward, as Megatron-LM sums its tied embeddings; the others are used on one stage
+only and need no communication. With ``dp > 1`` every stage is replicated over its
+data-parallel group, whose gradients are averaged in one flat all-reduce.
+
+Every rank holds the whole global batch (see ``RankContext``), so only the first stage is fed
+by the schedule, with micro-batch indices: later stages take the same micro-batch's inputs
+(labels, token ids for masks) from their own copy, in the order the schedule runs its forwards,
+and the last stage checks that order against the index the schedule hands its loss function.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+from torch.utils.flop_counter import FlopCounterMode
+
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.models import build_model
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import ParallelPlan
+from ddlsim.data.stages import BlockStack, balanced_cuts, block_stack, stage_count
+from ddlsim.executor.context import RankContext, local_loss, split_batch
+
+# Module classes known to pass more than the hidden state between blocks; refused.
+_UNSUPPORTED_MODEL_TYPES = {"t5": "its blocks pass the relative position bias along the stack"}
+
+
+def check_pipeline(spec: ModelSpec, plan: ParallelPlan) -> None:
+    """Refuse a model or plan that ``PipelineTrainer`` cannot run (config and meta model only).
+
+    Raises:
+        InvalidStrategyError: the model has no single stack of blocks, or fewer blocks than
+            stages, or passes more than the hidden state between blocks; or the plan combines
+            pipeline with tensor parallelism or FSDP.
+    """
+    if plan.tp > 1 or plan.fsdp:
+        raise InvalidStrategyError(
+            f"parallel.pp({plan.pp}) combines with data parallelism only; tp({plan.tp}) and "
+            f"fsdp({str(plan.fsdp).lower()}) with a pipeline are not supported"
+        )
+    with torch.device("meta"):
+        model = build_model(spec)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in _UNSUPPORTED_MODEL_TYPES:
+        raise InvalidStrategyError(
+            f"{spec.label} cannot be pipelined, so parallel.pp({plan.pp}) cannot apply: "
+            f"{_UNSUPPORTED_MODEL_TYPES[model_type]}"
+        )
+    stack = block_stack(model)
+    if stack is None:
+        raise InvalidStrategyError(
+            f"{spec.label} has no single stack of repeated blocks to cut into stages, so "
+            f"parallel.pp({plan.pp}) cannot apply"
+        )
+    stages = stage_count(plan)
+    if len(stack.blocks) < stages:
+        raise InvalidStrategyError(
+            f"parallel.pp({plan.pp}) with schedule {plan.pp_schedule} needs {stages} stages but "
+            f"{spec.label} has {len(stack.blocks)} blocks in {stack.path}; each stage needs one"
+        )
+
+
+class _StageEnd(Exception):  # noqa: N818 (control flow, not an error)
+    """Raised after a stage's last block to stop the model's forward there."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        super().__init__("stage boundary")
+        self.hidden = hidden
+
+
+def _hidden(output: Any) -> torch.Tensor:
+    """The hidden state a block passes on: the tensor, or the first element of a tuple."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    raise TypeError(f"a block returned {type(output).__name__}, not a hidden-state tensor")
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose gradient is made contiguous: a stage sends the gradient of its received
+    activation back with gloo, which refuses strided tensors (ConvNeXt's permuted layers)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+class _Enter(nn.Module):
+    """A stage's first block: its hidden-state input replaced by the received activation."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+        self.received: torch.Tensor | None = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.received is not None:
+            received = _ContiguousGrad.apply(self.received)
+            if args:
+                args = (received, *args[1:])
+            else:
+                kwargs["hidden_states"] = received
+        return self.block(*args, **kwargs)
+
+
+class _Exit(nn.Module):
+    """A stage's last block: stops the model's forward with its hidden state."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # sent to the next stage with gloo, which refuses strided tensors
+        raise _StageEnd(_hidden(self.block(*args, **kwargs)).contiguous())
+
+
+class StageModule(nn.Module):
+    """One pipeline stage: the model's forward over this stage's blocks only.
+
+    ``forward`` takes a micro-batch index (first stage) or the previous stage's activation and
+    returns the activation after the stage's last block, or the micro-batch's loss (last stage).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        stack: BlockStack,
+        *,
+        span: tuple[int, int],
+        index: int,
+        stages: int,
+        batches: list[dict[str, torch.Tensor]],
+    ) -> None:
+        super().__init__()
+        self.index, self.first, self.last = index, index == 0, index == stages - 1
+        self.span = span
+        self.block_paths = stack.blocks[span[0] : span[1]]
+        container = model.get_submodule(stack.path)
+        blocks: list[nn.Module] = list(container.children())[span[0] : span[1]]
+        self.enter: _Enter | None = None
+        if not self.first:
+            self.enter = _Enter(blocks[0])
+            blocks[0] = self.enter
+        if not self.last:
+            blocks[-1] = _Exit(blocks[-1])
+        kind = nn.Sequential if isinstance(container, nn.Sequential) else nn.ModuleList
+        self.blocks = kind(*blocks) if kind is nn.Sequential else nn.ModuleList(blocks)
+        parent, _, attribute = stack.path.rpartition(".")
+        # Not registered as submodules: every stage on a rank shares the model's other modules.
+        self._model = [model]
+        self._parent = model.get_submodule(parent) if parent else model
+        self._attribute = attribute
+        self._batches = batches
+        self.order: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        index = int(x.reshape(-1)[0]) if self.first else len(self.order)
+        self.order.append(index)
+        if self.enter is not None:
+            self.enter.received = x
+        setattr(self._parent, self._attribute, self.blocks)
+        try:
+            loss = local_loss(self._model[0], self._batches[index])
+        except _StageEnd as boundary:
+            return boundary.hidden
+        finally:
+            if self.enter is not None:
+                self.enter.received = None
+        if not self.last:
+            raise RuntimeError(f"stage {self.index} ran past its last block")
+        return loss
+
+
+def _probe(
+    model: nn.Module, stack: BlockStack, batch: Mapping[str, torch.Tensor]
+) -> tuple[list[float], list[torch.Tensor]]:
+    """Forward FLOPs of every block and the hidden state after it, from one forward pass."""
+    blocks = list(model.get_submodule(stack.path).children())
+    flops: list[float] = []
+    outputs: list[torch.Tensor] = []
+    counters: list[FlopCounterMode] = []
+
+    def before(module: nn.Module, args: Any) -> None:
+        counters.append(FlopCounterMode(display=False))
+        counters[-1].__enter__()
+
+    def after(module: nn.Module, args: Any, output: Any) -> None:
+        counter = counters.pop()
+        counter.__exit__(None, None, None)
+        flops.append(float(counter.get_total_flops()))
+        # the shapes the stages send and receive: contiguous, as sent (see _Exit)
+        outputs.append(_hidden(output).detach().contiguous())
+
+    handles = []
+    for block in blocks:
+        handles.append(block.register_forward_pre_hook(before))
+        handles.append(block.register_forward_hook(after))
+    was_training = model.training
+    model.eval()  # batch-norm running statistics stay as they are
+    try:
+        with torch.no_grad():
+            local_loss(model, batch)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    return flops, outputs
+
+
+class PipelineTrainer:
+    """This rank's stages of the pipeline, run by the plan's schedule.
+
+    ``step`` returns, on the last stage, the mean micro-batch loss divided by ``dp``, and zero
+    on the other stages, so that the sum over ranks is the global-batch loss.
+    """
+
+    def __init__(self, ctx: RankContext, model: nn.Module) -> None:
+        plan = ctx.strategy.parallel
+        check_pipeline(ctx.spec, plan)
+        stack = block_stack(model)
+        assert stack is not None  # check_pipeline refused the others
+        self.ctx = ctx
+        self.stack = stack
+        self.micro_batches = plan.micro_batches
+        batches = split_batch(ctx.dp_slice(), plan.micro_batches)
+        flops, hidden = _probe(model, stack, batches[0])
+        stages = stage_count(plan)
+        self.spans = balanced_cuts(flops, stages)
+        self.stage_flops = [sum(flops[a:b]) for a, b in self.spans]
+        indices = [ctx.pp_rank + k * ctx.pp for k in range(stages // ctx.pp)]
+        self.pp_group = ctx.mesh["pp"].get_group()
+        self.dp_group = ctx.mesh["dp"].get_group() if ctx.dp > 1 else None
+        self.modules = [
+            StageModule(model, stack, span=self.spans[i], index=i, stages=stages, batches=batches)
+            for i in indices
+        ]
+        self.stages: list[Any] = []
+        for module in self.modules:
+            start, end = module.span
+            received = hidden[start - 1].clone().requires_grad_(True) if start else None
+            first_input = torch.zeros(1, dtype=torch.long, device=ctx.device)
+            output = (
+                torch.zeros((), device=ctx.device, requires_grad=True)
+                if module.last
+                else hidden[end - 1].clone().requires_grad_(True)
+            )
+            self.stages.append(
+                PipelineStage(
+                    module,
+                    module.index,
+                    stages,
+                    ctx.device,
+                    input_args=first_input if module.first else received,
+                    output_args=output,
+                    group=self.pp_group,
+                )
+            )
+        self.schedule = self._schedule(plan.pp_schedule)
+        # Parameters outside the blocks (shared by this rank's stages) and each stage's blocks.
+        block_ids = {id(p) for m in self.modules for p in m.blocks.parameters()}
+        self.shared = [
+            (name, p) for name, p in _all_named_parameters(model) if id(p) not in block_ids
+        ]
+        self.shared = [(n, p) for n, p in self.shared if not _in_stack(n, stack)]
+        params = [p for _, p in self.shared]
+        params += [p for m in self.modules for p in m.blocks.parameters()]
+        self.params = list({id(p): p for p in params}.values())
+        self.optimizer = ctx.make_optimizer(self.params)
+        self.tied: list[str] | None = None
+        self.last_rank = any(m.last for m in self.modules)
+        # Blocks of other stages are dropped with the full stack (the model keeps this one).
+        parent, _, attribute = stack.path.rpartition(".")
+        setattr(
+            model.get_submodule(parent) if parent else model, attribute, self.modules[0].blocks
+        )
+
+    def _schedule(self, name: str) -> Any:
+        n = self.micro_batches
+
+        def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            last = self.modules[-1]
+            index = int(target.reshape(-1)[0])
+            used = last.order[len(self.losses_seen)]
+            self.losses_seen.append(index)
+            if used != index:
+                raise RuntimeError(
+                    f"the last stage ran micro-batch {used} where the schedule computes the "
+                    f"loss of micro-batch {index}"
+                )
+            return output / n
+
+        self.losses_seen: list[int] = []
+        if name == "gpipe":
+            return ScheduleGPipe(self.stages[0], n, loss_fn=loss_fn, scale_grads=False)
+        if name == "1f1b":
+            return Schedule1F1B(self.stages[0], n, loss_fn=loss_fn, scale_grads=False)
+        return ScheduleInterleaved1F1B(self.stages, n, loss_fn=loss_fn, scale_grads=False)
+
+    def step(self) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        for module in self.modules:
+            module.order.clear()
+        self.losses_seen.clear()
+        indices = torch.arange(self.micro_batches, device=self.ctx.device)
+        losses: list[torch.Tensor] = []
+        if self.modules[0].first:
+            self.schedule.step(indices, target=indices, losses=losses, return_outputs=False)
+        else:
+            self.schedule.step(target=indices, losses=losses, return_outputs=False)
+        for module in self.modules:
+            if module.order != list(range(self.micro_batches)):
+                raise RuntimeError(
+                    f"stage {module.index} ran micro-batches {module.order}; expected "
+                    f"0..{self.micro_batches - 1} in order"
+                )
+        self._sum_tied_gradients()
+        if self.dp_group is not None:
+            self._average_gradients_over_dp()
+        self.optimizer.step()
+        if self.last_rank:
+            return torch.stack([loss.detach() for loss in losses]).sum() / self.ctx.dp
+        return torch.zeros((), device=self.ctx.device)
+
+    @torch.no_grad()
+    def _sum_tied_gradients(self) -> None:
+        """Sum over the pipeline group the gradients of parameters used on several stages."""
+        if self.tied is None:
+            # Which shared parameters got gradients on more than one stage (decided once).
+            used = torch.tensor(
+                [float(p.grad is not None) for _, p in self.shared], device=self.ctx.device
+            )
+            dist.all_reduce(used, group=self.pp_group)
+            self.tied = [
+                name for (name, _), n in zip(self.shared, used.tolist(), strict=True) if n > 1
+            ]
+        tied = [p for name, p in self.shared if name in self.tied]
+        if not tied:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in tied]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.pp_group)
+        offset = 0
+        for param, grad in zip(tied, grads, strict=True):
+            param.grad = flat[offset : offset + grad.numel()].view_as(grad).clone()
+            offset += grad.numel()
+
+    @torch.no_grad()
+    def _average_gradients_over_dp(self) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat.div_(self.ctx.dp)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+    def drain(self) -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+    def applied(self) -> dict[str, Any]:
+        collectives = ["send/recv:pp"]
+        if self.tied:
+            collectives.append("all_reduce:pp")
+        if self.dp_group is not None:
+            collectives.append("all_reduce:dp")
+        return {
+            "plan": "pipeline",
+            "pp": self.ctx.pp,
+            "dp": self.ctx.dp,
+            "schedule": self.ctx.strategy.parallel.pp_schedule,
+            "micro_batches": self.micro_batches,
+            "stack": self.stack.path,
+            "stages": [
+                {
+                    "stage": i,
+                    "rank_in_pp": i % self.ctx.pp,
+                    "blocks": list(self.stack.blocks[a:b]),
+                    "forward_flops": int(self.stage_flops[i]),
+                }
+                for i, (a, b) in enumerate(self.spans)
+            ],
+            "tied": list(self.tied or []),
+            "buckets": [],
+            "collectives": collectives,
+        }
+
+
+def _all_named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return list(model.named_parameters(remove_duplicate=True))
+
+
+def _in_stack(name: str, stack: BlockStack) -> bool:
+    return name.startswith(f"{stack.path}.")

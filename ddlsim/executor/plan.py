@@ -1,0 +1,147 @@
+"""Check a strategy against a model and a world size, and pick the trainer that applies it.
+
+Everything here runs before any rank starts: a strategy that cannot run is refused with the bad
+field named, and the bucket partition every rank applies is fixed once, from the captured graph
+(gradients in the order they become ready).
+"""
+
+import difflib
+from typing import Any
+
+import torch
+
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.models import build_model
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Bucket, Strategy
+from ddlsim.executor.context import RankContext, Trainer
+
+
+def gradient_sizes(graph: IterationGraph) -> list[tuple[str, int]]:
+    """``(parameter name, gradient bytes)`` in gradient-ready order."""
+    nbytes = {p.name: p.nbytes for p in graph.params}
+    return [(name, nbytes[name]) for name in graph.grad_ready_order]
+
+
+def check_strategy(
+    spec: ModelSpec, strategy: Strategy, world_size: int, graph: IterationGraph
+) -> list[Bucket]:
+    """The buckets every data-parallel rank launches; raises on anything that cannot run.
+
+    Raises:
+        InvalidStrategyError: ``dp * tp * pp != world_size``, a batch that does not split
+            evenly, buckets that miss or repeat a gradient or name an unknown one, a tensor or
+            pipeline plan for a model that has none, or a combination not supported.
+    """
+    plan = strategy.parallel
+    dp = plan.resolve_dp(world_size)
+    batch = spec.inputs.batch_size
+    if batch % (dp * plan.micro_batches):
+        raise InvalidStrategyError(
+            f"batch_size({batch}) is not divisible by dp({dp}) * "
+            f"micro_batches({plan.micro_batches}): every rank needs equal micro-batches"
+        )
+    fusion = strategy.tensor_fusion
+    buckets = fusion.assign(gradient_sizes(graph))
+    if plan.tp > 1:
+        from ddlsim.data.tp_plans import check_tensor_parallel
+
+        check_tensor_parallel(spec, plan.tp)
+    if plan.pp > 1:
+        from ddlsim.executor.pipeline import check_pipeline
+
+        check_pipeline(spec, plan)
+    _check_compiled_blocks(spec, strategy)
+    if plan.fsdp and plan.fsdp_groups is not None:
+        from ddlsim.executor.fsdp import check_groups
+
+        with torch.device("meta"):
+            check_groups(build_model(spec), [list(g) for g in plan.fsdp_groups])
+    model_parallel = plan.tp > 1 or plan.pp > 1 or plan.fsdp
+    hooks = fusion.buckets is not None or fusion.dear or fusion.implementation == "hooks"
+    if model_parallel and hooks:
+        raise InvalidStrategyError(
+            "tensor_fusion.buckets, dear and implementation 'hooks' apply to pure data "
+            f"parallelism; this plan has tp({plan.tp}), pp({plan.pp}), fsdp({plan.fsdp})"
+        )
+    return buckets
+
+
+def model_supports(spec: ModelSpec, strategy: Strategy) -> bool:
+    """Whether the model has what the strategy's plan needs (a tensor-parallel plan for its
+    family, a stack of blocks to pipeline), whatever the world size and batch."""
+    plan = strategy.parallel
+    try:
+        if plan.tp > 1:
+            from ddlsim.data.tp_plans import check_tensor_parallel
+
+            check_tensor_parallel(spec, plan.tp)
+        if plan.pp > 1:
+            from ddlsim.executor.pipeline import check_pipeline
+
+            check_pipeline(spec, plan)
+    except InvalidStrategyError:
+        return False
+    return True
+
+
+def build_trainer(ctx: RankContext, buckets: list[Bucket]) -> Trainer:
+    """The trainer for ``ctx.strategy`` on this rank (the model is built here)."""
+    plan = ctx.strategy.parallel
+    model = ctx.build_model()
+    _compile_blocks(ctx, model)
+    if ctx.world_size == 1:
+        from ddlsim.executor.single import SingleTrainer
+
+        return SingleTrainer(ctx, model)
+    if plan.pp > 1:
+        from ddlsim.executor.pipeline import PipelineTrainer
+
+        return PipelineTrainer(ctx, model)
+    if plan.tp > 1:
+        from ddlsim.executor.tensor_parallel import TensorParallelTrainer
+
+        return TensorParallelTrainer(ctx, model)
+    if plan.fsdp:
+        from ddlsim.executor.fsdp import FSDPTrainer
+
+        return FSDPTrainer(ctx, model)
+    from ddlsim.executor.data_parallel import BucketTrainer, DDPTrainer
+
+    if ctx.strategy.tensor_fusion.uses_ddp:
+        return DDPTrainer(ctx, model)
+    return BucketTrainer(ctx, model, buckets)
+
+
+def _compile_blocks(ctx: RankContext, model: Any) -> None:
+    """``torch.compile`` each chosen block's ``forward``, in place.
+
+    The bound ``forward`` is compiled rather than the module (``Module.compile`` compiles
+    ``_call_impl``, which dynamo skips for ``torch.nn``'s own modules such as ``nn.Linear``, so
+    they would run eager; ``torch.compile(module)`` would rename every parameter under
+    ``_orig_mod``). Module hooks stay outside the compiled region. Shapes are static: blocks of
+    one class at several shapes (ConvNeXt's stages) would otherwise make dynamo recompile with
+    dynamic shapes, which inductor (torch 2.13) fails to lower for ConvNeXt ("cannot determine
+    truth value of Relational"); each shape gets a graph of its own instead.
+    """
+    for path in ctx.strategy.op_fusion.compiled:
+        module = model.get_submodule(path)
+        module.forward = torch.compile(
+            module.forward, backend=ctx.strategy.op_fusion.backend, dynamic=False
+        )
+
+
+def _check_compiled_blocks(spec: ModelSpec, strategy: Strategy) -> None:
+    if not strategy.op_fusion.compiled:
+        return
+    with torch.device("meta"):
+        model = build_model(spec)
+    blocks = {name for name, _ in model.named_modules() if name}
+    for index, path in enumerate(strategy.op_fusion.compiled):
+        if path not in blocks:
+            close = difflib.get_close_matches(path, sorted(blocks), n=3)
+            hint = f"; did you mean {', '.join(close)}" if close else ""
+            raise InvalidStrategyError(
+                f"op_fusion.compiled[{index}] {path!r} is not a module of {spec.label}{hint}"
+            )

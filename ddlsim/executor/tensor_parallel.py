@@ -1,0 +1,260 @@
+"""Tensor parallelism (Megatron-style, without sequence parallelism) with PyTorch's DTensor.
+
+Every transformer block is split over ``ctx.mesh["tp"]`` as torchtitan splits it: the attention
+input projections and the first MLP projections are column-parallel (each rank computes whole
+heads and a slice of the intermediate size), the attention output and second MLP projections are
+row-parallel (their partial outputs are all-reduced); the token embedding is split by vocabulary
+rows and the LM head by vocabulary columns, its logits all-gathered so that the model's own loss
+runs unchanged. Norms, position embeddings and task heads other than the LM head stay
+replicated: their inputs and gradients are identical on every tensor-parallel rank, so their
+gradients are too and need no communication.
+
+Attention modules keep computing with the per-rank head count: the attributes that hold it (and
+the widths derived from it) are divided by ``tp``, as torchtitan does for its own attention.
+
+When ``dp > 1`` the same model is replicated over ``ctx.mesh["dp"]``: after backward, the local
+shard of every gradient is averaged over the data-parallel group, in one flat all-reduce.
+
+GPT-2 needs two preparations before its plan applies. Its projections are transformers'
+``Conv1D`` (``x @ W + b`` with ``W: [in, out]``); ``ColwiseParallel``/``RowwiseParallel`` know
+only ``nn.Linear`` (``W: [out, in]``), so each ``Conv1D`` becomes an ``nn.Linear`` holding the
+transposed weight (same function, same initial values). And ``c_attn`` is a fused query/key/value
+projection whose output is ``[q | k | v]``: a plain column split would give rank 0 all of ``q``
+and half of ``k``, so its output rows are first reordered to ``[q_0 k_0 v_0 | q_1 k_1 v_1 ...]``
+(rank ``r``'s heads of each), as Megatron interleaves its fused QKV; the attention's
+``split_size`` then becomes the local width. AdamW and SGD are elementwise, so the reordering
+does not change the optimizer's arithmetic.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.tp_plans import (
+    PLANS,
+    TensorParallelPlan,
+    check_tensor_parallel,
+    matches,
+    tp_family,
+)
+from ddlsim.executor.context import RankContext, local_loss, split_batch
+
+# Attributes of attention modules that count heads or widths derived from the head count; each is
+# divided by ``tp`` so that the module computes with its local heads.
+_HEAD_ATTRIBUTES = (
+    "num_heads",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "n_heads",
+    "embed_dim",
+    "split_size",
+    "all_head_size",
+    "inner_dim",
+)
+
+# Style names, as ``applied()`` reports them, and the DTensor style each one stands for.
+_STYLES: dict[str, Callable[[], ParallelStyle]] = {
+    # Output features split: each rank computes whole heads / a slice of the intermediate size.
+    "colwise": ColwiseParallel,
+    # Input features split; partial outputs all-reduced into the replicated activation.
+    "rowwise": RowwiseParallel,
+    # Embedding rows (vocabulary) split; lookups outside a rank's rows give zeros, all-reduced.
+    "vocab_embedding": lambda: RowwiseParallel(input_layouts=Replicate()),
+    # Vocabulary columns of the LM head split, logits all-gathered for the model's own loss.
+    "vocab_head": lambda: ColwiseParallel(output_layouts=Replicate()),
+    # An embedding whose columns are heads (T5's relative position bias): local heads only.
+    "head_embedding": ColwiseParallel,
+}
+
+
+def conv1d_to_linear(model: nn.Module, tp: int) -> None:
+    """Replace every transformers ``Conv1D`` by an equal ``nn.Linear``; interleave fused QKV.
+
+    ``Conv1D(nf, nx)`` computes ``x @ W + b`` with ``W: [nx, nf]``; ``nn.Linear(nx, nf)`` with
+    weight ``W.T`` computes the same. For ``attn.c_attn`` (output ``[q | k | v]``, each ``nf/3``
+    wide) the output rows are reordered so that rank ``r``'s contiguous column shard holds
+    ``[q_r | k_r | v_r]``.
+    """
+    from transformers.pytorch_utils import Conv1D
+
+    for path, module in list(model.named_modules()):
+        if not isinstance(module, Conv1D):
+            continue
+        parent_path, _, name = path.rpartition(".")
+        parent = model.get_submodule(parent_path)
+        weight = module.weight.detach().t()
+        bias = module.bias.detach()
+        if name == "c_attn" and isinstance(getattr(parent, "split_size", None), int):
+            order = interleaved_qkv_rows(weight.shape[0], tp)
+            weight, bias = weight[order], bias[order]
+        linear = nn.Linear(module.nx, module.nf, device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(weight)
+            linear.bias.copy_(bias)
+        setattr(parent, name, linear)
+
+
+def interleaved_qkv_rows(rows: int, tp: int) -> torch.Tensor:
+    """Row order ``[q_0 k_0 v_0 | q_1 k_1 v_1 | ...]`` of a fused ``[q | k | v]`` projection."""
+    width = rows // 3
+    shard = width // tp
+    order = [
+        part * width + rank * shard + i
+        for rank in range(tp)
+        for part in range(3)
+        for i in range(shard)
+    ]
+    return torch.tensor(order)
+
+
+# Model surgery a family needs before its plan applies (see the module docstring).
+PREPARE: dict[str, Callable[[nn.Module, int], None]] = {"gpt2": conv1d_to_linear}
+
+
+def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Parameters shared by several modules: ``(module, attribute)`` per use, per parameter."""
+    uses: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            uses.setdefault(id(param), []).append((module, name))
+    return [group for group in uses.values() if len(group) > 1]
+
+
+def _retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
+    """Make every use of a tied parameter point at its one distributed version again.
+
+    ``parallelize_module`` distributes each module's parameters separately, which would give a
+    tied embedding and LM head two independent copies; both are split along the vocabulary
+    (``Shard(0)``), so one ``DTensor`` serves both. A plan must therefore split alike every
+    module whose forward uses a tied parameter (an unused alias, such as BERT's
+    ``cls.predictions.bias``, may stay unsplit: it only gets the shared ``DTensor``).
+    """
+    for group in groups:
+        params = [getattr(module, name) for module, name in group]
+        shared = [p for p in params if isinstance(p, DTensor)]
+        if not shared:
+            continue
+        keep = shared[0]
+        for other in shared[1:]:
+            if other.placements != keep.placements:
+                raise InvalidStrategyError(
+                    f"tied parameters are split differently ({keep.placements} vs "
+                    f"{other.placements}); the tensor-parallel plan must split them alike"
+                )
+        for module, name in group:
+            setattr(module, name, keep)
+
+
+def apply_tensor_parallel(
+    model: nn.Module, plan: TensorParallelPlan, mesh: Any, tp: int
+) -> dict[str, str]:
+    """Split ``model`` in place over the 1-D ``mesh``; the style applied to each module path."""
+    prepare = PREPARE.get(plan.family)
+    if prepare is not None:
+        prepare(model, tp)
+    tied = _tied_groups(model)
+    styles: dict[str, str] = {}
+    for path, module in model.named_modules():
+        for pattern, style in plan.modules.items():
+            if path and matches(pattern, path):
+                styles[path] = style
+                break
+        if path and matches(plan.attention, path):
+            for attribute in _HEAD_ATTRIBUTES:
+                value = getattr(module, attribute, None)
+                if isinstance(value, int) and not isinstance(value, bool):
+                    setattr(module, attribute, value // tp)
+    parallelize_module(model, mesh, {path: _STYLES[style]() for path, style in styles.items()})
+    _retie(tied)
+    return styles
+
+
+class TensorParallelTrainer:
+    """The model split over ``ctx.mesh["tp"]``, replicated over ``ctx.mesh["dp"]``.
+
+    Each rank trains on its data-parallel share of the global batch in
+    ``parallel.micro_batches`` micro-batches (gradients accumulate). All tensor-parallel ranks
+    compute the same loss, so ``step`` returns the local mean loss divided by ``dp * tp``.
+    """
+
+    def __init__(self, ctx: RankContext, model: nn.Module) -> None:
+        check_tensor_parallel(ctx.spec, ctx.tp)
+        family = tp_family(ctx.spec)
+        assert family is not None  # check_tensor_parallel refused the others
+        self.ctx = ctx
+        self.plan = PLANS[family]
+        self.model = model
+        self.styles = apply_tensor_parallel(model, self.plan, ctx.mesh["tp"], ctx.tp)
+        self.dp_group = ctx.mesh["dp"].get_group() if ctx.dp > 1 else None
+        self.batches = split_batch(ctx.dp_slice(), ctx.strategy.parallel.micro_batches)
+        self.optimizer = ctx.make_optimizer(model.parameters())
+
+    def step(self) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.ctx.device)
+        for batch in self.batches:
+            loss = local_loss(self.model, batch) / len(self.batches)
+            loss.backward()
+            total += loss.detach()
+        if self.dp_group is not None:
+            self._average_gradients_over_dp()
+        self.optimizer.step()
+        return total / (self.ctx.dp * self.ctx.tp)
+
+    @torch.no_grad()
+    def _average_gradients_over_dp(self) -> None:
+        """Average every gradient's local shard over the data-parallel group (one all-reduce)."""
+        # ``to_local`` aliases the DTensor's storage, so writing the average back updates it.
+        grads = [
+            p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            for p in self.model.parameters()
+            if p.grad is not None
+        ]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dp_group)
+        flat.div_(self.ctx.dp)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+    def drain(self) -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+    def applied(self) -> dict[str, Any]:
+        return {
+            "plan": "tp",
+            "family": self.plan.family,
+            "tp": self.ctx.tp,
+            "dp": self.ctx.dp,
+            "parallelized": sorted(self.styles),
+            "styles": dict(sorted(self.styles.items())),
+            "collectives": self._collectives(),
+        }
+
+    def _collectives(self) -> list[str]:
+        """The collectives the plan issues, ``kind:mesh dimension``, in a fixed order."""
+        styles = set(self.styles.values())
+        out = []
+        # Row-parallel outputs are partial sums; column-parallel inputs get partial gradients.
+        if styles & {"rowwise", "vocab_embedding", "colwise", "head_embedding"}:
+            out.append("all_reduce:tp")
+        if "vocab_head" in styles:
+            out.append("all_gather:tp")
+        if self.dp_group is not None:
+            out.append("all_reduce:dp")
+        return out

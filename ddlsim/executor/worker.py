@@ -1,0 +1,375 @@
+"""One rank of an executor run; started under torchrun by ``executor.run``.
+
+Reads the run's JSON config (model spec, the strategies with their bucket partitions,
+iterations), trains, and on rank 0 writes the result JSON to ``--output``. Iteration ``i``'s
+time is the maximum over ranks of the wall time of its ``step()`` (stragglers count); the loss of
+step ``i`` is the sum of every rank's share (the loss of the whole global batch). Warm-up steps
+are timed apart: with compiled blocks the first one includes the compilation.
+
+A launch holds one or several strategies (``variants`` in the config) and follows the
+measurement protocol (``executor.protocol``): each strategy warms up in turn until its step time
+is stable, then rounds follow; in each round every strategy takes one turn, in an order shuffled
+anew (the same on every rank), of ``settle`` steps that are not kept (side by side only) and
+``iters`` that are (fewer for slow steps: ``executor.protocol.turn_steps``), until the stopping
+rule holds for every strategy. A slow spell of the machine then falls on all of them alike, and
+their ratios are steadier than those of separate launches. The result's ``variants`` holds
+each one's samples with the round of each, warm-up, losses (every step it ran, in order) and
+``applied``; ``rounds`` and ``stopped_by`` say how measuring ended; peak memory is the
+process's, all of the strategies together.
+"""
+
+import argparse
+import gc
+import json
+import os
+import random
+import resource
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ddlsim.data.errors import DdlsimError, one_line
+from ddlsim.data.models import build_model, make_batch
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Bucket, Strategy
+from ddlsim.executor.context import RankContext
+from ddlsim.executor.plan import build_trainer
+from ddlsim.executor.protocol import StoppingRule, relative_half_width, turn_steps
+from ddlsim.profiler.cluster import die_with_parent, report_placement
+
+
+def _context(
+    config: dict[str, Any],
+    strategy: Strategy,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+) -> RankContext:
+    spec = ModelSpec.from_dict(config["spec"])
+    plan = strategy.parallel
+    dp = plan.resolve_dp(world_size)
+    mesh = None
+    if world_size > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(
+            device.type, (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp")
+        )
+    with torch.device("meta"):
+        shape_model = build_model(spec)
+    return RankContext(
+        rank=rank,
+        world_size=world_size,
+        dp=dp,
+        tp=plan.tp,
+        pp=plan.pp,
+        spec=spec,
+        strategy=strategy,
+        seed=int(config["seed"]),
+        device=device,
+        global_batch=make_batch(spec, shape_model, seed=int(config["seed"]), device=device),
+        mesh=mesh,
+        optimizer=str(config["optimizer"]),
+        dropout=bool(config["dropout"]),
+        frozen=tuple(config.get("frozen", ())),
+    )
+
+
+def _peak_memory_bytes(device: torch.device) -> int:
+    """The peak of this rank's device memory: tensors allocated on its GPU, or on the CPU the
+    resident set of its process (``ru_maxrss``, KiB on Linux)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _rank_device(kind: str, rank: int) -> torch.device:
+    """This rank's device: the CPU, or GPU ``rank`` of this machine (every emulated host is this
+    machine; ranks beyond its GPU count share them round-robin, which only gloo allows)."""
+    if kind != "cuda":
+        return torch.device("cpu")
+    device = torch.device("cuda", rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _synchronize(device: torch.device) -> None:
+    # CUDA work is asynchronous: a step's time ends when its kernels have.
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+TRACE_MIN_US = 20.0
+TRACE_MAX_EVENTS = 4000
+
+
+def _traced_step(trainer: Any, device: torch.device, *, record: bool) -> list[dict[str, Any]]:
+    """Run one step; on the recording rank under ``torch.profiler``, whose top-level events of
+    each thread come back as ``{name, lane, start_ms, end_ms}`` from the step's start (lane 0 is
+    the training thread, the busiest; events under ``TRACE_MIN_US`` are left out)."""
+    _synchronize(device)
+    if not record:
+        trainer.step()
+        _synchronize(device)
+        return []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        trainer.step()
+        _synchronize(device)
+    top = [
+        e
+        for e in prof.events()
+        if e.cpu_parent is None and e.time_range.elapsed_us() >= TRACE_MIN_US
+    ]
+    if not top:
+        return []
+    busy: dict[int, float] = {}
+    for e in top:
+        busy[e.thread] = busy.get(e.thread, 0.0) + e.time_range.elapsed_us()
+    lanes = {tid: lane for lane, tid in enumerate(sorted(busy, key=lambda t: -busy[t]))}
+    top = sorted(top, key=lambda e: -e.time_range.elapsed_us())[:TRACE_MAX_EVENTS]
+    origin = min(e.time_range.start for e in top)
+    return sorted(
+        (
+            {
+                "name": e.name,
+                "lane": lanes[e.thread],
+                "start_ms": (e.time_range.start - origin) / 1e3,
+                "end_ms": (e.time_range.end - origin) / 1e3,
+            }
+            for e in top
+        ),
+        key=lambda row: (row["lane"], row["start_ms"]),
+    )
+
+
+def _order(count: int, round_index: int, seed: int) -> list[int]:
+    """The order the variants take their turns in, in round ``round_index``: a permutation
+    shuffled from ``seed`` and the round (every rank draws the same)."""
+    names = list(range(count))
+    if count > 1:
+        random.Random(seed * 1_000_003 + round_index).shuffle(names)
+    return names
+
+
+class _Agreement:
+    """Step times and elapsed times every rank agrees on: the slowest rank's, reduced with one
+    small all-reduce before each decision of the stopping rule, so that every rank decides the
+    same (a rank that stopped alone would hang the others)."""
+
+    def __init__(self, world_size: int, device: torch.device) -> None:
+        self._world_size = world_size
+        self._device = device
+
+    def __call__(self, steps_ms: list[float], elapsed_s: float) -> tuple[list[float], float]:
+        if self._world_size == 1:
+            return steps_ms, elapsed_s
+        values = torch.tensor([*steps_ms, elapsed_s], dtype=torch.float64, device=self._device)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        out = values.cpu().tolist()
+        return out[:-1], out[-1]
+
+
+def run_rank(config: dict[str, Any], output: Path) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.set_num_threads(1)
+    device = _rank_device(str(config.get("device", "cpu")), rank)
+    if world_size > 1:
+        dist.init_process_group(
+            str(config.get("backend", "gloo")),
+            timeout=timedelta(seconds=float(config["collective_timeout_s"])),
+        )
+    report_placement()
+    trainers = []
+    contexts = []
+    for variant in config["variants"]:
+        strategy = Strategy.from_dict(variant["strategy"])
+        ctx = _context(config, strategy, rank, world_size, device)
+        buckets = [
+            Bucket(index=i, params=tuple(b["params"]), grad_bytes=int(b["grad_bytes"]))
+            for i, b in enumerate(variant["buckets"])
+        ]
+        contexts.append(ctx)
+        trainers.append(build_trainer(ctx, buckets))
+    count = len(trainers)
+    rule = StoppingRule.from_dict(config["rule"])
+    iters = int(config["iters"])
+    seed = int(config["seed"])
+    agree = _Agreement(world_size, device)
+    # Steps run and not kept at the start of every turn (side by side only): the previous
+    # strategy's model has just had the caches.
+    settle = int(config.get("settle", 1)) if count > 1 else 0
+    if rank == config.get("test_crash_rank", -1):
+        print(f"rank {rank}: crashing on purpose (test)", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if rank == config.get("test_hang_rank", -1):
+        time.sleep(3600)
+    # (variant, kind, ms, loss share, round); kind "warmup", "settle" or "sample".
+    steps: list[tuple[int, str, float, torch.Tensor, int]] = []
+
+    def timed(index: int, kind: str, round_index: int = -1) -> float:
+        _synchronize(device)
+        start = time.perf_counter()
+        share = trainers[index].step()
+        _synchronize(device)
+        ms = (time.perf_counter() - start) * 1e3
+        steps.append((index, kind, ms, share, round_index))
+        return ms
+
+    # Python's cyclic collector runs between turns, not inside a timed step.
+    collector_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    # Steps a turn, each strategy's: shorter turns for slow steps (executor.protocol).
+    per_turn: list[int] = []
+    for index in range(count):
+        warm: list[float] = []
+        began = time.perf_counter()
+        while True:
+            agreed_warm, warm_s = agree(warm, time.perf_counter() - began)
+            if rule.warmed_up(agreed_warm, warm_s):
+                per_turn.append(turn_steps(agreed_warm, iters) if count > 1 else iters)
+                break
+            timed(index, "warmup")
+            warm.append(steps[-1][2])
+            if rank == 0:
+                label = f" of strategy {index + 1}/{count}" if count > 1 else ""
+                print(f"warm-up {len(warm)}{label}: {warm[-1]:.1f} ms on rank 0", flush=True)
+        trainers[index].drain()
+        gc.collect()
+    # Every strategy's samples as all ranks agree on them, for the stopping rule.
+    samples: list[list[float]] = [[] for _ in range(count)]
+    sampling_s = 0.0
+    round_index = 0
+    stopped_by = "minimum"
+    while True:
+        began = time.perf_counter()
+        kept: list[tuple[int, float]] = []
+        for index in _order(count, round_index, seed):
+            for _ in range(settle):
+                timed(index, "settle", round_index)
+            for _ in range(per_turn[index]):
+                kept.append((index, timed(index, "sample", round_index)))
+            if count > 1:
+                trainers[index].drain()
+        gc.collect()
+        agreed, sampling_s = agree(
+            [ms for _, ms in kept], sampling_s + time.perf_counter() - began
+        )
+        for (index, _), ms in zip(kept, agreed, strict=True):
+            samples[index].append(ms)
+        round_index += 1
+        if rank == 0:
+            print(
+                f"round {round_index}: "
+                + ", ".join(
+                    f"{statistics.median(s):.1f} ms ±{relative_half_width(s):.1%}" for s in samples
+                )
+                + f" ({sum(len(s) for s in samples)} samples, {sampling_s:.0f} s)",
+                flush=True,
+            )
+        reason = rule.stop(samples, sampling_s)
+        if reason is not None:
+            # Budget 0 asked for the minimums alone.
+            stopped_by = "minimum" if reason == "budget" and rule.budget_s == 0 else reason
+            break
+    if collector_was_enabled:
+        gc.enable()
+    # One more step, profiled on rank 0, for the run's trace (kept out of the samples).
+    trace = _traced_step(trainers[0], device, record=rank == 0) if config.get("trace") else None
+    for trainer in trainers:
+        trainer.finish()
+    # NCCL reduces device tensors only; gloo takes either.
+    losses = torch.stack([step[3].detach().float().reshape(()).to(device) for step in steps])
+    times = torch.tensor([step[2] for step in steps], dtype=torch.float64, device=device)
+    gathered: list[Any] = [None] * world_size
+    mine = {
+        "peak_memory_bytes": _peak_memory_bytes(device),
+        "applied": [trainer.applied() for trainer in trainers],
+    }
+    if world_size > 1:
+        dist.all_reduce(losses)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        dist.all_gather_object(gathered, mine)
+    else:
+        gathered = [mine]
+    if rank == 0:
+        compiled_graphs = None
+        if any(ctx.strategy.op_fusion.compiled for ctx in contexts):
+            from torch._dynamo.utils import counters
+
+            # Graphs dynamo really compiled on rank 0: proof the blocks ran compiled.
+            compiled_graphs = int(counters["stats"]["unique_graphs"])
+        step_ms, step_loss = times.cpu().tolist(), losses.cpu().tolist()
+        results = []
+        for index, ctx in enumerate(contexts):
+            applied = dict(gathered[0]["applied"][index])
+            per_rank = [g["applied"][index] for g in gathered]
+            if any(other != applied for other in per_rank[1:]):
+                applied["per_rank"] = per_rank
+            applied["device"] = (
+                torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+            )
+            applied["backend"] = dist.get_backend() if world_size > 1 else None
+            applied["compiled"] = list(ctx.strategy.op_fusion.compiled)
+            if applied["compiled"]:
+                applied["compiled_graphs"] = compiled_graphs
+            mine_steps = [k for k, step in enumerate(steps) if step[0] == index]
+            results.append(
+                {
+                    "warmup_ms": [step_ms[k] for k in mine_steps if steps[k][1] == "warmup"],
+                    "samples_ms": [step_ms[k] for k in mine_steps if steps[k][1] == "sample"],
+                    "sample_rounds": [steps[k][4] for k in mine_steps if steps[k][1] == "sample"],
+                    "losses": [step_loss[k] for k in mine_steps],
+                    "applied": applied,
+                }
+            )
+        result = {
+            "variants": results,
+            "peak_memory_bytes": [int(g["peak_memory_bytes"]) for g in gathered],
+            "trace": trace,
+            "rounds": round_index,
+            "stopped_by": stopped_by,
+        }
+        tmp = output.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result), encoding="utf-8")
+        tmp.replace(output)
+    if world_size > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True, type=Path)
+    parser.add_argument("--output", required=True, type=Path)
+    # Test-only: a rank that exits with code 3, or stops answering, before its first step.
+    parser.add_argument("--test-crash-rank", type=int, default=-1)
+    parser.add_argument("--test-hang-rank", type=int, default=-1)
+    args = parser.parse_args(argv)
+    die_with_parent()
+    config = json.loads(args.config.read_text(encoding="utf-8"))
+    config["test_crash_rank"] = args.test_crash_rank
+    config["test_hang_rank"] = args.test_hang_rank
+    try:
+        run_rank(config, args.output)
+    except DdlsimError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    # Skip interpreter finalization: gloo's worker threads can still hold finished work whose
+    # tensors reach back into Python, and tearing those down while the interpreter shuts down
+    # aborts the process now and then ("terminate called without an active exception") after
+    # all its work is done. Everything is written and the process group destroyed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

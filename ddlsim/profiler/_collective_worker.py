@@ -1,0 +1,158 @@
+"""One rank of the collective microbenchmark; run under torchrun by ``profiler.collectives``.
+
+Every repeat is timed on every rank between a barrier and the collective's completion; the
+repeat's time is the maximum over ranks (one all-reduce MAX per message size), so stragglers
+count. Rank 0 writes ``{"samples": [{"collective", "size_bytes", "times_us"}], ...}`` to
+``--output`` and prints one progress line per size.
+
+Buffers are float32. The size is the tensor's total bytes as nccl-tests counts it: the
+all-reduced buffer, the full (gathered) buffer for reduce-scatter and all-gather, the broadcast
+buffer and, for send/recv, what each rank sends (ring: rank r sends to r+1 and receives from
+r-1). Sizes are rounded down to whole elements (and, for reduce-scatter and all-gather, to a
+multiple of the world size); the size reported is the one used.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddlsim.profiler.cluster import die_with_parent, report_placement
+
+_ELEMENT_BYTES = 4
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--output", required=True, type=Path)
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    parser.add_argument("--collectives", required=True, help="comma-separated")
+    parser.add_argument("--sizes", required=True, help="comma-separated byte counts")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--timeout-s", type=float, default=600.0)
+    # Test-only: make a rank exit with a code, or have every rank sleep, after initialization.
+    parser.add_argument("--test-crash-rank", type=int, default=-1)
+    parser.add_argument("--test-crash-code", type=int, default=3)
+    parser.add_argument("--test-sleep-s", type=float, default=0.0)
+    return parser.parse_args(argv)
+
+
+def _operation(
+    collective: str, size_bytes: int, rank: int, world_size: int, device: torch.device
+) -> tuple[int, Callable[[], None]]:
+    """The bytes actually used and a function that runs the collective once, to completion."""
+    numel = max(1, size_bytes // _ELEMENT_BYTES)
+    if collective == "all_reduce":
+        buffer = torch.ones(numel, device=device)
+        return numel * _ELEMENT_BYTES, lambda: dist.all_reduce(buffer)
+    if collective in ("reduce_scatter", "all_gather"):
+        shard = max(1, numel // world_size)
+        full = torch.ones(shard * world_size, device=device)
+        part = torch.ones(shard, device=device)
+        if collective == "reduce_scatter":
+            return full.nbytes, lambda: dist.reduce_scatter_tensor(part, full)
+        return full.nbytes, lambda: dist.all_gather_into_tensor(full, part)
+    if collective == "broadcast":
+        buffer = torch.ones(numel, device=device)
+        return numel * _ELEMENT_BYTES, lambda: dist.broadcast(buffer, src=0)
+    if collective == "sendrecv":
+        send = torch.ones(numel, device=device)
+        recv = torch.empty(numel, device=device)
+        right, left = (rank + 1) % world_size, (rank - 1) % world_size
+
+        def exchange() -> None:
+            # Receive posted first: with send first, gloo serializes the two directions of a
+            # pair (2 ranks at 1gbit: 16 MiB took 280 ms instead of 142).
+            requests = [dist.irecv(recv, left), dist.isend(send, right)]
+            for request in requests:
+                if request is not None:
+                    request.wait()
+
+        return numel * _ELEMENT_BYTES, exchange
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+def _time_repeats(
+    run: Callable[[], None], warmup: int, repeats: int, device: torch.device
+) -> list[float]:
+    """Per repeat, the slowest rank's time in microseconds."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        run()
+    sync()
+    local = []
+    for _ in range(repeats):
+        dist.barrier()
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        local.append((time.perf_counter() - start) * 1e6)
+    slowest = torch.tensor(local, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return [float(t) for t in slowest.cpu()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    # torchrun starts this process in a session of its own: follow it if it is killed.
+    die_with_parent()
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    if args.backend == "nccl":
+        # Every emulated host is this machine: rank r takes device r.
+        device = torch.device("cuda", rank % max(1, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout_s))
+    if rank == args.test_crash_rank:
+        print(f"rank {rank}: test crash with exit code {args.test_crash_code}", file=sys.stderr)
+        return args.test_crash_code
+    if args.test_sleep_s > 0:
+        time.sleep(args.test_sleep_s)
+
+    samples = []
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for collective in args.collectives.split(","):
+        for size_bytes in sizes:
+            used_bytes, run = _operation(collective, size_bytes, rank, world_size, device)
+            times_us = _time_repeats(run, args.warmup, args.repeats, device)
+            samples.append(
+                {"collective": collective, "size_bytes": used_bytes, "times_us": times_us}
+            )
+            if rank == 0:
+                median_ms = sorted(times_us)[len(times_us) // 2] / 1e3
+                print(f"{collective} {used_bytes} B: {median_ms:.3f} ms", flush=True)
+            del run
+    placement = report_placement()
+    if rank == 0:
+        result = {
+            "samples": samples,
+            "backend": args.backend,
+            "world_size": world_size,
+            "torch": torch.__version__,
+            "rank0_placement": {
+                "allowed_cores": list(placement.allowed_cores),
+                "last_core": placement.last_core,
+            },
+        }
+        partial = args.output.with_name(args.output.name + ".partial")
+        partial.write_text(json.dumps(result), encoding="utf-8")
+        os.replace(partial, args.output)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

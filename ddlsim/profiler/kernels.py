@@ -1,0 +1,430 @@
+"""Kernel traces: time every node of an ``IterationGraph`` in real training iterations.
+
+Three passes over the real model (real weights, real data, real optimizer):
+
+1. Timing, profiler off: the median wall time of ``iters`` training iterations. This is the
+   number a user would see, and the one the attributed times are checked against.
+2. Mapping, one iteration: a dispatch mode wraps every ATen op it sees in a
+   ``record_function`` marker carrying the op's position. The ops it sees are exactly the ones
+   the graph capture records, so each profiler event inside a marker belongs to that graph node.
+3. Measurement, ``iters`` iterations under ``torch.profiler`` without the mapping mode (which
+   costs Python time per op). Its event sequence is the mapping pass's without the markers, so
+   events are matched by position (aligned by name where a run differs) and inherit their node.
+
+A node's time on the CPU is the time from the end of the previous node to its own end: launch
+overhead, the Python between ops and the composite ops that wrap it (``aten::linear`` around
+``aten::addmm``) are paid by the node they lead to, and the nodes of an iteration add up to the
+iteration. The optimizer step is shared among the optimizer nodes by parameter bytes. On CUDA a
+node's time is the device time of its kernels, and the optimizer nodes share the device time of
+the kernels launched after the last graph op; the sum of node times is then the busy time of the
+device, which falls short of the iteration where the host cannot launch kernels fast enough.
+"""
+
+import dataclasses
+import difflib
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.models import build_model, make_batch, training_loss
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.profiler.capture import CaptureOptions, Optimizer, capture_graph
+
+Device = Literal["cpu", "cuda"]
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+_MARK = "ddlsim#"
+_ITERATION = "ddlsim::iteration"
+# Events the mapping pass adds by running a dispatch mode; the measured pass has none.
+_MODE_EVENTS = frozenset({"PythonDispatchMode", "PythonTLSSnapshot"})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class KernelProfile:
+    """Per-node median times of one model on one device, and how well they add up.
+
+    ``coverage`` is ``attributed_ms / iteration_time_ms``: the sum of node medians against the
+    median iteration measured with the profiler off.
+    """
+
+    graph_hash: str
+    model: str
+    device: str
+    device_name: str
+    iters: int
+    iteration_time_ms: float
+    iteration_samples_ms: tuple[float, ...]
+    profiled_iteration_ms: float
+    attributed_ms: float
+    coverage: float
+    node_ms: dict[int, float]
+    matched_fraction: float
+    trace_path: str | None
+    env: dict[str, str]
+
+    @property
+    def num_nodes_timed(self) -> int:
+        return len(self.node_ms)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "graph_hash": self.graph_hash,
+            "device": self.device,
+            "device_name": self.device_name,
+            "iters": self.iters,
+            "iteration_time_ms": self.iteration_time_ms,
+            "profiled_iteration_ms": self.profiled_iteration_ms,
+            "attributed_ms": self.attributed_ms,
+            "coverage": self.coverage,
+            "num_nodes_timed": self.num_nodes_timed,
+            "matched_fraction": self.matched_fraction,
+            "trace_path": self.trace_path,
+        }
+
+
+class _Marker(TorchDispatchMode):
+    """Wraps each dispatched op in a ``record_function`` naming its position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        index = len(self.ops)
+        self.ops.append(str(func))
+        with record_function(f"{_MARK}{index}"):
+            return func(*args, **(kwargs or {}))
+
+
+def _make_optimizer(model: nn.Module, optimizer: Optimizer) -> torch.optim.Optimizer:
+    if optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    return torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _host_events(events: Sequence[FunctionEvent]) -> list[FunctionEvent]:
+    """The host-side events of every thread in start order (outer before inner).
+
+    Every thread, because on CUDA the autograd engine runs backward on a thread of its own
+    while the training thread waits (on the CPU backward runs on the training thread). With
+    CUDA the profiler also lists each ``record_function`` range a second time, as a
+    device-side annotation over the kernels it launched; only the host-side one is kept.
+    """
+    return sorted(
+        (e for e in events if e.device_type == DeviceType.CPU),
+        key=lambda e: (e.time_range.start, -e.time_range.end),
+    )
+
+
+def _ops_between(events: list[FunctionEvent], start: float, end: float) -> list[FunctionEvent]:
+    return [
+        e
+        for e in events
+        if start <= e.time_range.start
+        and e.time_range.end <= end
+        and not e.name.startswith((_MARK, _ITERATION))
+        and e.name not in _MODE_EVENTS
+    ]
+
+
+def _is_redirect(event: FunctionEvent) -> bool:
+    """The dispatcher's record of an op that the mapping mode took over: the op is recorded
+    again inside the mode's marker, and the measured pass has it once."""
+    return any(
+        child.name in _MODE_EVENTS or child.name.startswith(_MARK) for child in event.cpu_children
+    )
+
+
+def _mapping_reference(
+    events: list[FunctionEvent], start: float, end: float
+) -> tuple[list[str], list[int | None]]:
+    """Names of the mapping pass's events in ``[start, end]`` as the measured pass will show
+    them, and for each the op position of the marker enclosing it (``None`` outside ops)."""
+    names: list[str] = []
+    labels: list[int | None] = []
+    open_markers: list[tuple[float, int]] = []
+    for event in events:
+        if not (start <= event.time_range.start and event.time_range.end <= end):
+            continue
+        while open_markers and open_markers[-1][0] <= event.time_range.start:
+            open_markers.pop()
+        if event.name.startswith(_MARK):
+            open_markers.append((event.time_range.end, int(event.name[len(_MARK) :])))
+            continue
+        if event.name.startswith(_ITERATION) or event.name in _MODE_EVENTS:
+            continue
+        if _is_redirect(event):
+            continue
+        inside = open_markers and event.time_range.end <= open_markers[-1][0]
+        names.append(event.name)
+        labels.append(open_markers[-1][1] if inside else None)
+    return names, labels
+
+
+def _align(reference: Sequence[str], other: Sequence[str]) -> dict[int, int]:
+    """Positions in ``other`` matched to positions in ``reference`` (identical names)."""
+    if list(reference) == list(other):
+        return {i: i for i in range(len(other))}
+    matcher = difflib.SequenceMatcher(a=list(reference), b=list(other), autojunk=False)
+    mapping: dict[int, int] = {}
+    for block in matcher.get_matching_blocks():
+        for offset in range(block.size):
+            mapping[block.b + offset] = block.a + offset
+    return mapping
+
+
+def _iterations(events: list[FunctionEvent]) -> Iterator[tuple[float, float]]:
+    for event in events:
+        if event.name == _ITERATION:
+            yield event.time_range.start, event.time_range.end
+
+
+def profile_kernels(
+    spec: ModelSpec,
+    *,
+    iters: int = 10,
+    warmup: int = 3,
+    device: Device = "cpu",
+    optimizer: Optimizer = "adamw",
+    seed: int = 0,
+    threads: int | None = 1,
+    graph: IterationGraph | None = None,
+    trace_dir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[IterationGraph, KernelProfile]:
+    """Profile ``iters`` training iterations of ``spec`` and time every node of its graph.
+
+    ``threads`` intra-op threads (``None``: leave torch's setting). One by default: ranks of the
+    emulated cluster run with one thread each, and with a core left to the rest of the machine
+    the times repeat (with both cores busy, a preempted thread stalls every op it shares).
+
+    Raises:
+        InvalidOptionError: on ``iters``/``warmup`` out of range or an unavailable device.
+        InvalidModelSpecError: when the spec is invalid.
+    """
+    if iters < 1 or warmup < 0:
+        raise InvalidOptionError(f"iters({iters}) must be >= 1 and warmup({warmup}) >= 0")
+    if device not in DEVICES:
+        raise InvalidOptionError(f"device {device!r} is not supported; allowed: cpu, cuda")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InvalidOptionError("device 'cuda' was asked for but torch sees no CUDA device")
+    if threads is not None and threads < 1:
+        raise InvalidOptionError(f"threads({threads}) must be >= 1")
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _profile(
+            spec,
+            iters=iters,
+            warmup=warmup,
+            device=device,
+            optimizer=optimizer,
+            seed=seed,
+            graph=graph,
+            trace_dir=trace_dir,
+            progress=progress,
+        )
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _profile(
+    spec: ModelSpec,
+    *,
+    iters: int,
+    warmup: int,
+    device: Device,
+    optimizer: Optimizer,
+    seed: int,
+    graph: IterationGraph | None,
+    trace_dir: Path | None,
+    progress: Callable[[str], None] | None,
+) -> tuple[IterationGraph, KernelProfile]:
+    say = progress or (lambda message: None)
+    # Kineto logs every profiler start and stop at its highest level, and a profile starts once an
+    # iteration: silence its log unless the user set a level. It is read at the first start.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    if graph is None:
+        say(f"capturing the graph of {spec.label}")
+        graph = capture_graph(spec, CaptureOptions(optimizer=optimizer, seed=seed))
+    model = build_model(spec, seed=seed).to(device)
+    batch = make_batch(spec, model, seed=seed, device=device)
+    opt = _make_optimizer(model, optimizer)
+
+    def forward_backward() -> None:
+        training_loss(model, batch).backward()
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        forward_backward()
+        opt.step()
+
+    say(f"warming up ({warmup} iterations)")
+    for _ in range(warmup):
+        step()
+    _synchronize(device)
+
+    activities = [ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+
+    say("mapping profiler events to graph nodes")
+    marker = _Marker()
+    with profile(activities=activities) as mapping_prof:
+        with record_function(_ITERATION):
+            opt.zero_grad(set_to_none=True)
+            with marker:
+                forward_backward()
+            opt.step()
+        _synchronize(device)
+
+    # Unprofiled and profiled iterations alternate, so that both see the same machine state.
+    say(f"timing {iters} iterations, alternately with the profiler off and on")
+    samples_ms = []
+    profiled_events: list[list[FunctionEvent]] = []
+    trace_path = None
+    for index in range(iters):
+        start = time.perf_counter()
+        step()
+        _synchronize(device)
+        samples_ms.append((time.perf_counter() - start) * 1e3)
+        with profile(activities=activities) as prof:
+            with record_function(_ITERATION):
+                step()
+            _synchronize(device)
+        profiled_events.append(list(prof.events()))
+        if trace_dir is not None and index == iters - 1:
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            trace_path = str(trace_dir / f"{spec.label}-{graph.graph_hash[:12]}.trace.json")
+            prof.export_chrome_trace(trace_path)
+
+    node_of_op = _graph_node_of_op(graph, marker.ops)
+    per_node, profiled_ms, matched = _attribute(
+        mapping_prof.events(), profiled_events, node_of_op, graph, device
+    )
+    node_ms = {node: statistics.median(values) for node, values in sorted(per_node.items())}
+    iteration_ms = statistics.median(samples_ms)
+    attributed = sum(node_ms.values())
+    device_name = torch.cuda.get_device_name() if device == "cuda" else platform.processor()
+    return graph, KernelProfile(
+        graph_hash=graph.graph_hash,
+        model=spec.label,
+        device=device,
+        device_name=device_name or platform.machine(),
+        iters=iters,
+        iteration_time_ms=iteration_ms,
+        iteration_samples_ms=tuple(samples_ms),
+        profiled_iteration_ms=statistics.median(profiled_ms),
+        attributed_ms=attributed,
+        coverage=attributed / iteration_ms,
+        node_ms=node_ms,
+        matched_fraction=matched,
+        trace_path=trace_path,
+        env={
+            "torch": torch.__version__,
+            "threads": str(torch.get_num_threads()),
+            "python": platform.python_version(),
+        },
+    )
+
+
+def _graph_node_of_op(graph: IterationGraph, ops: list[str]) -> dict[int, int]:
+    """Graph node id of each op position seen by the mapping pass (aligned by op name)."""
+    compute = graph.nodes_of("compute")
+    mapping = _align([n.op for n in compute], ops)
+    return {position: compute[index].id for position, index in mapping.items()}
+
+
+def _attribute(
+    mapping_events: Sequence[FunctionEvent],
+    profiled: Sequence[Sequence[FunctionEvent]],
+    node_of_op: dict[int, int],
+    graph: IterationGraph,
+    device: str,
+) -> tuple[dict[int, list[float]], list[float], float]:
+    """Per-node durations (ms) of each profiled iteration, the iterations' own durations, and
+    the fraction of profiled events matched to the mapping pass."""
+    mapped = _host_events(mapping_events)
+    (map_start, map_end), *_ = _iterations(mapped)
+    reference, labels = _mapping_reference(mapped, map_start, map_end)
+    optimizer_nodes = graph.nodes_of("optimizer")
+    optimizer_bytes = sum(n.param_bytes for n in optimizer_nodes) or 1
+
+    per_node: dict[int, list[float]] = {}
+    iteration_ms: list[float] = []
+    matched_total = 0
+    seen_total = 0
+    for events in profiled:
+        timeline = _host_events(events)
+        ((start, end),) = _iterations(timeline)
+        ops = _ops_between(timeline, start, end)
+        match = _align(reference, [e.name for e in ops])
+        matched_total += len(match)
+        seen_total += len(ops)
+        node_end: dict[int, float] = {}
+        node_device: dict[int, float] = {}
+        for position, event in enumerate(ops):
+            ref = match.get(position)
+            op = labels[ref] if ref is not None else None
+            node = node_of_op.get(op) if op is not None else None
+            if node is None:
+                continue
+            covered = node_end.get(node)
+            if covered is None or event.time_range.start >= covered:  # outermost event of node
+                node_device[node] = node_device.get(node, 0.0) + event.device_time_total
+            node_end[node] = max(covered or 0.0, event.time_range.end)
+        durations: dict[int, float] = {}
+        last_end = max(node_end.values(), default=start)
+        if device == "cuda":
+            durations = {node: us / 1e3 for node, us in node_device.items()}
+            # The optimizer step: the kernels launched after the last graph op.
+            tail_ms = _outermost_device_us(ops, last_end) / 1e3
+        else:
+            previous = start
+            for node, finished in sorted(node_end.items(), key=lambda kv: kv[1]):
+                durations[node] = (finished - previous) / 1e3
+                previous = finished
+            tail_ms = (end - last_end) / 1e3
+        for opt_node in optimizer_nodes:
+            durations[opt_node.id] = tail_ms * opt_node.param_bytes / optimizer_bytes
+        for node, ms in durations.items():
+            per_node.setdefault(node, []).append(ms)
+        iteration_ms.append((end - start) / 1e3)
+    return per_node, iteration_ms, matched_total / max(seen_total, 1)
+
+
+def _outermost_device_us(ops: Sequence[FunctionEvent], after: float) -> float:
+    """Device time (us) of the kernels launched by host events starting at or after ``after``,
+    each counted once (through its outermost event)."""
+    total = 0.0
+    covered = after
+    for event in ops:
+        if event.time_range.start >= covered:
+            total += event.device_time_total
+            covered = event.time_range.end
+    return total

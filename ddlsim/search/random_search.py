@@ -1,0 +1,58 @@
+"""Random search over the same fusion space as the backtracking (the baseline a smarter search
+has to beat): contiguous partitions of the gradients in ready order, with a random number of
+cuts at random places, DeAR on or off, priced in batches until the budget or the time is spent."""
+
+import random
+import time
+from collections.abc import Sequence
+
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.search.backtrack import BacktrackOptions, SearchResult, begin, finish, strategy_of
+from ddlsim.search.evaluator import Pricer
+
+BATCH = 256
+
+
+def random_fusion(
+    evaluator: Pricer,
+    order: Sequence[str],
+    options: BacktrackOptions | None = None,
+    *,
+    seed: int = 0,
+) -> SearchResult:
+    """Sample and price random partitions (``options``: budget, time limit, top, DeAR).
+
+    Raises:
+        InvalidOptionError: a model without gradients.
+    """
+    options = options or BacktrackOptions()
+    start, baseline, baseline_ms = begin(evaluator, order)
+    rng = random.Random(seed)
+    curve = [baseline_ms]
+    priced: dict[str, tuple[Strategy, float]] = {}
+    n = len(order)
+    attempts = 0
+    while evaluator.evaluations < options.budget and attempts < 20 * options.budget:
+        if time.perf_counter() - start > options.time_limit_s:
+            break
+        room = min(BATCH, options.budget - evaluator.evaluations)
+        batch = []
+        for _ in range(room):
+            attempts += 1
+            k = rng.randint(0, n - 1)
+            cuts = tuple(sorted(rng.sample(range(1, n), k=k)))
+            batch.append(strategy_of(order, cuts, options.dear and rng.random() < 0.5))
+        for strategy, ms in zip(batch, evaluator.price(batch), strict=True):
+            if strategy.to_json() not in priced:
+                priced[strategy.to_json()] = (strategy, ms)
+                curve.append(min(curve[-1], ms))
+    ranked = sorted(priced.values(), key=lambda item: item[1])
+    return finish(
+        evaluator,
+        ranked,
+        baseline=baseline,
+        baseline_ms=baseline_ms,
+        start=start,
+        curve=curve,
+        top=options.top,
+    )

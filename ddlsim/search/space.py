@@ -1,0 +1,273 @@
+"""The whole strategy space of one model on one cluster, and the price and memory of any point.
+
+A point is a :class:`Strategy`: a parallel plan (``dp x tp x pp``, FSDP, micro-batches, the
+pipeline schedule), a tensor-fusion plan (buckets, DeAR) and an op-fusion plan (compiled
+blocks). :func:`candidate_plans` lists the parallel plans the executor can run for the model on
+``world_size`` ranks. :class:`StrategyEvaluator` prices any strategy: data-parallel ones (with
+or without gradient accumulation) through a :class:`FusionEvaluator` of the rank's micro-batch,
+in batches, others by replaying the graph captured with their plan (FSDP, tensor parallel,
+pipelines), each corrected by the cost model; it also predicts each plan's peak memory per
+device (:mod:`simulator.memory`) and says which fit the device's capacity. Infeasible
+strategies are never priced: the searches prune them.
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, get_args
+
+import torch
+
+from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.models import build_model
+from ddlsim.data.specs.cluster import parse_bandwidth_gbps
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import ParallelPlan, PipelineSchedule, Strategy
+from ddlsim.data.stages import block_stack, default_groups
+from ddlsim.data.store import CollectiveProfileRecord
+from ddlsim.search.evaluator import FusionEvaluator
+from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, RISK_KINDS, Calibration, risk_kind
+from ddlsim.simulator.costs import comm_models, rank_spec, scaled
+from ddlsim.simulator.gnn import IterationCostModel
+from ddlsim.simulator.memory import MemoryEstimate, peak_memory
+from ddlsim.simulator.plans import is_data_parallel
+from ddlsim.simulator.predict import predict
+
+# Gradient accumulation and pipeline micro-batches the space offers (as many as the batch splits
+# into); pipelines also take micro-batches of pp, 2 pp and 4 pp.
+ACCUMULATION = (1, 2, 4)
+PIPELINE_FACTORS = (1, 2, 4)
+TP_MICRO_BATCHES = (1, 2)
+
+Profiles = Callable[[ModelSpec], tuple[IterationGraph, Mapping[int, float]]]
+# The graph of a model (at a rank's micro-batch) captured under a strategy (the profiler's).
+Capture = Callable[[ModelSpec, Strategy], IterationGraph]
+# Whether the executor can run a strategy's plan for a model (``executor.plan.model_supports``).
+Supports = Callable[[ModelSpec, Strategy], bool]
+
+
+def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> list[ParallelPlan]:
+    """Every parallel plan of the space that the model supports on ``world_size`` ranks and whose
+    global batch splits evenly: data parallelism with gradient accumulation, FSDP (its default
+    group per block) with and without it, tensor parallelism over each divisor of the world
+    size, and pipelines over each divisor with GPipe, 1F1B and interleaved 1F1B. DDP's plan
+    comes first."""
+    batch = spec.inputs.batch_size
+    plans: list[ParallelPlan] = []
+
+    def add(plan: ParallelPlan) -> None:
+        dp = plan.resolve_dp(world_size)
+        if batch % (dp * plan.micro_batches):
+            return
+        if supports(spec, Strategy(parallel=plan)):
+            plans.append(plan)
+
+    for fsdp in (False, True):
+        for m in ACCUMULATION:
+            add(ParallelPlan(fsdp=fsdp, micro_batches=m))
+    divisors = [d for d in range(2, world_size + 1) if world_size % d == 0]
+    for tp in divisors:
+        for m in TP_MICRO_BATCHES:
+            add(ParallelPlan(tp=tp, micro_batches=m))
+    for pp in divisors:
+        for schedule in get_args(PipelineSchedule):
+            for factor in PIPELINE_FACTORS:
+                add(ParallelPlan(pp=pp, micro_batches=pp * factor, pp_schedule=schedule))
+    return list(dict.fromkeys(plans))
+
+
+def plan_label(plan: ParallelPlan) -> str:
+    """A short name of a plan (``dp2 tp2 m2``, ``dp1 pp4 1f1b m8``, ``dp4 fsdp``)."""
+    parts = [f"tp{plan.tp}" if plan.tp > 1 else "", f"pp{plan.pp}" if plan.pp > 1 else ""]
+    if plan.pp > 1:
+        parts.append(plan.pp_schedule)
+    if plan.fsdp:
+        parts.append("fsdp")
+    if plan.micro_batches > 1:
+        parts.append(f"m{plan.micro_batches}")
+    return " ".join(p for p in parts if p) or "ddp"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    """The cluster a search prices for: ranks, link, the backend's collective fits (any world
+    size and link), the memory of each device (``None``: unconstrained), and how much slower
+    a rank computes than its profile (ranks sharing cores)."""
+
+    world_size: int
+    bandwidth: str
+    fits: Sequence[CollectiveProfileRecord]
+    capacity_bytes: int | None = None
+    backend: str = "gloo"
+    compute_scale: float = 1.0
+
+
+class StrategyEvaluator:
+    """Predicted iteration times (ms) and peak memory of any strategy of one model.
+
+    Args:
+        spec: the model at its global batch.
+        profiles: the rank's micro-batch graph and its profiled node times (ms) for a model
+            spec at a micro-batch (the store's kernel profile, taken when missing).
+        capture: the graph of a rank's micro-batch under a plan (FSDP, TP, pipelines).
+        cost_model: as for :class:`FusionEvaluator`.
+        calibration: held-out errors of predicted speed-ups by kind (the cost model's
+            checkpoint has them); with it, :meth:`price` scores each strategy at its kind's
+            ``confidence`` quantile, so that a search prefers margins its kind can be trusted
+            with; without it, :meth:`price` is the prediction.
+
+    Not thread-safe: one evaluator per search worker.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        cluster: Cluster,
+        profiles: Profiles,
+        capture: Capture,
+        *,
+        cost_model: tuple[IterationCostModel, Mapping[str, Any]] | None = None,
+        optimizer: str = "adamw",
+        calibration: Calibration | None = None,
+        confidence: float = DEFAULT_CONFIDENCE,
+    ) -> None:
+        self.spec = spec
+        self.cluster = cluster
+        self.profiles = profiles
+        self.capture = capture
+        self.cost_model = cost_model
+        self.optimizer = optimizer
+        self.calibration = calibration
+        self.confidence = confidence
+        # Each kind's factor, once: the search scores thousands of strategies.
+        self._factors = (
+            {k: calibration.kind_factor(k, confidence) for k in RISK_KINDS}
+            if calibration is not None
+            else {}
+        )
+        self.memo: dict[str, float] = {}
+        # Told how many strategies each call priced (a progress bar).
+        self.on_priced: Callable[[int], None] | None = None
+        self._fusion: dict[int, FusionEvaluator] = {}
+        self._memory: dict[ParallelPlan, MemoryEstimate] = {}
+        with torch.device("meta"):
+            model = build_model(spec)
+        stack = block_stack(model)
+        self.blocks: tuple[str, ...] = stack.blocks if stack is not None else ()
+        self.fsdp_groups = [tuple(g) for g in default_groups(model)]
+        self._links: dict[tuple[int, bool], dict[str, AlphaBeta]] = {}
+
+    @property
+    def evaluations(self) -> int:
+        """Distinct strategies priced so far."""
+        return len(self.memo)
+
+    @property
+    def predictor(self) -> str:
+        return self.fusion(ParallelPlan()).predictor
+
+    def links(self, dp: int, *, ring: bool) -> dict[str, AlphaBeta]:
+        key = (dp, ring)
+        if key not in self._links:
+            self._links[key] = comm_models(
+                self.cluster.fits,
+                world_size=dp,
+                bandwidth=self.cluster.bandwidth,
+                bandwidth_gbps=parse_bandwidth_gbps(self.cluster.bandwidth),
+                ring=ring,
+            ).models
+        return self._links[key]
+
+    def fusion(self, plan: ParallelPlan) -> FusionEvaluator:
+        """The evaluator of data-parallel strategies at ``plan``'s micro-batch."""
+        rank = rank_spec(self.spec, Strategy(parallel=plan), self.cluster.world_size)
+        batch = rank.inputs.batch_size
+        if batch not in self._fusion:
+            graph, node_ms = self.profiles(rank)
+            dp = plan.resolve_dp(self.cluster.world_size)
+            self._fusion[batch] = FusionEvaluator(
+                graph,
+                scaled(node_ms, self.cluster.compute_scale),
+                self.links(dp, ring=False),
+                ring_comm=self.links(dp, ring=True),
+                dp=dp,
+                backend=self.cluster.backend,
+                cost_model=self.cost_model,
+                compute_scale=self.cluster.compute_scale,
+            )
+        return self._fusion[batch]
+
+    def memory(self, strategy: Strategy) -> MemoryEstimate:
+        """The predicted peak memory per device of ``strategy``'s plan."""
+        plan = strategy.parallel
+        if plan not in self._memory:
+            rank = rank_spec(self.spec, strategy, self.cluster.world_size)
+            graph, _ = self.profiles(rank)
+            self._memory[plan] = peak_memory(
+                graph,
+                strategy,
+                world_size=self.cluster.world_size,
+                blocks=self.blocks,
+                fsdp_groups=self.fsdp_groups,
+                optimizer=self.optimizer,
+            )
+        return self._memory[plan]
+
+    def feasible(self, strategy: Strategy) -> bool:
+        """Whether the plan's predicted peak fits the device (always, without a capacity)."""
+        capacity = self.cluster.capacity_bytes
+        return capacity is None or self.memory(strategy).total_bytes <= capacity
+
+    def price(self, strategies: Sequence[Strategy]) -> list[float]:
+        """What a search minimises: each strategy's predicted iteration time (ms) scored by the
+        calibration (:meth:`Calibration.factor`: times the ``confidence`` quantile of its kind's
+        held-out speed-up errors), or the prediction itself without a calibration."""
+        times = self.predicted(strategies)
+        if not self._factors:
+            return times
+        return [
+            ms * self._factors[risk_kind(strategy)]
+            for strategy, ms in zip(strategies, times, strict=True)
+        ]
+
+    def predicted(self, strategies: Sequence[Strategy]) -> list[float]:
+        """The predicted iteration time of each strategy (ms), memoised; data-parallel ones
+        are priced in one batch per micro-batch size."""
+        keys = [s.to_json() for s in strategies]
+        todo: dict[str, Strategy] = {}
+        for key, strategy in zip(keys, strategies, strict=True):
+            if key not in self.memo:
+                todo.setdefault(key, strategy)
+        by_batch: dict[int, list[tuple[str, Strategy]]] = {}
+        for key, strategy in todo.items():
+            plan = strategy.parallel
+            if is_data_parallel(plan):
+                evaluator = self.fusion(plan)
+                by_batch.setdefault(id(evaluator), []).append((key, strategy))
+            else:
+                self.memo[key] = self._price_plan(strategy)
+        for group in by_batch.values():
+            evaluator = self.fusion(group[0][1].parallel)
+            times = evaluator.price([s for _, s in group])
+            for (key, _), ms in zip(group, times, strict=True):
+                self.memo[key] = ms
+        if todo and self.on_priced is not None:
+            self.on_priced(len(todo))
+        return [self.memo[key] for key in keys]
+
+    def _price_plan(self, strategy: Strategy) -> float:
+        rank = rank_spec(self.spec, strategy, self.cluster.world_size)
+        profiled, node_ms = self.profiles(rank)
+        graph = self.capture(rank, strategy)
+        prediction = predict(
+            graph,
+            profiled=profiled,
+            node_ms=node_ms,
+            collective_profiles=self.cluster.fits,
+            world_size=self.cluster.world_size,
+            bandwidth=self.cluster.bandwidth,
+            backend=self.cluster.backend,
+            cost_model=self.cost_model,
+            compute_scale=self.cluster.compute_scale,
+        )
+        return prediction.iteration_time_ms

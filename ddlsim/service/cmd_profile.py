@@ -1,0 +1,249 @@
+"""``ddlsim profile kernels|fusion|collectives|batch``: measure models, compiled blocks and
+links; store the results."""
+
+import argparse
+import functools
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from ddlsim.data.store import (
+    Store,
+    add_collective_profile,
+    add_fusion_profile,
+    add_graph,
+    add_kernel_profile,
+)
+from ddlsim.data.zoo import resolve_model
+from ddlsim.profiler.batch import (
+    JobRunner,
+    collective_records,
+    fusion_record,
+    kernel_record,
+    parse_batch,
+    run_batch,
+    run_collective_job,
+    run_fusion_job,
+    run_kernel_job,
+)
+from ddlsim.profiler.cluster import remove_stale_namespaces
+from ddlsim.profiler.collectives import COLLECTIVES, parse_sizes, profile_collectives
+from ddlsim.profiler.fusion import profile_fusion
+from ddlsim.profiler.kernels import DEVICES, profile_kernels
+from ddlsim.service.cmd_run import run_compare_job, run_executor_job
+from ddlsim.service.output import emit_json, positive_int, progress
+
+
+def cmd_kernels(args: argparse.Namespace) -> int:
+    spec = resolve_model(args.model).with_inputs(
+        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
+    )
+    with Store.open(args.db) as store:
+        graph, profile = profile_kernels(
+            spec,
+            iters=args.iters,
+            warmup=args.warmup,
+            device=args.device,
+            threads=args.threads,
+            trace_dir=Path(args.trace_dir) if args.trace_dir else None,
+            progress=progress,
+        )
+        with store.transaction() as session:
+            add_graph(session, graph=graph)
+            profile_id = add_kernel_profile(session, profile=kernel_record(profile))
+    summary = {**profile.summary(), "id": profile_id, "db": store.url}
+    if args.json:
+        emit_json(summary)
+    else:
+        print(
+            f"{profile.model} on {profile.device} ({profile.device_name}), {profile.iters} "
+            f"iterations\n"
+            f"  iteration    {profile.iteration_time_ms:.2f} ms median, profiler off\n"
+            f"  attributed   {profile.attributed_ms:.2f} ms over {profile.num_nodes_timed} nodes "
+            f"(coverage {profile.coverage:.3f})\n"
+            f"  stored       kernel profile {profile_id} in {store.url}"
+        )
+        if profile.trace_path:
+            print(f"  trace        {profile.trace_path} (open in Perfetto)")
+    return 0
+
+
+def cmd_fusion(args: argparse.Namespace) -> int:
+    spec = resolve_model(args.model).with_inputs(
+        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
+    )
+    with Store.open(args.db) as store:
+        graph, profile = profile_fusion(
+            spec,
+            args.blocks,
+            iters=args.iters,
+            warmup=args.warmup,
+            threads=args.threads,
+            progress=progress,
+        )
+        with store.transaction() as session:
+            add_graph(session, graph=graph)
+            profile_id = add_fusion_profile(session, profile=fusion_record(profile))
+    if args.json:
+        emit_json({**profile.to_json(), "id": profile_id, "db": store.url})
+        return 0
+    print(f"{profile.model}: blocks alone, forward and backward, median of {profile.iters}")
+    print(f"  {'block':<32}{'eager':>10}{'compiled':>11}{'speed-up':>10}{'compile':>10}")
+    for block in profile.blocks:
+        print(
+            f"  {block.block:<32}{block.eager_ms:>7.2f} ms{block.compiled_ms:>8.2f} ms"
+            f"{block.speedup:>9.2f}x{block.compile_s:>8.1f} s"
+        )
+    print(f"  stored fusion profile {profile_id} in {store.url}")
+    return 0
+
+
+def cmd_collectives(args: argparse.Namespace) -> int:
+    sizes = parse_sizes(args.sizes) if args.sizes else None
+    remove_stale_namespaces()  # left by runs whose process was killed outright
+    with Store.open(args.db) as store:
+        profile = profile_collectives(
+            world_size=args.world_size,
+            backend=args.backend,
+            bandwidth=args.bandwidth,
+            sizes=sizes,
+            collectives=args.collectives,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            progress=progress,
+        )
+        with store.transaction() as session:
+            ids = [
+                add_collective_profile(session, profile=record)
+                for record in collective_records(profile)
+            ]
+    if args.json:
+        emit_json({**profile.to_json_dict(), "ids": ids, "db": store.url})
+        return 0
+    print(
+        f"{args.world_size} ranks, {args.backend}, link {profile.bandwidth}, "
+        f"network {profile.network}"
+    )
+    print(f"  {'collective':<16}{'alpha':>12}{'busbw':>14}{'r2':>8}")
+    for fit in profile.fits:
+        print(
+            f"  {fit.collective:<16}{fit.alpha_us:>9.0f} us{fit.busbw_gbps:>9.3f} Gb/s"
+            f"{fit.r2:>8.3f}"
+        )
+    for note in profile.notes:
+        print(f"  note: {note}")
+    print(f"  stored {len(ids)} collective profiles in {store.url}")
+    return 0
+
+
+def batch_runners(trace_dir: Path | None = None) -> dict[str, JobRunner]:
+    """What runs each kind of batch job."""
+    return {
+        "kernels": functools.partial(run_kernel_job, trace_dir=trace_dir),
+        "fusion": run_fusion_job,
+        "collectives": run_collective_job,
+        "run": run_executor_job,
+        "compare": run_compare_job,
+    }
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    jobs = parse_batch(args.spec)
+    runners = batch_runners(Path(args.trace_dir) if args.trace_dir else None)
+    with (
+        Store.open(args.db) as store,
+        tqdm(total=len(jobs), unit="job", disable=args.json, leave=False) as bar,
+    ):
+
+        def show(position: int, total: int, label: str) -> None:
+            bar.n = position
+            bar.set_description(label[:60])
+            bar.refresh()
+
+        outcome = run_batch(jobs, store=store, runners=runners, progress=show)
+    summary: dict[str, Any] = {**outcome.to_dict(), "jobs": len(jobs), "db": store.url}
+    if args.json:
+        emit_json(summary)
+    else:
+        print(
+            f"{len(jobs)} jobs: {len(outcome.done)} done, {len(outcome.skipped)} already done, "
+            f"{len(outcome.failed)} failed (stored in {store.url})"
+        )
+        for key, error in outcome.failed:
+            print(f"  failed {key}: {error}")
+    return 1 if outcome.failed else 0
+
+
+def register(sub: Any) -> None:
+    profile = sub.add_parser("profile", help="measure kernels and collectives, store them")
+    kinds = profile.add_subparsers(dest="profile_command", required=True, metavar="KIND")
+
+    kernels = kinds.add_parser(
+        "kernels", help="time every node of a model's iteration graph on this machine"
+    )
+    kernels.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
+    kernels.add_argument("--iters", type=positive_int, default=20)
+    kernels.add_argument("--warmup", type=int, default=3)
+    kernels.add_argument("--device", choices=DEVICES, default="cpu")
+    kernels.add_argument(
+        "--threads", type=positive_int, default=1, help="intra-op threads (default 1, as a rank)"
+    )
+    kernels.add_argument("--batch-size", type=positive_int)
+    kernels.add_argument("--seq-len", type=positive_int)
+    kernels.add_argument("--image-size", type=positive_int)
+    kernels.add_argument("--trace-dir", help="write the Chrome trace (Perfetto) here")
+    kernels.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    kernels.add_argument("--json", action="store_true", help="print JSON")
+    kernels.set_defaults(handler=cmd_kernels)
+
+    fusion = kinds.add_parser(
+        "fusion", help="time a model's blocks alone, eager and compiled (torch.compile)"
+    )
+    fusion.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
+    fusion.add_argument(
+        "--blocks", nargs="+", metavar="PATH", help="module paths (default: the repeated blocks)"
+    )
+    fusion.add_argument("--iters", type=positive_int, default=10)
+    fusion.add_argument("--warmup", type=int, default=2)
+    fusion.add_argument(
+        "--threads", type=positive_int, default=1, help="intra-op threads (default 1, as a rank)"
+    )
+    fusion.add_argument("--batch-size", type=positive_int)
+    fusion.add_argument("--seq-len", type=positive_int)
+    fusion.add_argument("--image-size", type=positive_int)
+    fusion.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    fusion.add_argument("--json", action="store_true", help="print JSON")
+    fusion.set_defaults(handler=cmd_fusion)
+
+    collectives = kinds.add_parser(
+        "collectives",
+        help="benchmark collectives between processes on an emulated cluster, fit alpha-beta",
+    )
+    collectives.add_argument("--world-size", type=positive_int, required=True)
+    collectives.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPUs)")
+    collectives.add_argument(
+        "--bandwidth", default="1gbit", help="link rate per host: 1gbit, 100mbit, 10gbit, none"
+    )
+    collectives.add_argument(
+        "--sizes", help="message sizes: a list (4KiB,1MiB) or a range (4KiB:256MiB, x4 steps)"
+    )
+    collectives.add_argument(
+        "--collectives",
+        nargs="+",
+        default=list(COLLECTIVES),
+        metavar="NAME",
+        help=f"any of {', '.join(COLLECTIVES)}",
+    )
+    collectives.add_argument("--warmup", type=int, default=2)
+    collectives.add_argument("--repeats", type=positive_int, default=5)
+    collectives.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    collectives.add_argument("--json", action="store_true", help="print JSON")
+    collectives.set_defaults(handler=cmd_collectives)
+
+    batch = kinds.add_parser("batch", help="run a YAML list or cross product of profile jobs")
+    batch.add_argument("spec", metavar="SPEC.yaml")
+    batch.add_argument("--trace-dir", help="write the kernel jobs' Chrome traces here")
+    batch.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    batch.add_argument("--json", action="store_true", help="print JSON")
+    batch.set_defaults(handler=cmd_batch)

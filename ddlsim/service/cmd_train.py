@@ -1,0 +1,337 @@
+"""``ddlsim simulator train|eval|bench``: fit the cost model, measure it on held-out families,
+time batched predictions."""
+
+import argparse
+import itertools
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import torch
+from torch_geometric.data import Batch
+from tqdm import tqdm
+
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import Store
+from ddlsim.data.zoo import ZOO
+from ddlsim.profiler.capture import capture_graph
+from ddlsim.service.output import emit_json, positive_int, progress
+from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, Calibration, calibrate
+from ddlsim.simulator.dataset import Dataset, export_dataset, load_dataset
+from ddlsim.simulator.default import load_default, shipped_dataset, user_checkpoint
+from ddlsim.simulator.evaluate import Accuracy
+from ddlsim.simulator.fast import DataParallelReplay
+from ddlsim.simulator.features import ModelGraph, model_graph, strategy_sample
+from ddlsim.simulator.gnn import CostModelConfig
+from ddlsim.simulator.holdout import (
+    best_predictor,
+    cross_validate,
+    evaluate_holdout,
+    metrics_by_kind,
+)
+from ddlsim.simulator.replay import comm_models_for_link
+from ddlsim.simulator.train import (
+    PREDICTORS,
+    TrainOptions,
+    build_training_set,
+    intra_op_threads,
+    save_checkpoint,
+    train_cost_model,
+)
+
+
+def _dataset(args: argparse.Namespace) -> tuple[Dataset, str]:
+    """The dataset named by ``--db`` (a store, exported on the fly) or ``--dataset`` (a file;
+    default: the shipped one)."""
+    if args.db:
+        with tempfile.TemporaryDirectory() as tmp, Store.open(args.db) as store:
+            path = Path(tmp) / "dataset.json.gz"
+            export_dataset(store, path, meta={"source": store.url})
+            return load_dataset(path), store.url
+    path = Path(args.dataset) if args.dataset else shipped_dataset()
+    return load_dataset(path), str(path)
+
+
+def _options(args: argparse.Namespace) -> tuple[CostModelConfig, TrainOptions]:
+    return (
+        CostModelConfig(hidden=args.hidden, layers=args.layers),
+        TrainOptions(epochs=args.epochs, seed=args.seed),
+    )
+
+
+def _metrics_json(metrics: dict[str, Accuracy]) -> dict[str, Any]:
+    return {name: m.to_json() for name, m in metrics.items()}
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    dataset, source = _dataset(args)
+    config, options = _options(args)
+    started = time.perf_counter()
+    cv: dict[str, Accuracy] | None = None
+    calibration: dict[str, Any] | None = None
+    predictor = args.predictor
+    if predictor == "auto":
+        progress(
+            f"choosing the predictor: {len(dataset.families)} folds, one family held out each"
+        )
+        reports, cv = cross_validate(
+            dataset, config=config, options=options, progress=progress, workers=args.workers
+        )
+        predictor = best_predictor(cv)
+        held_out = [row for report in reports for row in report.rows]
+        calibration = {name: calibrate(held_out, name).to_json() for name in PREDICTORS}
+        progress(
+            "held-out MAPE: "
+            + ", ".join(f"{name} {m.mape:.3f}" for name, m in cv.items())
+            + f"; default: {predictor}"
+        )
+    data = build_training_set(dataset)
+    for reason in data.skipped:
+        progress(f"skipped: {reason}")
+    with tqdm(total=options.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
+
+        def tick(epoch: int, total: int, loss: float) -> None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}")
+
+        model = train_cost_model(data, config=config, options=options, progress=tick)
+    out = Path(args.out) if args.out else user_checkpoint()
+    meta = {
+        "predictor": predictor,
+        "dataset": source,
+        "runs": len(data.samples),
+        "graphs": len(data.graphs),
+        "families": dataset.families,
+        "epochs": options.epochs,
+        "cross_validation": _metrics_json(cv) if cv else None,
+        # Held-out errors of predicted speed-ups by kind, which searches score picks by.
+        "calibration": calibration,
+    }
+    save_checkpoint(model, out, meta)
+    payload = {**meta, "out": str(out), "elapsed_s": time.perf_counter() - started}
+    if calibration is not None:
+        payload["calibration"] = Calibration.from_json(calibration[predictor]).summary(
+            DEFAULT_CONFIDENCE
+        )
+    if args.json:
+        emit_json(payload)
+    else:
+        print(
+            f"trained on {len(data.samples)} runs of {len(dataset.families)} families in "
+            f"{payload['elapsed_s']:.0f} s; predictor {predictor}; written to {out}"
+        )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    dataset, source = _dataset(args)
+    config, options = _options(args)
+    report, _ = evaluate_holdout(
+        dataset, args.holdout, config=config, options=options, progress=progress
+    )
+    shipped = load_default()
+    default = str(shipped[1].get("predictor", "replay")) if shipped else "replay"
+    payload = {
+        **report.to_json(),
+        "dataset": source,
+        "default_predictor": default,
+        "default": report.metrics[default].to_json(),
+    }
+    if not args.rows:
+        payload.pop("rows")
+    if args.json:
+        emit_json(payload)
+        return 0
+    print(
+        f"held out {', '.join(report.holdout)}: {len(report.rows)} runs; trained on "
+        f"{report.train_runs} in {report.train_seconds:.0f} s"
+    )
+    print(f"  {'':<8}{'mape':>8}{'p90_ape':>9}{'tau':>7}{'pairs':>7}")
+    for name in PREDICTORS:
+        m = report.metrics[name]
+        pairs = "-" if m.pair_accuracy is None else f"{m.pair_accuracy:.3f}"
+        mark = "  (default)" if name == default else ""
+        print(f"  {name:<8}{m.mape:8.3f}{m.p90_ape:9.3f}{m.kendall_tau:7.3f}{pairs:>7}{mark}")
+    for kind, metrics in metrics_by_kind(report.rows).items():
+        m = metrics[default]
+        print(f"  {kind:<9} mape {m.mape:.3f}, p90_ape {m.p90_ape:.3f} ({default})")
+    print(f"  op durations never seen, median APE: {report.duration_mdape:.3f}")
+    if report.fused_blocks:
+        print(
+            f"  compiled blocks ({report.fused_blocks}), median APE: "
+            f"{report.fused_mdape:.3f} (eager time taken for compiled: "
+            f"{report.fused_mdape_unfused:.3f})"
+        )
+    return 0
+
+
+def _bench_graph(dataset: Dataset | None) -> tuple[IterationGraph, dict[int, float], str]:
+    """gpt2-tiny at a rank's micro-batch (~500 nodes): its profile from the dataset if there,
+    else a capture with FLOP-proportional durations."""
+    if dataset is not None:
+        for (label, batch), entry in sorted(dataset.kernels.items()):
+            if label == "gpt2-tiny":
+                return entry.graph, entry.node_ms, f"{label}@{batch} (profiled)"
+    graph = capture_graph(ZOO["gpt2-tiny"].with_inputs(batch_size=4, seq_len=64))
+    node_ms = {
+        n.id: 0.002 + n.flops / 2e9 for n in graph.nodes if n.kind in ("compute", "optimizer")
+    }
+    return graph, node_ms, "gpt2-tiny@4 (FLOP-proportional durations)"
+
+
+def _random_partitions(
+    order: list[str], count: int, seed: int, *, dear: bool = False
+) -> list[Strategy]:
+    rng = random.Random(seed)
+    seen: set[tuple[int, ...]] = set()
+    out: list[Strategy] = []
+    while len(out) < count:
+        cuts = tuple(sorted(rng.sample(range(1, len(order)), k=rng.randint(0, 12))))
+        if cuts in seen:
+            continue
+        seen.add(cuts)
+        bounds = [0, *cuts, len(order)]
+        buckets = [order[a:b] for a, b in itertools.pairwise(bounds)]
+        out.append(Strategy.from_dict({"tensor_fusion": {"buckets": buckets, "dear": dear}}))
+    return out
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        dataset: Dataset | None = load_dataset(shipped_dataset())
+    except InvalidOptionError:
+        dataset = None
+    graph, node_ms, what = _bench_graph(dataset)
+    strategies = _random_partitions(
+        graph.grad_ready_order, args.strategies, seed=0, dear=args.dear
+    )
+    comm = comm_models_for_link(2, 1.0, alpha_us=300.0)
+    loaded = (
+        None
+        if args.simulator == "replay"
+        else load_default(Path(args.simulator) if args.simulator else None)
+    )
+    rates: dict[str, list[float]] = {"replay": [], "cost_model": []}
+    with intra_op_threads(1):
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            fast = DataParallelReplay(graph, node_ms)
+            for strategy in strategies:
+                fast.summary(strategy, comm)
+            rates["replay"].append(len(strategies) / (time.perf_counter() - start))
+            if loaded is None:
+                continue
+            model, _ = loaded
+            start = time.perf_counter()
+            fast = DataParallelReplay(graph, node_ms)
+            encoded = model_graph(graph, node_ms)
+            with torch.no_grad():
+                h, _ = model.encode(torch_batch := _single_batch(encoded))
+                for first in range(0, len(strategies), args.batch):
+                    chunk = strategies[first : first + args.batch]
+                    samples = [
+                        strategy_sample(
+                            model_key="g",
+                            graph=encoded,
+                            strategy=s,
+                            summary=fast.summary(s, comm),
+                            comm=comm,
+                            dp=2,
+                        )
+                        for s in chunk
+                    ]
+                    model.corrections(h, torch_batch, {"g": 0}, samples)
+            rates["cost_model"].append(len(strategies) / (time.perf_counter() - start))
+    payload = {
+        "graph": what,
+        "num_nodes": len(graph.nodes),
+        "strategies": len(strategies),
+        "dear": args.dear,
+        "repeats": args.repeats,
+        "evaluations_per_s": statistics.median(rates["cost_model"] or rates["replay"]),
+        "replay_evaluations_per_s": statistics.median(rates["replay"]),
+        "cost_model_evaluations_per_s": (
+            statistics.median(rates["cost_model"]) if rates["cost_model"] else None
+        ),
+        "threads": 1,
+    }
+    if args.json:
+        emit_json(payload)
+    else:
+        print(
+            f"{payload['strategies']} distinct bucket partitions "
+            f"{'with DeAR ' if args.dear else ''}of {what} "
+            f"({payload['num_nodes']} nodes), median of {args.repeats}:\n"
+            f"  replay alone    {payload['replay_evaluations_per_s']:.0f} evaluations/s\n"
+            f"  with cost model "
+            + (
+                f"{payload['cost_model_evaluations_per_s']:.0f} evaluations/s"
+                if payload["cost_model_evaluations_per_s"]
+                else "- (no checkpoint)"
+            )
+        )
+    return 0
+
+
+def _single_batch(encoded: ModelGraph) -> Batch:
+    return Batch.from_data_list([encoded.data])
+
+
+def _common(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--dataset", help="dataset file (default: the shipped one)")
+    cmd.add_argument("--db", help="train on this store's runs and profiles instead")
+    cmd.add_argument("--epochs", type=positive_int, default=TrainOptions().epochs)
+    cmd.add_argument("--hidden", type=positive_int, default=CostModelConfig().hidden)
+    cmd.add_argument("--layers", type=positive_int, default=CostModelConfig().layers)
+    cmd.add_argument("--seed", type=int, default=0)
+    cmd.add_argument("--json", action="store_true", help="print JSON")
+
+
+def register(commands: Any) -> None:
+    train = commands.add_parser("train", help="train the cost model on measured runs")
+    _common(train)
+    train.add_argument(
+        "--workers",
+        type=positive_int,
+        default=os.cpu_count() or 1,
+        help="processes for the held-out folds of --predictor auto (default: one a core)",
+    )
+    train.add_argument(
+        "--out",
+        help=f"checkpoint to write (default: {platformdirs.user_data_dir('ddlsim')}/"
+        "simulator/cost_model.pt, which predict then uses)",
+    )
+    train.add_argument(
+        "--predictor",
+        default="auto",
+        choices=("auto", *PREDICTORS),
+        help="what predict uses; auto: the lowest error with each family held out in turn",
+    )
+    train.set_defaults(handler=cmd_train)
+    evaluate = commands.add_parser(
+        "eval", help="train without some model families and measure the error on them"
+    )
+    _common(evaluate)
+    evaluate.add_argument("--holdout", nargs="+", required=True, metavar="FAMILY")
+    evaluate.add_argument("--rows", action="store_true", help="include every run in --json")
+    evaluate.set_defaults(handler=cmd_eval)
+    bench = commands.add_parser("bench", help="time batched predictions of distinct strategies")
+    bench.add_argument("--strategies", type=positive_int, default=2000)
+    bench.add_argument("--batch", type=positive_int, default=256)
+    bench.add_argument("--repeats", type=positive_int, default=3)
+    bench.add_argument("--dear", action="store_true", help="every partition with DeAR")
+    bench.add_argument(
+        "--simulator",
+        metavar="replay|CKPT",
+        help="as for ddlsim predict (default: yours, else the shipped cost model)",
+    )
+    bench.add_argument("--json", action="store_true", help="print JSON")
+    bench.set_defaults(handler=cmd_bench)

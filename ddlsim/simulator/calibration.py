@@ -1,0 +1,197 @@
+"""How far to trust a predicted speed-up, by kind of strategy, measured on held-out families.
+
+A search takes the minimum over thousands of predictions, so it favours exactly the candidates
+whose time the simulator underestimates most (the optimiser's curse), and some kinds of strategy
+are underestimated on the whole: on the shipped CPU cluster, the executor's Python-side buckets
+and DeAR's ring share the cores the ranks compute on, which the replay does not see. A pick
+predicted a few per cent faster than DDP's defaults is then often measured slower.
+
+:func:`calibrate` reads the rows of cross-validation (each run of a family the model was trained
+without) and keeps, for each kind of strategy (:func:`risk_kind`), the errors of its predicted
+speed-ups over DDP's defaults in the same group (model and cluster)::
+
+    error = log(measured / measured_defaults) - log(predicted / predicted_defaults)
+
+positive when the strategy ran slower, against DDP's defaults, than predicted. A search scores a
+candidate at ``predicted_ms * exp(q-quantile of its kind's errors)`` (:meth:`Calibration.factor`):
+with ``q = 0.8`` a pick that beats DDP's defaults on that score did so, against measurement, in
+four of five held-out runs of its kind. DDP's defaults score at their prediction (their error
+against themselves is zero by definition), so a search keeps them unless a candidate's margin
+exceeds what its kind usually loses.
+"""
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.simulator.evaluate import quantile
+
+# Kinds of strategy by what the simulator gets wrong about them: the split of data-parallel
+# buckets into DDP's own reducer and the executor's hooks matters (Python per bucket).
+RISK_KINDS: tuple[str, ...] = (
+    "default",
+    "ddp",
+    "hooks",
+    "dear",
+    "compiled",
+    "fsdp",
+    "tensor",
+    "pipeline",
+)
+# Below this many held-out errors a kind borrows the errors of all kinds pooled.
+MIN_ERRORS = 8
+DEFAULT_CONFIDENCE = 0.8
+_DEFAULTS = Strategy()
+
+
+STRATEGY_KINDS: tuple[str, ...] = ("buckets", "dear", "compiled", "fsdp", "tensor", "pipeline")
+
+
+def strategy_kind(strategy: Strategy) -> str:
+    """What a strategy mainly is, for reports by kind: a pipeline, tensor parallelism, FSDP,
+    compiled blocks, DeAR, or else (DDP's or the executor's) buckets."""
+    plan = strategy.parallel
+    if plan.pp > 1:
+        return "pipeline"
+    if plan.tp > 1:
+        return "tensor"
+    if plan.fsdp:
+        return "fsdp"
+    if strategy.op_fusion.compiled:
+        return "compiled"
+    return "dear" if strategy.tensor_fusion.dear else "buckets"
+
+
+def risk_kind(strategy: Strategy) -> str:
+    """The kind a strategy's speed-up error is calibrated by: :func:`strategy_kind`, with DDP's
+    defaults apart and buckets split into the executor's hooks and DDP's reducer (other caps,
+    gradient accumulation)."""
+    if strategy == _DEFAULTS:
+        return "default"
+    kind = strategy_kind(strategy)
+    if kind != "buckets":
+        return kind
+    return "ddp" if strategy.tensor_fusion.uses_ddp else "hooks"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Calibration:
+    """Held-out errors of predicted speed-ups, sorted, by :func:`risk_kind`, for one predictor.
+
+    ``errors["default"]`` holds DDP's defaults run again against their first run (the noise of
+    a measured speed-up); it is reported, never applied.
+    """
+
+    predictor: str
+    errors: Mapping[str, tuple[float, ...]]
+
+    def pooled(self) -> tuple[float, ...]:
+        """Every non-default kind's errors together."""
+        return tuple(sorted(e for k, es in self.errors.items() if k != "default" for e in es))
+
+    def quantile(self, kind: str, confidence: float) -> float:
+        """The ``confidence`` quantile of ``kind``'s errors (the pooled ones when it has fewer
+        than :data:`MIN_ERRORS`); 0 for DDP's defaults, and 0 with no errors at all."""
+        if kind == "default":
+            return 0.0
+        errors = self.errors.get(kind, ())
+        if len(errors) < MIN_ERRORS:
+            errors = self.pooled()
+        return quantile(errors, confidence) if errors else 0.0
+
+    def factor(self, strategy: Strategy, confidence: float) -> float:
+        """What a predicted time of ``strategy`` is multiplied by to score it."""
+        return self.kind_factor(risk_kind(strategy), confidence)
+
+    def kind_factor(self, kind: str, confidence: float) -> float:
+        """What a predicted time of a strategy of ``kind`` is multiplied by to score it."""
+        return math.exp(self.quantile(kind, confidence))
+
+    def summary(self, confidence: float) -> dict[str, dict[str, float | int | None]]:
+        """Per kind: the number of errors, their median (the bias: positive when the kind's
+        speed-ups are overestimated) and the applied factor at ``confidence``."""
+        out: dict[str, dict[str, float | int | None]] = {}
+        for kind in RISK_KINDS:
+            errors = self.errors.get(kind, ())
+            out[kind] = {
+                "runs": len(errors),
+                "median_error": statistics.median(errors) if errors else None,
+                "factor": self.kind_factor(kind, confidence),
+            }
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "predictor": self.predictor,
+            "errors": {k: [round(e, 5) for e in es] for k, es in sorted(self.errors.items())},
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> "Calibration":
+        """Raises:
+        InvalidOptionError: not a calibration (a checkpoint's meta from another version)."""
+        try:
+            errors = {
+                str(kind): tuple(sorted(float(e) for e in values))
+                for kind, values in dict(raw["errors"]).items()
+            }
+            return cls(predictor=str(raw["predictor"]), errors=errors)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidOptionError(
+                f"the checkpoint's calibration cannot be read: {exc}"
+            ) from None
+
+
+def calibrate(rows: Sequence[Mapping[str, Any]], predictor: str) -> Calibration:
+    """The calibration of ``predictor`` from held-out rows (``group``, ``risk_kind``,
+    ``measured_ms`` and ``<predictor>_ms`` each). A group's DDP's defaults are the median of
+    their runs (the dataset runs them twice in half the groups); groups without a run of them
+    give nothing.
+
+    Raises:
+        InvalidOptionError: rows without the predictor's times or the kind.
+    """
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if "risk_kind" not in row or f"{predictor}_ms" not in row:
+            raise InvalidOptionError(
+                f"held-out rows need 'risk_kind' and '{predictor}_ms'; got {sorted(row)}"
+            )
+        groups.setdefault(str(row["group"]), []).append(row)
+    errors: dict[str, list[float]] = {}
+    for members in groups.values():
+        defaults = [r for r in members if r["risk_kind"] == "default"]
+        times = [float(r["measured_ms"]) for r in defaults if float(r["measured_ms"]) > 0]
+        if not times or not float(defaults[0][f"{predictor}_ms"]) > 0:
+            continue
+        # DDP's defaults measured as the median of their runs (a repeat halves the noise)
+        base_measured = statistics.median(times)
+        base_predicted = float(defaults[0][f"{predictor}_ms"])
+        if len(times) > 1:  # the repeat against the first run: the noise of a measurement
+            errors.setdefault("default", []).append(math.log(times[1] / times[0]))
+        for row in members:
+            if row["risk_kind"] == "default":
+                continue
+            measured, predicted = float(row["measured_ms"]), float(row[f"{predictor}_ms"])
+            if not (measured > 0 and predicted > 0):
+                continue
+            error = math.log(measured / base_measured) - math.log(predicted / base_predicted)
+            errors.setdefault(str(row["risk_kind"]), []).append(error)
+    return Calibration(
+        predictor=predictor, errors={k: tuple(sorted(v)) for k, v in errors.items()}
+    )
+
+
+def check_confidence(confidence: float) -> float:
+    """Raises:
+    InvalidOptionError: a confidence outside [0.5, 0.99]."""
+    if not 0.5 <= confidence <= 0.99:
+        raise InvalidOptionError(
+            f"confidence({confidence}) must be in [0.5, 0.99] (the quantile of held-out "
+            "speed-up errors a pick is scored at), or 'off'"
+        )
+    return confidence

@@ -1,0 +1,165 @@
+"""Peak memory of one rank under a strategy, from the graph of its micro-batch.
+
+The search prunes plans that do not fit a device (``predicted peak <= capacity``), so the
+estimate errs on the high side: it adds up what a rank holds at the end of its first backward,
+when activations, gradients, communication buffers and the optimizer state can all be alive at
+once.
+
+- **Weights**: every parameter under data parallelism; a pipeline rank holds its stage's share
+  of the block stack plus, at worst, all parameters outside it (embeddings, head); tensor
+  parallelism shards the parameters of the layers its plan splits, taken as ``1 / tp`` of the
+  block stack; FSDP keeps ``1 / dp`` of each group plus two groups unsharded (the one computing
+  and the one FSDP2 prefetches), and the root's parameters outside any group unsharded.
+- **Gradients**: as many bytes as the weights a rank updates (FSDP: its shard, plus one group's
+  unsharded gradients before the reduce-scatter).
+- **Optimizer state**: AdamW's two moments per parameter a rank updates; SGD's momentum.
+- **Buffers**: the flat gradient buckets of DDP and of the executor's hooks (a copy of every
+  gradient); none for FSDP, which reduce-scatters into its shards.
+- **Activations**: the outputs the forward pass keeps for backward, estimated as every
+  forward output that is not a view, times the micro-batches a schedule keeps in flight
+  (one under data and tensor parallelism and gradient accumulation; all of them under GPipe; up
+  to ``pp`` under 1F1B; the warm-up chunks of interleaved 1F1B on the first rank), with the
+  stack's share per stage; tensor parallelism shards the activations inside attention and MLP,
+  taken as half of them.
+- **Transients**: the largest forward output once more (its gradient is born in backward while
+  it is still held: the logits of a language-model head) and a weights-sized temporary of the
+  optimizer's step (torch's multi-tensor AdamW works on whole lists at once).
+
+``benchmarks/memory_model.py`` compares the estimate with peaks measured by the profiler.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.stages import VIRTUAL_STAGES, stage_count
+
+GIB = 1024**3
+OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 1}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryEstimate:
+    """What one rank holds at its peak, in bytes."""
+
+    weights_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    buffers_bytes: int
+    activations_bytes: int
+    transient_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.weights_bytes
+            + self.grads_bytes
+            + self.optimizer_bytes
+            + self.buffers_bytes
+            + self.activations_bytes
+            + self.transient_bytes
+        )
+
+    @property
+    def total_gib(self) -> float:
+        return self.total_bytes / GIB
+
+    def to_json(self) -> dict[str, float]:
+        return {
+            "peak_gib": self.total_gib,
+            **{
+                f.name.removesuffix("_bytes") + "_gib": getattr(self, f.name) / GIB
+                for f in dataclasses.fields(self)
+            },
+        }
+
+
+def peak_memory(
+    graph: IterationGraph,
+    strategy: Strategy,
+    *,
+    world_size: int,
+    blocks: Sequence[str] = (),
+    fsdp_groups: Sequence[Sequence[str]] = (),
+    optimizer: str = "adamw",
+) -> MemoryEstimate:
+    """The peak memory of a rank running ``strategy`` on ``world_size`` ranks.
+
+    Args:
+        graph: the model's graph at the rank's micro-batch (any strategy).
+        blocks: module paths of the model's stack of repeated blocks (pipeline stages and
+            tensor-parallel layers are cut from it); empty when it has none.
+        fsdp_groups: the FSDP groups (module paths) when ``strategy`` shards with FSDP.
+
+    Raises:
+        InvalidStrategyError: ``dp * tp * pp != world_size``.
+    """
+    plan = strategy.parallel
+    dp = plan.resolve_dp(world_size)
+    sizes = {p.name: p.nbytes for p in graph.params}
+    total = sum(sizes.values())
+    in_blocks = sum(n for name, n in sizes.items() if _under(name, blocks))
+    outside = total - in_blocks
+    states = OPTIMIZER_STATES.get(optimizer, 2)
+    outputs = [
+        out.nbytes
+        for node in graph.nodes
+        if node.phase == "forward" and node.kind == "compute" and not node.is_view
+        for out in node.outputs
+    ]
+    activations = sum(outputs)
+    largest = max(outputs, default=0)
+    if plan.pp > 1:
+        stages = stage_count(plan)
+        weights = outside + in_blocks // plan.pp
+        chunks = _chunks_in_flight(plan.pp_schedule, plan.pp, plan.micro_batches)
+        held = activations * chunks // stages
+        return MemoryEstimate(
+            weights_bytes=weights,
+            grads_bytes=weights,
+            optimizer_bytes=states * weights,
+            buffers_bytes=weights,
+            activations_bytes=held,
+            transient_bytes=largest // stages + weights,
+        )
+    if plan.fsdp:
+        grouped = [sum(n for name, n in sizes.items() if _under(name, g)) for g in fsdp_groups]
+        root = total - sum(grouped)
+        largest = max(grouped, default=0)
+        shard = total // dp
+        return MemoryEstimate(
+            weights_bytes=shard + root + 2 * largest,
+            grads_bytes=shard + largest,
+            optimizer_bytes=states * shard,
+            buffers_bytes=0,
+            activations_bytes=activations,
+            transient_bytes=largest + shard,
+        )
+    weights = outside + in_blocks // plan.tp
+    held = activations if plan.tp == 1 else (activations + activations // plan.tp) // 2
+    return MemoryEstimate(
+        weights_bytes=weights,
+        grads_bytes=weights,
+        optimizer_bytes=states * weights,
+        buffers_bytes=weights,
+        activations_bytes=held,
+        transient_bytes=largest + weights,
+    )
+
+
+def _chunks_in_flight(schedule: str, pp: int, micro_batches: int) -> int:
+    """Forward chunks (a micro-batch through one stage) whose activations the first rank holds
+    at once."""
+    if schedule == "gpipe":
+        return micro_batches
+    if schedule == "1f1b":
+        return min(pp, micro_batches)
+    # torch's interleaved 1F1B: rank 0 warms up with (V - 1) * pp + 2 * (pp - 1) forwards,
+    # then runs one more before its first backward.
+    chunks = (VIRTUAL_STAGES - 1) * pp + 2 * (pp - 1) + 1
+    return min(chunks, micro_batches * VIRTUAL_STAGES)
+
+
+def _under(name: str, paths: Sequence[str]) -> bool:
+    return any(name == p or name.startswith(f"{p}.") for p in paths)

@@ -1,0 +1,203 @@
+"""``predict``: the iteration time of a strategy, from a captured graph and stored profiles.
+
+The caller (``ddlsim predict``) captures the graph with the strategy at the rank's micro-batch
+(:func:`simulator.costs.rank_spec`) and finds a kernel profile of the same model at that
+micro-batch; this module moves the profile's times onto the graph, models the collectives and
+replays the iteration.
+"""
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.cluster import parse_bandwidth_gbps
+from ddlsim.data.store import CollectiveProfileRecord, PredictionRecord, strategy_hash
+from ddlsim.simulator.costs import comm_models, scaled, uses_ring
+from ddlsim.simulator.fast import DataParallelReplay, ReplaySummary
+from ddlsim.simulator.features import block_sample, model_graph, strategy_sample
+from ddlsim.simulator.gnn import IterationCostModel
+from ddlsim.simulator.plans import is_data_parallel, replay_parallel_plan
+from ddlsim.simulator.replay import ReplayResult, replay, transfer_durations
+from ddlsim.simulator.train import Predictor, predict_fused, predict_samples
+
+# 2: compute scaled for ranks sharing cores; FSDP, tensor and pipeline plans.
+SIMULATOR_VERSION = "replay-2"
+# 2: corrects FSDP, tensor-parallel and pipeline plans too (plan features, trained on them).
+COST_MODEL_VERSION = "gnn-2"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Prediction:
+    """A predicted iteration and what it was computed from."""
+
+    graph: IterationGraph
+    world_size: int
+    bandwidth: str
+    backend: str
+    result: ReplayResult
+    comm_sources: Mapping[str, str]
+    simulator_version: str = SIMULATOR_VERSION
+    predictor: str = "replay"
+    corrected_ms: float | None = None
+    compute_scale: float = 1.0
+    # (block, eager ms in the kernel profile, predicted ms compiled) of each compiled block
+    fused_blocks: tuple[tuple[str, float, float], ...] = ()
+
+    @property
+    def iteration_time_ms(self) -> float:
+        """The cost model's time where one applied, else the replay's."""
+        return self.corrected_ms if self.corrected_ms is not None else self.replay_ms
+
+    @property
+    def replay_ms(self) -> float:
+        return self.result.iteration_time_ms
+
+    def breakdown(self) -> dict[str, float]:
+        """The replay's breakdown, scaled to the predicted time when a cost model corrected it
+        (the replay's own time is kept as ``replay_ms``)."""
+        raw = self.result.breakdown()
+        scale = self.iteration_time_ms / self.replay_ms if self.replay_ms > 0 else 1.0
+        out = {key: value * scale for key, value in raw.items()}
+        out["replay_ms"] = self.replay_ms
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.graph.model.label,
+            "strategy": self.graph.strategy.to_dict(),
+            "world_size": self.world_size,
+            "bandwidth": self.bandwidth,
+            "backend": self.backend,
+            "iteration_time_ms": self.iteration_time_ms,
+            "breakdown": self.breakdown(),
+            "predictor": self.predictor,
+            "compute_scale": self.compute_scale,
+            "collective_models": dict(self.comm_sources),
+            "simulator_version": self.simulator_version,
+            "fused_blocks": [
+                {"block": block, "eager_ms": eager, "compiled_ms": compiled}
+                for block, eager, compiled in self.fused_blocks
+            ],
+        }
+
+    def record(self) -> PredictionRecord:
+        return PredictionRecord(
+            model=self.graph.model.label,
+            graph_hash=self.graph.graph_hash,
+            strategy_hash=strategy_hash(self.graph.strategy),
+            cluster={
+                "world_size": self.world_size,
+                "bandwidth": self.bandwidth,
+                "backend": self.backend,
+            },
+            iteration_time_ms=self.iteration_time_ms,
+            breakdown=self.breakdown(),
+            simulator_version=self.simulator_version,
+        )
+
+
+def predict(
+    graph: IterationGraph,
+    *,
+    profiled: IterationGraph,
+    node_ms: Mapping[int, float],
+    collective_profiles: Sequence[CollectiveProfileRecord],
+    world_size: int,
+    bandwidth: str,
+    backend: str = "gloo",
+    cost_model: tuple[IterationCostModel, Mapping[str, Any]] | None = None,
+    compute_scale: float = 1.0,
+) -> Prediction:
+    """Replay ``graph`` (captured with its strategy at the rank's micro-batch).
+
+    Args:
+        profiled: the graph the kernel profile ``node_ms`` timed (same model and micro-batch,
+            any strategy).
+        collective_profiles: stored fits; those of ``backend`` over the data-parallel ranks on
+            ``bandwidth`` are used, the link's nominal rate where none matches.
+        bandwidth: the link as ``ddlsim`` names it (``1gbit``, ``none`` for unshaped).
+        compute_scale: how much slower a rank computes than the profile (ranks sharing
+            cores, :func:`simulator.costs.compute_scale`).
+        cost_model: a trained model and its meta; its ``predictor`` (``gnn`` or ``blend``)
+            corrects the replay of any plan and prices each compiled block (its fused-block
+            head), ``replay`` (or no model) leaves the replay as it is.
+
+    Raises:
+        InvalidOptionError: the profiled graph is of another model or inputs.
+        UnsupportedPlanError: a plan the replay does not schedule yet.
+        InvalidStrategyError: ``dp * tp * pp != world_size``.
+    """
+    dp = graph.strategy.parallel.resolve_dp(world_size)
+    node_ms = scaled(node_ms, compute_scale)
+    fits = [p for p in collective_profiles if p.backend == backend]
+    models = comm_models(
+        fits,
+        world_size=dp,
+        bandwidth=bandwidth,
+        bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
+        ring=uses_ring(graph.strategy, backend),
+    )
+    durations = transfer_durations(profiled, node_ms, graph)
+    if is_data_parallel(graph.strategy.parallel):
+        result = replay(graph, durations, models.models)
+    else:
+        result = replay_parallel_plan(
+            graph, durations, fits, models.models, world_size=world_size, bandwidth=bandwidth
+        )
+    prediction = Prediction(
+        graph=graph,
+        world_size=world_size,
+        bandwidth=bandwidth,
+        backend=backend,
+        result=result,
+        comm_sources=models.sources,
+        compute_scale=compute_scale,
+    )
+    if cost_model is None:
+        return prediction
+    model, meta = cost_model
+    predictor = str(meta.get("predictor", "gnn"))
+    if predictor not in ("gnn", "blend"):
+        return prediction
+    data_parallel = is_data_parallel(graph.strategy.parallel)
+    summary = (
+        DataParallelReplay(profiled, node_ms).summary(
+            graph.strategy, models.models, micro_batches=graph.strategy.parallel.micro_batches
+        )
+        if data_parallel
+        else ReplaySummary.of(result)
+    )
+    key = profiled.graph_hash
+    sample = strategy_sample(
+        model_key=key,
+        graph=(encoded := model_graph(profiled, node_ms)),
+        strategy=graph.strategy,
+        summary=summary,
+        comm=models.models,
+        dp=dp,
+        compute_scale=compute_scale,
+    )
+    chosen: Predictor = "blend" if predictor == "blend" else "gnn"
+    (corrected,) = predict_samples(model, {key: encoded}, [sample], chosen)
+    blocks = [
+        b
+        for path in graph.strategy.op_fusion.compiled
+        if (
+            b := block_sample(
+                model_key=key, graph=encoded, block=path, compute_scale=compute_scale
+            )
+        )
+        is not None
+    ]
+    fused = predict_fused(model, {key: encoded}, blocks)
+    # A data-parallel sample's replay is the closed form of the same schedule; apply its
+    # correction to the full replay's time.
+    corrected *= result.iteration_time_ms / summary.iteration_time_ms
+    return dataclasses.replace(
+        prediction,
+        predictor=predictor,
+        corrected_ms=corrected,
+        simulator_version=f"{COST_MODEL_VERSION}+{SIMULATOR_VERSION}",
+        fused_blocks=tuple((b.block, b.eager_ms, ms) for b, ms in zip(blocks, fused, strict=True)),
+    )
