@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.strategy import Strategy, TensorFusionPlan
-from ddlsim.search.evaluator import Pricer
+from ddlsim.search.fusion_evaluator import Pricer
 
 Cuts = tuple[int, ...]
 # Besides DDP's defaults, every gradient alone and one bucket, the search starts from these

@@ -1,6 +1,6 @@
 """Backtracking over the whole space: parallel plans, then tensor fusion, then op fusion.
 
-1. Every parallel plan of :func:`search.space.candidate_plans` whose predicted peak memory fits
+1. Every parallel plan of :func:`search.plans.candidate_plans` whose predicted peak memory fits
    the device is priced with DDP's fusion defaults; the others are pruned, never priced.
 2. Under each data-parallel plan that fits (plain, or with gradient accumulation), fastest
    first, the fusion backtracking (:func:`search.backtrack.explore_fusion`) refines buckets and
@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from ddlsim.data.errors import DdlsimError
 from ddlsim.data.specs.strategy import OpFusionPlan, ParallelPlan, Strategy
 from ddlsim.search.backtrack import BacktrackOptions, SearchResult, begin, explore_fusion, finish
-from ddlsim.search.space import StrategyEvaluator, plan_label
+from ddlsim.search.plans import plan_label
+from ddlsim.search.strategy_evaluator import StrategyEvaluator
 from ddlsim.simulator.plans import is_data_parallel
 
 

@@ -1,6 +1,6 @@
 """Optuna samplers over the strategy space: TPE, CMA-ES, NSGA-II and random sampling.
 
-A trial picks a parallel plan (one of :func:`search.space.candidate_plans`, by name), and under
+A trial picks a parallel plan (one of :func:`search.plans.candidate_plans`, by name), and under
 a data-parallel plan a DDP-style bucket cap (log-uniform from 10 KB to all gradients in one
 bucket), the first bucket's cap as a share of it and DeAR on or off, and how many blocks of the
 model's stack are compiled (the first ``k``). The objective is the simulator's price; NSGA-II
@@ -34,7 +34,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from ddlsim.data.errors import DdlsimError, InvalidOptionError
 from ddlsim.data.specs.strategy import OpFusionPlan, ParallelPlan, Strategy, TensorFusionPlan
 from ddlsim.search.backtrack import BacktrackOptions, SearchResult
-from ddlsim.search.space import StrategyEvaluator, plan_label
+from ddlsim.search.plans import plan_label
+from ddlsim.search.strategy_evaluator import StrategyEvaluator
 from ddlsim.simulator.plans import is_data_parallel
 
 Sampler = Literal["tpe", "cmaes", "nsga2", "random"]

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.search.backtrack import BacktrackOptions, SearchResult, begin, finish, strategy_of
-from ddlsim.search.evaluator import Pricer
+from ddlsim.search.fusion_evaluator import Pricer
 
 BATCH = 256
 

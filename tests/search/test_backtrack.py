@@ -12,7 +12,7 @@ from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.search.backtrack import BacktrackOptions, backtrack_fusion, cuts_of, strategy_of
-from ddlsim.search.evaluator import FusionEvaluator
+from ddlsim.search.fusion_evaluator import FusionEvaluator
 from ddlsim.simulator.fast import DataParallelReplay
 from ddlsim.simulator.replay import comm_models_for_link
 

@@ -23,7 +23,8 @@ from ddlsim.search.optuna_search import (
     optimize,
     result_from_study,
 )
-from ddlsim.search.space import Cluster, StrategyEvaluator, candidate_plans, plan_label
+from ddlsim.search.plans import candidate_plans, plan_label
+from ddlsim.search.strategy_evaluator import Cluster, StrategyEvaluator
 from ddlsim.simulator.calibration import MIN_ERRORS, RISK_KINDS, Calibration, risk_kind
 from ddlsim.simulator.memory import GIB, peak_memory
 

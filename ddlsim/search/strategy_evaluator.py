@@ -1,19 +1,18 @@
-"""The whole strategy space of one model on one cluster, and the price and memory of any point.
+"""The price and the memory of any strategy of one model on one cluster.
 
-A point is a :class:`Strategy`: a parallel plan (``dp x tp x pp``, FSDP, micro-batches, the
-pipeline schedule), a tensor-fusion plan (buckets, DeAR) and an op-fusion plan (compiled
-blocks). :func:`candidate_plans` lists the parallel plans the executor can run for the model on
-``world_size`` ranks. :class:`StrategyEvaluator` prices any strategy: data-parallel ones (with
-or without gradient accumulation) through a :class:`FusionEvaluator` of the rank's micro-batch,
-in batches, others by replaying the graph captured with their plan (FSDP, tensor parallel,
-pipelines), each corrected by the cost model; it also predicts each plan's peak memory per
-device (:mod:`simulator.memory`) and says which fit the device's capacity. Infeasible
+A strategy is a point of the search space: a parallel plan (``dp x tp x pp``, FSDP,
+micro-batches, the pipeline schedule; :mod:`search.plans`), a tensor-fusion plan (buckets, DeAR)
+and an op-fusion plan (compiled blocks). :class:`StrategyEvaluator` prices any of them:
+data-parallel ones (with or without gradient accumulation) through a :class:`FusionEvaluator` of
+the rank's micro-batch, in batches, others by replaying the graph captured with their plan (FSDP,
+tensor parallel, pipelines), each corrected by the cost model; it also predicts each plan's peak
+memory per device (:mod:`simulator.memory`) and says which fit the device's capacity. Infeasible
 strategies are never priced: the searches prune them.
 """
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, get_args
+from typing import Any
 
 import torch
 
@@ -22,10 +21,10 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.specs.strategy import ParallelPlan, PipelineSchedule, Strategy
+from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.stages import block_stack, default_groups
 from ddlsim.data.store import CollectiveProfileRecord
-from ddlsim.search.evaluator import FusionEvaluator
+from ddlsim.search.fusion_evaluator import FusionEvaluator
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, RISK_KINDS, Calibration, risk_kind
 from ddlsim.simulator.costs import comm_models, rank_spec, scaled
 from ddlsim.simulator.gnn import IterationCostModel
@@ -33,59 +32,10 @@ from ddlsim.simulator.memory import MemoryEstimate, peak_memory
 from ddlsim.simulator.plans import is_data_parallel
 from ddlsim.simulator.predict import predict
 
-# Gradient accumulation and pipeline micro-batches the space offers (as many as the batch splits
-# into); pipelines also take micro-batches of pp, 2 pp and 4 pp.
-ACCUMULATION = (1, 2, 4)
-PIPELINE_FACTORS = (1, 2, 4)
-TP_MICRO_BATCHES = (1, 2)
-
 Profiles = Callable[[ModelSpec], tuple[IterationGraph, Mapping[int, float]]]
-# The graph of a model (at a rank's micro-batch) captured under a strategy (the profiler's).
+"""The rank's micro-batch graph of a model spec and its profiled node times (ms)."""
 Capture = Callable[[ModelSpec, Strategy], IterationGraph]
-# Whether the executor can run a strategy's plan for a model (``executor.plan.model_supports``).
-Supports = Callable[[ModelSpec, Strategy], bool]
-
-
-def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> list[ParallelPlan]:
-    """Every parallel plan of the space that the model supports on ``world_size`` ranks and whose
-    global batch splits evenly: data parallelism with gradient accumulation, FSDP (its default
-    group per block) with and without it, tensor parallelism over each divisor of the world
-    size, and pipelines over each divisor with GPipe, 1F1B and interleaved 1F1B. DDP's plan
-    comes first."""
-    batch = spec.inputs.batch_size
-    plans: list[ParallelPlan] = []
-
-    def add(plan: ParallelPlan) -> None:
-        dp = plan.resolve_dp(world_size)
-        if batch % (dp * plan.micro_batches):
-            return
-        if supports(spec, Strategy(parallel=plan)):
-            plans.append(plan)
-
-    for fsdp in (False, True):
-        for m in ACCUMULATION:
-            add(ParallelPlan(fsdp=fsdp, micro_batches=m))
-    divisors = [d for d in range(2, world_size + 1) if world_size % d == 0]
-    for tp in divisors:
-        for m in TP_MICRO_BATCHES:
-            add(ParallelPlan(tp=tp, micro_batches=m))
-    for pp in divisors:
-        for schedule in get_args(PipelineSchedule):
-            for factor in PIPELINE_FACTORS:
-                add(ParallelPlan(pp=pp, micro_batches=pp * factor, pp_schedule=schedule))
-    return list(dict.fromkeys(plans))
-
-
-def plan_label(plan: ParallelPlan) -> str:
-    """A short name of a plan (``dp2 tp2 m2``, ``dp1 pp4 1f1b m8``, ``dp4 fsdp``)."""
-    parts = [f"tp{plan.tp}" if plan.tp > 1 else "", f"pp{plan.pp}" if plan.pp > 1 else ""]
-    if plan.pp > 1:
-        parts.append(plan.pp_schedule)
-    if plan.fsdp:
-        parts.append("fsdp")
-    if plan.micro_batches > 1:
-        parts.append(f"m{plan.micro_batches}")
-    return " ".join(p for p in parts if p) or "ddp"
+"""The graph of a model (at a rank's micro-batch) captured under a strategy (the profiler's)."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,64 @@
+"""The parallel plans a search may choose for one model on ``world_size`` ranks, and their names.
+
+A plan is a :class:`ParallelPlan`: ``dp x tp x pp``, FSDP, micro-batches (gradient accumulation,
+or a pipeline's) and the pipeline schedule. :func:`candidate_plans` lists those the executor can
+run for the model and whose global batch splits evenly; :func:`plan_label` names one briefly (the
+Optuna samplers choose plans by these names, and pruned plans are reported by them).
+"""
+
+from collections.abc import Callable
+from typing import get_args
+
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import ParallelPlan, PipelineSchedule, Strategy
+
+# Gradient accumulation and pipeline micro-batches the space offers (as many as the batch splits
+# into); pipelines also take micro-batches of pp, 2 pp and 4 pp.
+ACCUMULATION = (1, 2, 4)
+PIPELINE_FACTORS = (1, 2, 4)
+TP_MICRO_BATCHES = (1, 2)
+
+Supports = Callable[[ModelSpec, Strategy], bool]
+"""Whether the executor can run a strategy's plan for a model (``model_supports``)."""
+
+
+def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> list[ParallelPlan]:
+    """Every parallel plan of the space that the model supports on ``world_size`` ranks and whose
+    global batch splits evenly: data parallelism with gradient accumulation, FSDP (its default
+    group per block) with and without it, tensor parallelism over each divisor of the world
+    size, and pipelines over each divisor with GPipe, 1F1B and interleaved 1F1B. DDP's plan
+    comes first."""
+    batch = spec.inputs.batch_size
+    plans: list[ParallelPlan] = []
+
+    def add(plan: ParallelPlan) -> None:
+        dp = plan.resolve_dp(world_size)
+        if batch % (dp * plan.micro_batches):
+            return
+        if supports(spec, Strategy(parallel=plan)):
+            plans.append(plan)
+
+    for fsdp in (False, True):
+        for m in ACCUMULATION:
+            add(ParallelPlan(fsdp=fsdp, micro_batches=m))
+    divisors = [d for d in range(2, world_size + 1) if world_size % d == 0]
+    for tp in divisors:
+        for m in TP_MICRO_BATCHES:
+            add(ParallelPlan(tp=tp, micro_batches=m))
+    for pp in divisors:
+        for schedule in get_args(PipelineSchedule):
+            for factor in PIPELINE_FACTORS:
+                add(ParallelPlan(pp=pp, micro_batches=pp * factor, pp_schedule=schedule))
+    return list(dict.fromkeys(plans))
+
+
+def plan_label(plan: ParallelPlan) -> str:
+    """A short name of a plan (``dp2 tp2 m2``, ``dp1 pp4 1f1b m8``, ``dp4 fsdp``)."""
+    parts = [f"tp{plan.tp}" if plan.tp > 1 else "", f"pp{plan.pp}" if plan.pp > 1 else ""]
+    if plan.pp > 1:
+        parts.append(plan.pp_schedule)
+    if plan.fsdp:
+        parts.append("fsdp")
+    if plan.micro_batches > 1:
+        parts.append(f"m{plan.micro_batches}")
+    return " ".join(p for p in parts if p) or "ddp"
