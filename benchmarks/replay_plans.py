@@ -23,7 +23,7 @@ from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunOptions, run_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
-from ddlsim.service.cmd_predict import predict_on_store
+from ddlsim.workflows.predict import predict_on_store
 
 PLANS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("DDP defaults", {}),

@@ -44,8 +44,9 @@ from ddlsim.executor.protocol import ratio_interval
 from ddlsim.executor.run import RunOptions, compare_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.search.backtrack import even_cuts, strategy_of
-from ddlsim.service.cmd_search import build_evaluator
 from ddlsim.simulator.calibration import Calibration
+from ddlsim.workflows.requests import SearchRequest
+from ddlsim.workflows.search import build_evaluator
 
 
 def space(order: list[str], sizes: list[int]) -> dict[str, Strategy]:
@@ -137,16 +138,15 @@ def settle(
 
 def measure_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
     spec = resolve_model(model)
-    settings = argparse.Namespace(
+    settings = SearchRequest(
+        model=spec,
         bandwidth=args.bandwidth,
-        memory_gb=None,
         world_size=args.world_size,
-        profile_iters=10,
         simulator=args.simulator,
         confidence=None if args.confidence == "off" else float(args.confidence),
     )
     with Store.open(args.db) as store:
-        evaluator = build_evaluator(settings, spec, store)
+        evaluator = build_evaluator(settings, store)
         graph = evaluator.fusion(Strategy().parallel).replay.graph
         nbytes = {p.name: p.nbytes for p in graph.params}
         order = list(graph.grad_ready_order)

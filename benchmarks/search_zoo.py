@@ -34,9 +34,8 @@ from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import ZOO, resolve_model
-from ddlsim.service.cmd_predict import predict_on_store
-from ddlsim.service.output import describe
 from ddlsim.simulator.calibration import risk_kind
+from ddlsim.workflows.predict import predict_on_store
 
 
 def line_rate_ms(grad_bytes: int, world_size: int, bandwidth_gbps: float) -> float:
@@ -144,8 +143,9 @@ def _rows_table(rows: list[dict[str, Any]]) -> None:
         else:
             measured = f"{row['speedup']:.2f}x"
             predicted_text = f"{predicted:.2f}x"
+        pick = Strategy.from_dict(best["strategy"]).describe()
         print(
-            f"| {row['model']} | {row['world_size']} | {describe(best['strategy'])} | "
+            f"| {row['model']} | {row['world_size']} | {pick} | "
             f"{predicted_text} | {measured} | "
             f"{row['measured_best_ms'] / row['bound_ms']:.2f} | {what} |"
         )

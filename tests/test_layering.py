@@ -1,42 +1,129 @@
-"""Imports point down only (see the layer table in the project design)."""
+"""Imports point down only, and no module imports one of its own callers.
+
+The layers (the project design's table): data <- profiler, executor, simulator <- search <-
+workflows <- service. Every import counts, also one deferred into a function.
+"""
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("data", "profiler", "simulator", "search", "executor", "service")
-# Which of our packages each may import.
+PACKAGE = ROOT / "ddlsim"
+# Which of ddlsim's subpackages each may import (besides itself).
 ALLOWED = {
     "data": set(),
     "profiler": {"data"},
     "executor": {"data", "profiler"},
     "simulator": {"data"},
     "search": {"data", "simulator"},
-    "service": {"data", "profiler", "executor", "simulator", "search"},
+    "workflows": {"data", "profiler", "executor", "simulator", "search"},
+    "service": {"data", "profiler", "executor", "simulator", "search", "workflows"},
 }
-SERVICE_ONLY = {"fastapi", "uvicorn"}
+SERVICE_ONLY = {"fastapi", "uvicorn", "starlette"}
 
 
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    names: set[str] = set()
-    for node in ast.walk(tree):
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(path: Path, module: str) -> Iterator[str]:
+    """Every module ``module`` (at ``path``) names in an import, absolute or relative."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
-    return names
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_imports_point_down(package: str) -> None:
-    files = sorted((ROOT / package).rglob("*.py"))
-    assert files, f"{package}/ has no modules"
-    for path in files:
-        imported = _imports(path)
-        ours = (imported & set(PACKAGES)) - {package}
-        assert ours <= ALLOWED[package], f"{path.relative_to(ROOT)} imports {ours}"
-        if package != "service":
-            assert not imported & SERVICE_ONLY, f"{path.relative_to(ROOT)} imports fastapi/uvicorn"
+def _graph() -> dict[str, set[str]]:
+    """Module -> the ddlsim modules it imports."""
+    modules = _modules()
+    return {
+        name: {m for m in _imports(path, name) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1] if module.count(".") >= 1 else "ddlsim"
+
+
+def test_the_layers_are_known() -> None:
+    layers = {_layer(m) for m in _modules()} - {"ddlsim"}
+    assert layers == set(ALLOWED), f"a subpackage without a layer: {layers ^ set(ALLOWED)}"
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_imports_point_down(layer: str) -> None:
+    modules = _modules()
+    for module, imported in _graph().items():
+        if _layer(module) != layer:
+            continue
+        upward = {m for m in imported if _layer(m) not in ALLOWED[layer] | {layer}}
+        assert not upward, f"{module} imports {sorted(upward)} (a layer above {layer})"
+        if layer != "service":
+            names = {n.split(".")[0] for n in _imports(modules[module], module)}
+            assert not names & SERVICE_ONLY, f"{module} imports {names & SERVICE_ONLY}"
+
+
+def test_no_module_imports_its_callers() -> None:
+    """No cycle of imports between modules (Tarjan's strongly connected components)."""
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    assert not cycles, f"modules that import each other: {cycles}"
+
+
+def test_benchmarks_use_the_workflows_not_the_service() -> None:
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        imported = set(_imports(path, path.stem))
+        service = sorted(m for m in imported if m.startswith("ddlsim.service"))
+        assert not service, f"{path.relative_to(ROOT)} imports {service}"
+
+
+def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
+    """The walk itself: a relative import is resolved and counted."""
+    module = tmp_path / "mod.py"
+    module.write_text("from ..service import api\nimport ddlsim.search.algorithm\n")
+    names = set(_imports(module, "ddlsim.data.mod"))
+    assert {"ddlsim.service", "ddlsim.service.api", "ddlsim.search.algorithm"} <= names

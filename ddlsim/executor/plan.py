@@ -18,12 +18,6 @@ from ddlsim.data.specs.strategy import Bucket, Strategy
 from ddlsim.executor.context import RankContext, Trainer
 
 
-def gradient_sizes(graph: IterationGraph) -> list[tuple[str, int]]:
-    """``(parameter name, gradient bytes)`` in gradient-ready order."""
-    nbytes = {p.name: p.nbytes for p in graph.params}
-    return [(name, nbytes[name]) for name in graph.grad_ready_order]
-
-
 def check_strategy(
     spec: ModelSpec, strategy: Strategy, world_size: int, graph: IterationGraph
 ) -> list[Bucket]:
@@ -35,15 +29,9 @@ def check_strategy(
             pipeline plan for a model that has none, or a combination not supported.
     """
     plan = strategy.parallel
-    dp = plan.resolve_dp(world_size)
-    batch = spec.inputs.batch_size
-    if batch % (dp * plan.micro_batches):
-        raise InvalidStrategyError(
-            f"batch_size({batch}) is not divisible by dp({dp}) * "
-            f"micro_batches({plan.micro_batches}): every rank needs equal micro-batches"
-        )
+    plan.rank_batch_size(spec.inputs.batch_size, world_size)
     fusion = strategy.tensor_fusion
-    buckets = fusion.assign(gradient_sizes(graph))
+    buckets = fusion.assign(graph.gradient_sizes)
     if plan.tp > 1:
         from ddlsim.data.tp_plans import check_tensor_parallel
 

@@ -2,7 +2,6 @@
 links; store the results."""
 
 import argparse
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +16,17 @@ from ddlsim.data.store import (
 )
 from ddlsim.data.zoo import resolve_model
 from ddlsim.profiler.batch import (
-    JobRunner,
     collective_records,
     fusion_record,
     kernel_record,
     parse_batch,
-    run_batch,
-    run_collective_job,
-    run_fusion_job,
-    run_kernel_job,
 )
 from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.profiler.collectives import COLLECTIVES, parse_sizes, profile_collectives
 from ddlsim.profiler.fusion import profile_fusion
 from ddlsim.profiler.kernels import DEVICES, profile_kernels
-from ddlsim.service.cmd_run import run_compare_job, run_executor_job
 from ddlsim.service.output import emit_json, positive_int, progress
+from ddlsim.workflows.profile import profile_batch
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
@@ -137,31 +131,22 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     return 0
 
 
-def batch_runners(trace_dir: Path | None = None) -> dict[str, JobRunner]:
-    """What runs each kind of batch job."""
-    return {
-        "kernels": functools.partial(run_kernel_job, trace_dir=trace_dir),
-        "fusion": run_fusion_job,
-        "collectives": run_collective_job,
-        "run": run_executor_job,
-        "compare": run_compare_job,
-    }
-
-
 def cmd_batch(args: argparse.Namespace) -> int:
     jobs = parse_batch(args.spec)
-    runners = batch_runners(Path(args.trace_dir) if args.trace_dir else None)
     with (
         Store.open(args.db) as store,
         tqdm(total=len(jobs), unit="job", disable=args.json, leave=False) as bar,
     ):
 
-        def show(position: int, total: int, label: str) -> None:
-            bar.n = position
+        def show(fraction: float | None, label: str) -> None:
+            if fraction is None:  # a job starting: its label is shown with its position
+                return
+            bar.n = round(fraction * len(jobs))
             bar.set_description(label[:60])
             bar.refresh()
 
-        outcome = run_batch(jobs, store=store, runners=runners, progress=show)
+        trace_dir = Path(args.trace_dir) if args.trace_dir else None
+        outcome = profile_batch(jobs, store, show, trace_dir=trace_dir)
     summary: dict[str, Any] = {**outcome.to_dict(), "jobs": len(jobs), "db": store.url}
     if args.json:
         emit_json(summary)

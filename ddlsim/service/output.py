@@ -5,7 +5,10 @@ import json
 import sys
 from typing import Any
 
+from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import resolve_model
+from ddlsim.workflows.requests import MeasureSettings
 
 
 def positive_int(text: str) -> int:
@@ -67,12 +70,38 @@ def fraction(text: str) -> float:
     return value
 
 
+def stderr_progress(fraction: float | None, message: str) -> None:
+    """A workflow's progress as status lines on a terminal (:func:`progress`)."""
+    progress(message)
+
+
+def model_argument(args: argparse.Namespace) -> ModelSpec:
+    """The ``MODEL`` argument (zoo name, spec file or inline JSON) at the inputs of
+    ``--batch-size``, ``--seq-len`` and ``--image-size``."""
+    return resolve_model(args.model).with_inputs(
+        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
+    )
+
+
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """``MODEL`` and the inputs that override its own (:func:`model_argument`)."""
+    parser.add_argument("model", metavar="MODEL", help="zoo name, spec file or inline JSON")
+    parser.add_argument("--batch-size", type=positive_int, help="global batch size")
+    parser.add_argument("--seq-len", type=positive_int)
+    parser.add_argument("--image-size", type=positive_int)
+
+
 def add_protocol_arguments(
-    parser: argparse.ArgumentParser, *, iters: int = 10, what: str = ""
+    parser: argparse.ArgumentParser,
+    *,
+    defaults: MeasureSettings = MeasureSettings(),  # noqa: B008 - frozen, shared on purpose
+    what: str = "",
 ) -> None:
     """The measurement protocol's options (``executor.protocol``), the same on every command
-    that measures training; ``what`` names the part of the command they apply to."""
+    that measures training, with the use case's ``defaults``; ``what`` names the part of the
+    command they apply to."""
     prefix = f"{what}: " if what else ""
+    iters = defaults.iters
     parser.add_argument(
         "--iters",
         type=positive_int,
@@ -83,35 +112,36 @@ def add_protocol_arguments(
     parser.add_argument(
         "--warmup",
         type=int,
-        default=2,
+        default=defaults.warmup,
         help=f"{prefix}at least this many warm-up steps, more until the step time is stable",
     )
     parser.add_argument(
         "--ci",
         dest="ci_target",
         type=fraction,
-        default=0.01,
+        default=defaults.ci_target,
         help=f"{prefix}measure until the median's 95 %% interval is within +- this fraction "
-        "of it (default 0.01)",
+        f"of it (default {defaults.ci_target:g})",
     )
     parser.add_argument(
         "--measure-budget",
         dest="measure_budget_s",
         type=nonnegative_float,
-        default=30.0,
-        help=f"{prefix}seconds a strategy may measure beyond the minimums (default 30; "
+        default=defaults.budget_s,
+        help=f"{prefix}seconds a strategy may measure beyond the minimums (default "
+        f"{defaults.budget_s:g}; "
         "0: exactly --iters and --warmup)",
     )
 
 
-def protocol_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``RunOptions`` keywords from ``add_protocol_arguments``'s options."""
-    return {
-        "iters": args.iters,
-        "warmup": args.warmup,
-        "ci_target": args.ci_target,
-        "budget_s": args.measure_budget_s,
-    }
+def measure_settings(args: argparse.Namespace) -> MeasureSettings:
+    """The protocol's settings from ``add_protocol_arguments``'s options."""
+    return MeasureSettings(
+        iters=args.iters,
+        warmup=args.warmup,
+        ci_target=args.ci_target,
+        budget_s=args.measure_budget_s,
+    )
 
 
 def format_interval(interval: Any, unit: str = " ms") -> str:
@@ -149,27 +179,5 @@ def verification_lines(verified: Any) -> list[str]:
 
 
 def describe(strategy: dict[str, Any]) -> str:
-    """One line of a strategy's JSON: its plan, buckets, DeAR and compiled blocks."""
-    if Strategy.from_dict(strategy) == Strategy():
-        return "DDP's defaults"
-    parallel, fusion = strategy["parallel"], strategy["tensor_fusion"]
-    parts = [f"{key}{parallel[key]}" for key in ("tp", "pp") if parallel[key] > 1]
-    if parallel["pp"] > 1:
-        parts.append(parallel["pp_schedule"])
-    if parallel["fsdp"]:
-        parts.append("FSDP")
-    if parallel["micro_batches"] > 1:
-        parts.append(f"{parallel['micro_batches']} micro-batches")
-    if parallel["pp"] == 1 and parallel["tp"] == 1 and not parallel["fsdp"]:
-        buckets = fusion.get("buckets")
-        parts.append(
-            f"{len(buckets)} buckets"
-            if buckets
-            else f"bucket cap {fusion['bucket_cap_mb']:.3g} MB"
-        )
-        if fusion.get("dear"):
-            parts.append("DeAR")
-    compiled = strategy["op_fusion"]["compiled"]
-    if compiled:
-        parts.append(f"{len(compiled)} blocks compiled")
-    return ", ".join(parts)
+    """One line of a strategy's JSON (:meth:`Strategy.describe`)."""
+    return Strategy.from_dict(strategy).describe()

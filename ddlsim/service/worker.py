@@ -1,18 +1,19 @@
 """The worker: takes tasks from the store's queue and runs them, one at a time.
 
-``search`` runs ``ddlsim search`` with the request's arguments, ``profile`` a profiling batch
-(``ddlsim profile batch``), ``execution`` the executor (``ddlsim run``) and the simulator's
-prediction of the same strategy, both stored, so the dashboard can set one against the other.
+``search`` runs a search (:func:`ddlsim.workflows.search.search`), ``profile`` a profiling batch
+(:func:`ddlsim.workflows.profile.profile_batch`), ``execution`` the executor and the simulator's
+prediction of the same strategy (:func:`ddlsim.workflows.execute.execute`), both stored, so the
+dashboard can set one against the other.
 While a task runs, a heartbeat thread keeps it alive in the queue every ``HEARTBEAT_S``; a task
 asked to stop stops at its next progress report. A worker told to stop (SIGTERM, Ctrl-C) puts
 its task back in the queue for the next worker; one that dies is found by its stale heartbeat
-(:meth:`data.store.tasks.TaskQueue.recover`).
+(:meth:`ddlsim.data.store.tasks.TaskQueue.recover`).
 """
 
 import argparse
 import contextlib
+import dataclasses
 import functools
-import json
 import os
 import signal
 import socket
@@ -23,15 +24,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ddlsim.data.errors import DdlsimError, one_line
-from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.store import Store, add_graph, add_prediction, add_strategy, default_url
+from ddlsim.data.store import Store, default_url
 from ddlsim.data.store.records import TaskRecord
 from ddlsim.data.store.tasks import STALE_S, TaskCancelledError, TaskLostError, TaskQueue
-from ddlsim.executor.run import RunOptions, run_training
-from ddlsim.profiler.batch import JobRunner, parse_batch_data, run_batch
-from ddlsim.profiler.cluster import die_with_parent, remove_stale_namespaces
-from ddlsim.service.cmd_predict import cost_model_for, normalized_bandwidth, predict_on_store
+from ddlsim.profiler.batch import parse_batch_data
+from ddlsim.profiler.cluster import die_with_parent
+from ddlsim.workflows.execute import execute
+from ddlsim.workflows.profile import profile_batch
+from ddlsim.workflows.requests import ExecuteRequest, SearchRequest
+from ddlsim.workflows.search import search
 
 HEARTBEAT_S = 10.0
 TIMELINE_MAX_EVENTS = 4000
@@ -165,94 +166,42 @@ def _say(message: str) -> None:
 def _search(
     worker: Worker, store: Store, request: dict[str, Any], report: Report
 ) -> dict[str, Any]:
-    from ddlsim.service.cli import build_parser  # the CLI registers this module's command
-    from ddlsim.service.cmd_search import run_search
-
-    args = build_parser().parse_args(["search", "placeholder", "--world-size", "2"])
-    for key, value in request.items():
-        setattr(args, key, value)
-    args.model = json.dumps(request["model"])
-    args.db = worker.db
-    args.json, args.workers, args.storage = True, 1, None
-    args.simulator = worker.simulator
-    return run_search(args, report=report)
+    # One process a task, with the worker's own cost model.
+    asked = dataclasses.replace(SearchRequest.from_json(request), simulator=worker.simulator)
+    return search(asked, store, report)
 
 
 def _profile(
     worker: Worker, store: Store, request: dict[str, Any], report: Report
 ) -> dict[str, Any]:
-    from ddlsim.service.cmd_profile import batch_runners
-
     jobs = parse_batch_data({k: v for k, v in request.items() if v})
-    runners: dict[str, JobRunner] = {
-        kind: _reporting(runner, report) for kind, runner in batch_runners().items()
-    }
-
-    def show(position: int, total: int, label: str) -> None:
-        report(position / total if total else 1.0, label)
-
-    outcome = run_batch(jobs, store=store, runners=runners, progress=show)
+    outcome = profile_batch(jobs, store, report)
     return {**outcome.to_dict(), "jobs": len(jobs)}
-
-
-def _reporting(runner: JobRunner, report: Report) -> JobRunner:
-    @functools.wraps(runner)
-    def run(job: Any) -> Callable[[Any], None]:
-        report(None, f"running {job.label}"[:500])
-        return runner(job)
-
-    return run
 
 
 def _execution(
     worker: Worker, store: Store, request: dict[str, Any], report: Report
 ) -> dict[str, Any]:
-    from ddlsim.service.cmd_run import add_result
-
-    spec = ModelSpec.from_dict(request["model"])
-    strategy = Strategy.from_dict(request["strategy"])
-    options = RunOptions(
-        world_size=request["world_size"],
-        bandwidth=request.get("bandwidth"),
-        iters=request["iters"],
-        warmup=request["warmup"],
-        ci_target=request.get("ci_target", 0.01),
-        budget_s=request.get("measure_budget_s", 30.0),
-        seed=request.get("seed", 0),
-        trace=bool(request.get("trace", True)),
+    asked = dataclasses.replace(
+        ExecuteRequest.from_json(request, predict=True), simulator=worker.simulator
     )
-    remove_stale_namespaces()
-    report(0.0, f"running {spec.label} on {options.world_size} ranks")
-    result = run_training(spec, strategy, options, progress=lambda m: report(None, m))
-    with store.transaction() as session:
-        measurement_id = add_result(session, result)
+    done = execute(asked, store, report)
     out: dict[str, Any] = {
-        "measurement_id": measurement_id,
-        "measured_ms": result.median_ms,
-        "measured": result.to_json(),
+        "measurement_id": done.measurement_id,
+        "measured_ms": done.result.median_ms,
+        "measured": done.result.to_json(),
     }
-    if options.world_size > 1:
-        report(0.9, "predicting the same strategy")
-        prediction, _, _ = predict_on_store(
-            store,
-            spec,
-            strategy,
-            world_size=options.world_size,
-            bandwidth=normalized_bandwidth(options.bandwidth),
-            cost_model=cost_model_for(worker.simulator),
-        )
-        with store.transaction() as session:
-            add_graph(session, graph=prediction.graph)
-            add_strategy(session, strategy=strategy)
-            out["prediction_id"] = add_prediction(session, prediction=prediction.record())
+    if done.prediction is not None:
+        prediction = done.prediction
+        out["prediction_id"] = done.prediction_id
         out["predicted_ms"] = prediction.iteration_time_ms
         out["prediction"] = prediction.to_json()
         out["predicted_timeline"] = [
             {"name": e.name, "lane": e.stream, "start_ms": e.start_ms, "end_ms": e.end_ms}
             for e in prediction.result.timeline[:TIMELINE_MAX_EVENTS]
         ]
-    if result.trace is not None:
-        out["measured_trace"] = result.trace
+    if done.result.trace is not None:
+        out["measured_trace"] = done.result.trace
     return out
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from ddlsim.data.comm_model import AlphaBeta
-from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 
@@ -53,16 +53,8 @@ def rank_spec(spec: ModelSpec, strategy: Strategy, world_size: int) -> ModelSpec
         InvalidStrategyError: ``dp * tp * pp != world_size``, or a global batch that does not
             split into ``dp * micro_batches`` equal parts.
     """
-    plan = strategy.parallel
-    dp = plan.resolve_dp(world_size)
-    parts = dp * plan.micro_batches
-    batch = spec.inputs.batch_size
-    if batch % parts:
-        raise InvalidStrategyError(
-            f"batch_size({batch}) is not divisible by dp({dp}) * "
-            f"micro_batches({plan.micro_batches}): every rank needs equal micro-batches"
-        )
-    return spec.with_inputs(batch_size=batch // parts)
+    batch = strategy.parallel.rank_batch_size(spec.inputs.batch_size, world_size)
+    return spec.with_inputs(batch_size=batch)
 
 
 def uses_ring(strategy: Strategy, backend: str) -> bool:

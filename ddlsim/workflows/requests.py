@@ -265,6 +265,25 @@ class ExecuteRequest:
         return cls(model=model, strategy=strategy, options=options, predict=predict)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ValidateRequest:
+    """Predict and run the first ``strategies`` of a diverse list of strategies for ``model``
+    on ``world_size`` ranks over ``bandwidth``, under ``measure``, and compare; the link and the
+    rank's micro-batch are profiled first when the store lacks them."""
+
+    model: ModelSpec
+    world_size: int = 2
+    bandwidth: str | None = "1gbit"
+    strategies: int = 6
+    profile_iters: int = 10
+    simulator: str | None = None
+    measure: MeasureSettings = SEARCH_MEASURE
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "strategies", "profile_iters"):
+            _at_least(name, getattr(self, name), 1)
+
+
 # ----- helpers -----------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import CollectiveProfileRecord, Store
 from ddlsim.data.zoo import ZOO
 from ddlsim.service.cli import main
-from ddlsim.service.cmd_simulator import CANDIDATES, strategies_for
+from ddlsim.workflows.validate import CANDIDATES, strategies_for
 
 
 def _predict(capsys: pytest.CaptureFixture[str], *args: str) -> dict:

@@ -172,6 +172,12 @@ class IterationGraph:
         return [n.param for n in self.nodes if n.kind == "grad_ready" and n.param is not None]
 
     @property
+    def gradient_sizes(self) -> list[tuple[str, int]]:
+        """``(parameter name, gradient bytes)`` in gradient-ready order."""
+        nbytes = {p.name: p.nbytes for p in self.params}
+        return [(name, nbytes[name]) for name in self.grad_ready_order]
+
+    @property
     def params_without_grad(self) -> list[str]:
         """Parameters no gradient reached in the captured iteration (the loss does not depend
         on them: DINOv2's ``mask_token`` without a mask), sorted by name."""

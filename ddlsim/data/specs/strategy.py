@@ -95,6 +95,44 @@ class ParallelPlan:
             )
         return dp
 
+    def rank_batch_size(self, batch_size: int, world_size: int) -> int:
+        """The micro-batch one data-parallel rank runs at a time: the global ``batch_size``
+        over ``dp * micro_batches``.
+
+        Raises:
+            InvalidStrategyError: ``dp * tp * pp != world_size``, or a batch that does not
+                split into ``dp * micro_batches`` equal parts.
+        """
+        dp = self.resolve_dp(world_size)
+        if batch_size % (dp * self.micro_batches):
+            raise InvalidStrategyError(
+                f"batch_size({batch_size}) is not divisible by dp({dp}) * "
+                f"micro_batches({self.micro_batches}): every rank needs equal micro-batches"
+            )
+        return batch_size // (dp * self.micro_batches)
+
+    def fits(self, batch_size: int, world_size: int) -> bool:
+        """Whether the plan runs ``batch_size`` on ``world_size`` ranks
+        (:meth:`rank_batch_size` would not raise)."""
+        try:
+            self.rank_batch_size(batch_size, world_size)
+        except InvalidStrategyError:
+            return False
+        return True
+
+    @property
+    def label(self) -> str:
+        """A short name of the plan (``tp2 m2``, ``pp4 1f1b m8``, ``fsdp``; ``ddp`` for plain
+        data parallelism)."""
+        parts = [f"tp{self.tp}" if self.tp > 1 else "", f"pp{self.pp}" if self.pp > 1 else ""]
+        if self.pp > 1:
+            parts.append(self.pp_schedule)
+        if self.fsdp:
+            parts.append("fsdp")
+        if self.micro_batches > 1:
+            parts.append(f"m{self.micro_batches}")
+        return " ".join(p for p in parts if p) or "ddp"
+
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
 class Bucket:
@@ -299,6 +337,46 @@ class Strategy:
     def validate_for(self, world_size: int) -> None:
         """Check the plan fits ``world_size`` ranks (``dp * tp * pp``)."""
         self.parallel.resolve_dp(world_size)
+
+    @property
+    def kind(self) -> str:
+        """What the strategy mainly is, for reports by kind: ``pipeline``, ``tensor``
+        (parallelism), ``fsdp``, ``compiled`` (blocks), ``dear``, or else (DDP's or the
+        executor's) ``buckets``."""
+        plan = self.parallel
+        if plan.pp > 1:
+            return "pipeline"
+        if plan.tp > 1:
+            return "tensor"
+        if plan.fsdp:
+            return "fsdp"
+        if self.op_fusion.compiled:
+            return "compiled"
+        return "dear" if self.tensor_fusion.dear else "buckets"
+
+    def describe(self) -> str:
+        """One line for people: the plan, the buckets, DeAR and the compiled blocks."""
+        if self == Strategy():
+            return "DDP's defaults"
+        plan, fusion = self.parallel, self.tensor_fusion
+        parts = [f"{key}{getattr(plan, key)}" for key in ("tp", "pp") if getattr(plan, key) > 1]
+        if plan.pp > 1:
+            parts.append(plan.pp_schedule)
+        if plan.fsdp:
+            parts.append("FSDP")
+        if plan.micro_batches > 1:
+            parts.append(f"{plan.micro_batches} micro-batches")
+        if plan.pp == 1 and plan.tp == 1 and not plan.fsdp:
+            parts.append(
+                f"{len(fusion.buckets)} buckets"
+                if fusion.buckets
+                else f"bucket cap {fusion.bucket_cap_mb:.3g} MB"
+            )
+            if fusion.dear:
+                parts.append("DeAR")
+        if self.op_fusion.compiled:
+            parts.append(f"{len(self.op_fusion.compiled)} blocks compiled")
+        return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(dataclasses.asdict(self)))

@@ -1,0 +1,99 @@
+"""Run a strategy for real, store the measurement, and predict the same strategy beside it."""
+
+import dataclasses
+from typing import Any
+
+from ddlsim.data.store import (
+    MeasurementRecord,
+    Store,
+    add_graph,
+    add_measurement,
+    add_prediction,
+    add_strategy,
+    strategy_hash,
+)
+from ddlsim.executor.run import RunResult, run_training
+from ddlsim.profiler.cluster import remove_stale_namespaces
+from ddlsim.simulator.predict import Prediction
+from ddlsim.workflows.predict import predict_on_store
+from ddlsim.workflows.profiles import cost_model_for, normalized_bandwidth
+from ddlsim.workflows.requests import ExecuteRequest, Progress, no_progress
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Executed:
+    """A stored run (``measurement_id``) and, when asked for on more than one rank, the stored
+    prediction of the same strategy (``prediction_id``)."""
+
+    result: RunResult
+    measurement_id: int
+    store_url: str
+    prediction: Prediction | None = None
+    prediction_id: int | None = None
+
+
+def execute(request: ExecuteRequest, store: Store, progress: Progress = no_progress) -> Executed:
+    """Run ``request``'s strategy under its options, store graph, strategy and measurement in
+    one transaction, then (``request.predict``, more than one rank) predict and store the
+    same strategy.
+
+    Raises:
+        ClusterRunError: a rank failed or hung (nothing is stored).
+        DdlsimError: a model, strategy or option the executor cannot handle.
+    """
+    options = request.options
+    remove_stale_namespaces()  # left by runs whose process was killed outright
+    progress(0.0, f"running {request.model.label} on {options.world_size} ranks")
+    result = run_training(
+        request.model, request.strategy, options, progress=lambda m: progress(None, m)
+    )
+    # One transaction: the graph, the strategy and the measurement land together or not.
+    with store.transaction() as session:
+        measurement_id = add_result(session, result)
+    if not (request.predict and options.world_size > 1):
+        return Executed(result=result, measurement_id=measurement_id, store_url=store.url)
+    progress(0.9, "predicting the same strategy")
+    prediction, _, _ = predict_on_store(
+        store,
+        request.model,
+        request.strategy,
+        world_size=options.world_size,
+        bandwidth=normalized_bandwidth(options.bandwidth),
+        cost_model=cost_model_for(request.simulator),
+        progress=progress,
+    )
+    with store.transaction() as session:
+        add_graph(session, graph=prediction.graph)
+        add_strategy(session, strategy=request.strategy)
+        prediction_id = add_prediction(session, prediction=prediction.record())
+    return Executed(
+        result=result,
+        measurement_id=measurement_id,
+        store_url=store.url,
+        prediction=prediction,
+        prediction_id=prediction_id,
+    )
+
+
+def measurement_record(result: RunResult) -> MeasurementRecord:
+    """The store's record of a run."""
+    return MeasurementRecord(
+        model=result.model,
+        graph_hash=result.graph.graph_hash,
+        strategy_hash=strategy_hash(result.strategy),
+        world_size=result.options.world_size,
+        bandwidth=result.options.bandwidth or "loopback",
+        network=result.network,
+        iteration_time_ms=result.samples_ms,
+        peak_memory_bytes=result.peak_memory_bytes,
+        applied=result.applied,
+        env=result.env(),
+        losses=result.losses,
+    )
+
+
+def add_result(session: Any, result: RunResult) -> int:
+    """Add a run's graph, strategy and measurement to ``session``; the measurement's id."""
+    add_graph(session, graph=result.graph)
+    add_strategy(session, strategy=result.strategy)
+    return add_measurement(session, measurement=measurement_record(result))

@@ -1,0 +1,115 @@
+"""Predict a strategy's iteration time from the store's profiles, and store the prediction."""
+
+import dataclasses
+from typing import Any
+
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import (
+    KernelProfileRecord,
+    Store,
+    add_graph,
+    add_prediction,
+    add_strategy,
+)
+from ddlsim.profiler.capture import CaptureOptions, capture_graph
+from ddlsim.simulator.costs import rank_spec
+from ddlsim.simulator.gnn import IterationCostModel
+from ddlsim.simulator.predict import Prediction
+from ddlsim.simulator.predict import predict as simulate
+from ddlsim.workflows.profiles import (
+    Capture,
+    cost_model_for,
+    kernel_profile_for,
+    machine_scale,
+    normalized_bandwidth,
+)
+from ddlsim.workflows.requests import PredictRequest, Progress, no_progress
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Predicted:
+    """A stored prediction: the prediction, the kernel profile it used (taken now or not), and
+    its id in the store at ``store_url``."""
+
+    prediction: Prediction
+    profile: KernelProfileRecord
+    profiled_now: bool
+    prediction_id: int
+    store_url: str
+
+
+def predict(request: PredictRequest, store: Store, progress: Progress = no_progress) -> Predicted:
+    """Predict ``request``'s strategy and store the graph, the strategy and the prediction in
+    one transaction.
+
+    Raises:
+        MissingProfileError: no kernel profile of the rank's micro-batch and
+            ``request.profile_missing`` is false.
+        DdlsimError: a model or strategy the tools cannot handle.
+    """
+    prediction, profile, profiled_now = predict_on_store(
+        store,
+        request.model,
+        request.strategy,
+        world_size=request.world_size,
+        bandwidth=normalized_bandwidth(request.bandwidth),
+        cost_model=cost_model_for(request.simulator),
+        optimizer=request.optimizer,
+        profile_iters=request.profile_iters,
+        profile_missing=request.profile_missing,
+        progress=progress,
+    )
+    with store.transaction() as session:
+        add_graph(session, graph=prediction.graph)
+        add_strategy(session, strategy=request.strategy)
+        prediction_id = add_prediction(session, prediction=prediction.record())
+    return Predicted(
+        prediction=prediction,
+        profile=profile,
+        profiled_now=profiled_now,
+        prediction_id=prediction_id,
+        store_url=store.url,
+    )
+
+
+def predict_on_store(
+    store: Store,
+    spec: ModelSpec,
+    strategy: Strategy,
+    *,
+    world_size: int,
+    bandwidth: str,
+    cost_model: tuple[IterationCostModel, dict[str, Any]] | None,
+    optimizer: str = "adamw",
+    profile_iters: int = 10,
+    profile_missing: bool = True,
+    capture: Capture = capture_graph,
+    progress: Progress = no_progress,
+) -> tuple[Prediction, KernelProfileRecord, bool]:
+    """Predict ``strategy`` for ``spec`` with the store's kernel profile of the rank's
+    micro-batch (taken now if there is none: the flag says so) and its gloo collective fits;
+    compute is scaled for ranks sharing this machine's cores. Nothing is stored but a kernel
+    profile taken now."""
+    rank = rank_spec(spec, strategy, world_size)
+    profiled, profile, profiled_now = kernel_profile_for(
+        store,
+        rank,
+        optimizer=optimizer,
+        iters=profile_iters,
+        profile_missing=profile_missing,
+        capture=capture,
+        progress=progress,
+    )
+    options = CaptureOptions(strategy=strategy, optimizer="sgd" if optimizer == "sgd" else "adamw")
+    prediction = simulate(
+        capture(rank, options),
+        profiled=profiled,
+        node_ms=profile.node_ms,
+        collective_profiles=store.collective_profiles(backend="gloo"),
+        world_size=world_size,
+        bandwidth=bandwidth,
+        cost_model=cost_model,
+        compute_scale=machine_scale(world_size),
+    )
+    return prediction, profile, profiled_now

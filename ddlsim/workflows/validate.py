@@ -1,0 +1,188 @@
+"""Check the simulator against real runs of any model: predict strategies, run them, compare.
+
+The links are profiled (gloo collectives on the emulated cluster) and the rank's micro-batch
+kernel-profiled unless the store has both; then K diverse strategies (DDP's defaults first) run
+through the executor and through the simulator, and the first one runs a second time to show
+the measurement noise the errors should be read against.
+"""
+
+import statistics
+from typing import Any
+
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import Store, add_collective_profile, add_graph, add_prediction
+from ddlsim.executor.plan import model_supports
+from ddlsim.executor.run import RunOptions, run_training
+from ddlsim.profiler.batch import collective_records
+from ddlsim.profiler.cluster import ClusterRunError, remove_stale_namespaces
+from ddlsim.profiler.collectives import profile_collectives
+from ddlsim.simulator.evaluate import accuracy
+from ddlsim.workflows.execute import add_result
+from ddlsim.workflows.predict import predict_on_store
+from ddlsim.workflows.profiles import cost_model_for, normalized_bandwidth
+from ddlsim.workflows.requests import Progress, ValidateRequest, no_progress
+
+# Diverse on purpose: DDP's own buckets, the executor's hooks at several granularities, DeAR,
+# gradient accumulation, FSDP, tensor parallelism, pipelines. A validation of K strategies
+# takes the first K that the model, the world size and the batch allow.
+CANDIDATES: tuple[dict[str, Any], ...] = (
+    {},
+    {"tensor_fusion": {"bucket_caps_mb": [65536], "implementation": "hooks"}},
+    {"parallel": {"fsdp": True}},
+    {"tensor_fusion": {"bucket_cap_mb": 1, "implementation": "hooks"}},
+    {"tensor_fusion": {"bucket_cap_mb": 4, "dear": True}},
+    {"parallel": {"tp": 2}},
+    {"parallel": {"pp": 2, "micro_batches": 2, "pp_schedule": "gpipe"}},
+    {"tensor_fusion": {"bucket_cap_mb": 4, "implementation": "hooks"}},
+    {"parallel": {"micro_batches": 2}},
+    {"parallel": {"pp": 2, "micro_batches": 4, "pp_schedule": "1f1b"}},
+    {"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}},
+    {"tensor_fusion": {"bucket_cap_mb": 0.25, "implementation": "hooks"}},
+    {"tensor_fusion": {"bucket_caps_mb": [1, 4]}},
+    {"tensor_fusion": {"bucket_caps_mb": [65536], "dear": True}},
+)
+# Collective sizes for the link profile: 4 KiB to 64 MiB in powers of 4.
+LINK_SIZES = [4096 * 4**i for i in range(9)]
+LINK_COLLECTIVES = ("all_reduce", "sendrecv")
+# FSDP and tensor parallelism also gather and reduce-scatter.
+PLAN_COLLECTIVES = ("all_gather", "reduce_scatter")
+
+
+def validate(
+    request: ValidateRequest, store: Store, progress: Progress = no_progress
+) -> dict[str, Any]:
+    """Every strategy's prediction beside its measured median and interval (``rows``), the
+    aggregate errors (MAPE, p90, Kendall's tau, pair accuracy) over two rows or more, and the
+    first strategy's repeat difference (``noise_mape``). Runs and predictions are stored.
+
+    Raises:
+        InvalidOptionError: no candidate strategy fits the batch and the world size.
+    """
+    spec = request.model
+    bandwidth = normalized_bandwidth(request.bandwidth)
+    strategies = strategies_for(spec, request.world_size, request.strategies)
+    if not strategies:
+        raise InvalidOptionError(
+            f"batch_size({spec.inputs.batch_size}) does not split evenly over "
+            f"world_size({request.world_size}) ranks; no strategy can run"
+        )
+    if len(strategies) < request.strategies:
+        progress(
+            None, f"only {len(strategies)} candidate strategies fit batch {spec.inputs.batch_size}"
+        )
+    remove_stale_namespaces()
+    rows: list[dict[str, Any]] = []
+    options = RunOptions(
+        world_size=request.world_size, bandwidth=bandwidth, **request.measure.run_options()
+    )
+    if request.world_size > 1:
+        _link_profiles(store, request.world_size, bandwidth, strategies, progress)
+    cost_model = cost_model_for(request.simulator)
+    first_ms: float | None = None
+    repeat_ms: float | None = None
+    for index, strategy in enumerate([*strategies, strategies[0]]):
+        predicted, _, _ = predict_on_store(
+            store,
+            spec,
+            strategy,
+            world_size=request.world_size,
+            bandwidth=bandwidth,
+            cost_model=cost_model,
+            profile_iters=request.profile_iters,
+            progress=progress,
+        )
+        label = strategy.to_json()
+        progress(
+            index / (len(strategies) + 1), f"running {index + 1}/{len(strategies) + 1}: {label}"
+        )
+        try:
+            measured = run_training(spec, strategy, options)
+        except ClusterRunError as exc:
+            progress(None, f"run failed, left out: {exc}")
+            continue
+        with store.transaction() as session:
+            add_result(session, measured)
+            add_graph(session, graph=predicted.graph)
+            add_prediction(session, prediction=predicted.record())
+        if index == 0:
+            first_ms = measured.median_ms
+        if index == len(strategies):
+            repeat_ms = measured.median_ms
+            continue
+        rows.append(
+            {
+                "strategy": strategy.to_dict(),
+                "predicted_ms": predicted.iteration_time_ms,
+                "measured_ms": measured.median_ms,
+                "measured_ci95_ms": list(measured.ci95_ms),
+                "replay_ms": predicted.replay_ms,
+                "breakdown": predicted.breakdown(),
+            }
+        )
+    payload: dict[str, Any] = {
+        "model": spec.label,
+        "world_size": request.world_size,
+        "bandwidth": bandwidth,
+        "simulator_version": predicted.simulator_version,
+        "rows": rows,
+    }
+    if len(rows) >= 2:
+        payload.update(
+            accuracy([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]).to_json()
+        )
+    payload["noise_mape"] = (
+        abs(repeat_ms - first_ms) / statistics.fmean([repeat_ms, first_ms])
+        if repeat_ms is not None and first_ms is not None
+        else None
+    )
+    return payload
+
+
+def strategies_for(spec: ModelSpec, world_size: int, count: int) -> list[Strategy]:
+    """The first ``count`` candidates the model supports whose plan fits the world size and
+    whose micro-batches divide the global batch."""
+    chosen = []
+    for raw in CANDIDATES:
+        strategy = Strategy.from_dict(raw)
+        if not strategy.parallel.fits(spec.inputs.batch_size, world_size):
+            continue
+        if not model_supports(spec, strategy):
+            continue
+        chosen.append(strategy)
+        if len(chosen) == count:
+            break
+    return chosen
+
+
+def _link_profiles(
+    store: Store,
+    world_size: int,
+    bandwidth: str,
+    strategies: list[Strategy],
+    progress: Progress,
+) -> None:
+    """Profile the link's collectives unless the store has fits of those the strategies use."""
+    have = {
+        p.collective
+        for p in store.collective_profiles(
+            backend="gloo", world_size=world_size, bandwidth=bandwidth
+        )
+    }
+    needed = set(LINK_COLLECTIVES)
+    if any(s.parallel.fsdp or s.parallel.tp > 1 for s in strategies):
+        needed |= set(PLAN_COLLECTIVES)
+    if needed <= have:
+        return
+    progress(None, f"no collective profile of {world_size} ranks at {bandwidth} yet: profiling it")
+    profile = profile_collectives(
+        world_size=world_size,
+        bandwidth=bandwidth,
+        sizes=LINK_SIZES,
+        collectives=sorted(needed),
+        progress=lambda message: progress(None, message),
+    )
+    with store.transaction() as session:
+        for record in collective_records(profile):
+            add_collective_profile(session, profile=record)
