@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.store import Store
+from ddlsim.data.store import Store, mask_url
 from ddlsim.service.output import (
     add_input_arguments,
     emit_json,
@@ -44,7 +44,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         "rank_batch_size": prediction.graph.model.inputs.batch_size,
         "kernel_profile": {"id": done.profile.id, "profiled_now": done.profiled_now},
         "id": done.prediction_id,
-        "db": done.store_url,
+        "db": mask_url(done.store_url),
     }
     if args.json:
         emit_json(payload)

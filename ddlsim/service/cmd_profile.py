@@ -13,6 +13,7 @@ from ddlsim.data.store import (
     add_fusion_profile,
     add_graph,
     add_kernel_profile,
+    mask_url,
 )
 from ddlsim.data.zoo import resolve_model
 from ddlsim.profiler.batch import (
@@ -46,7 +47,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
         with store.transaction() as session:
             add_graph(session, graph=graph)
             profile_id = add_kernel_profile(session, profile=kernel_record(profile))
-    summary = {**profile.summary(), "id": profile_id, "db": store.url}
+    summary = {**profile.summary(), "id": profile_id, "db": mask_url(store.url)}
     if args.json:
         emit_json(summary)
     else:
@@ -56,7 +57,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             f"  iteration    {profile.iteration_time_ms:.2f} ms median, profiler off\n"
             f"  attributed   {profile.attributed_ms:.2f} ms over {profile.num_nodes_timed} nodes "
             f"(coverage {profile.coverage:.3f})\n"
-            f"  stored       kernel profile {profile_id} in {store.url}"
+            f"  stored       kernel profile {profile_id} in {mask_url(store.url)}"
         )
         if profile.trace_path:
             print(f"  trace        {profile.trace_path} (open in Perfetto)")
@@ -80,7 +81,7 @@ def cmd_fusion(args: argparse.Namespace) -> int:
             add_graph(session, graph=graph)
             profile_id = add_fusion_profile(session, profile=fusion_record(profile))
     if args.json:
-        emit_json({**profile.to_json(), "id": profile_id, "db": store.url})
+        emit_json({**profile.to_json(), "id": profile_id, "db": mask_url(store.url)})
         return 0
     print(f"{profile.model}: blocks alone, forward and backward, median of {profile.iters}")
     print(f"  {'block':<32}{'eager':>10}{'compiled':>11}{'speed-up':>10}{'compile':>10}")
@@ -89,7 +90,7 @@ def cmd_fusion(args: argparse.Namespace) -> int:
             f"  {block.block:<32}{block.eager_ms:>7.2f} ms{block.compiled_ms:>8.2f} ms"
             f"{block.speedup:>9.2f}x{block.compile_s:>8.1f} s"
         )
-    print(f"  stored fusion profile {profile_id} in {store.url}")
+    print(f"  stored fusion profile {profile_id} in {mask_url(store.url)}")
     return 0
 
 
@@ -113,7 +114,7 @@ def cmd_collectives(args: argparse.Namespace) -> int:
                 for record in collective_records(profile)
             ]
     if args.json:
-        emit_json({**profile.to_json_dict(), "ids": ids, "db": store.url})
+        emit_json({**profile.to_json_dict(), "ids": ids, "db": mask_url(store.url)})
         return 0
     print(
         f"{args.world_size} ranks, {args.backend}, link {profile.bandwidth}, "
@@ -127,7 +128,7 @@ def cmd_collectives(args: argparse.Namespace) -> int:
         )
     for note in profile.notes:
         print(f"  note: {note}")
-    print(f"  stored {len(ids)} collective profiles in {store.url}")
+    print(f"  stored {len(ids)} collective profiles in {mask_url(store.url)}")
     return 0
 
 
@@ -147,13 +148,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
         trace_dir = Path(args.trace_dir) if args.trace_dir else None
         outcome = profile_batch(jobs, store, show, trace_dir=trace_dir)
-    summary: dict[str, Any] = {**outcome.to_dict(), "jobs": len(jobs), "db": store.url}
+    summary: dict[str, Any] = {**outcome.to_dict(), "jobs": len(jobs), "db": mask_url(store.url)}
     if args.json:
         emit_json(summary)
     else:
         print(
             f"{len(jobs)} jobs: {len(outcome.done)} done, {len(outcome.skipped)} already done, "
-            f"{len(outcome.failed)} failed (stored in {store.url})"
+            f"{len(outcome.failed)} failed (stored in {mask_url(store.url)})"
         )
         for key, error in outcome.failed:
             print(f"  failed {key}: {error}")

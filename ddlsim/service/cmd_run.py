@@ -8,7 +8,7 @@ from typing import Any
 
 from ddlsim.data.errors import one_line
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.store import Store
+from ddlsim.data.store import Store, mask_url
 from ddlsim.executor.run import RunOptions, RunResult
 from ddlsim.profiler.cluster import ClusterRunError
 from ddlsim.service.output import (
@@ -53,11 +53,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"ddlsim: error: run failed: {one_line(exc, limit=2000)}", file=sys.stderr)
             return EXIT_RUN_FAILED
     result = done.result
-    payload: dict[str, Any] = {**result.to_json(), "id": done.measurement_id, "db": done.store_url}
+    db = mask_url(done.store_url)
+    payload: dict[str, Any] = {**result.to_json(), "id": done.measurement_id, "db": db}
     if args.json:
         emit_json(payload)
     else:
-        _print_summary(result, done.measurement_id, done.store_url)
+        _print_summary(result, done.measurement_id, db)
     return 0
 
 

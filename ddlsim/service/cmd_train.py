@@ -20,7 +20,7 @@ from tqdm import tqdm
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.store import Store
+from ddlsim.data.store import Store, mask_url
 from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import capture_graph
 from ddlsim.service.output import emit_json, positive_int, progress
@@ -54,8 +54,10 @@ def _dataset(args: argparse.Namespace) -> tuple[Dataset, str]:
     if args.db:
         with tempfile.TemporaryDirectory() as tmp, Store.open(args.db) as store:
             path = Path(tmp) / "dataset.json.gz"
-            export_dataset(store, path, meta={"source": store.url})
-            return load_dataset(path), store.url
+            # The source is stored and printed: its password never is.
+            source = mask_url(store.url)
+            export_dataset(store, path, meta={"source": source})
+            return load_dataset(path), source
     path = Path(args.dataset) if args.dataset else shipped_dataset()
     return load_dataset(path), str(path)
 
