@@ -20,6 +20,7 @@ from ddlsim.profiler.cluster import (
     netns_unavailable_reason,
     remove_stale_namespaces,
 )
+from ddlsim.profiler.cluster.rank_logs import failure_message
 
 WORKER = "ddlsim.profiler._collective_worker"
 NETNS_REASON = netns_unavailable_reason()
@@ -129,8 +130,7 @@ def test_failure_names_the_rank_that_caused_it_first(tmp_path: Path) -> None:
     )
     (tmp_path / "rank1.stderr").write_text("rank 1: test crash\n  exitcode  : 3\n")
     (tmp_path / "rank2.stderr").write_text("")
-    cluster = EmulatedCluster(3, "1gbit")
-    message = cluster._failure_message([0, 1], [1, 1, None], tmp_path)
+    message = failure_message([0, 1], [1, 1, None], tmp_path, world_size=3, network="netns")
     assert message.startswith(
         "rank 1 exited with code 1 (worker exit code 3); rank 0 exited with code 1 "
         "(worker exit code 1); the other ranks of 3 were stopped"
