@@ -126,3 +126,48 @@ def test_parse_reports_bad_json() -> None:
         Strategy.parse("{nope")
     with pytest.raises(InvalidStrategyError, match="neither inline JSON nor an existing file"):
         Strategy.parse("missing.json")
+
+
+def test_rank_batch_size_splits_the_global_batch_or_says_why_not() -> None:
+    plan = ParallelPlan(tp=2, micro_batches=2)
+    assert plan.rank_batch_size(16, 8) == 2  # dp 4, 2 micro-batches of 2
+    assert plan.fits(16, 8) and not plan.fits(12, 8)
+    with pytest.raises(InvalidStrategyError, match=r"batch_size\(12\).*dp\(4\).*micro_batches"):
+        plan.rank_batch_size(12, 8)
+    assert not ParallelPlan(tp=3).fits(12, 4)  # no dp fits
+
+
+@pytest.mark.parametrize(
+    ("raw", "kind", "label", "line"),
+    [
+        ({}, "buckets", "ddp", "DDP's defaults"),
+        (
+            {"tensor_fusion": {"bucket_cap_mb": 4, "dear": True}},
+            "dear",
+            "ddp",
+            "bucket cap 4 MB, DeAR",
+        ),
+        (
+            {"parallel": {"fsdp": True, "micro_batches": 2}},
+            "fsdp",
+            "fsdp m2",
+            "FSDP, 2 micro-batches",
+        ),
+        ({"parallel": {"tp": 2}}, "tensor", "tp2", "tp2"),
+        (
+            {"parallel": {"pp": 2, "micro_batches": 4, "pp_schedule": "gpipe"}},
+            "pipeline",
+            "pp2 gpipe m4",
+            "pp2, gpipe, 4 micro-batches",
+        ),
+        (
+            {"op_fusion": {"compiled": ["h.0"]}},
+            "compiled",
+            "ddp",
+            "bucket cap 25 MB, 1 blocks compiled",
+        ),
+    ],
+)
+def test_a_strategy_names_itself_one_way(raw: dict, kind: str, label: str, line: str) -> None:
+    strategy = Strategy.from_dict(raw)
+    assert (strategy.kind, strategy.parallel.label, strategy.describe()) == (kind, label, line)
