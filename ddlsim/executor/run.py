@@ -388,7 +388,7 @@ def _launch(
             )
             say(f"launching {options.world_size} rank(s) on {cluster.network}")
             launched = cluster.launch(
-                "ddlsim.executor.worker",
+                "ddlsim.executor.rank_main",
                 ["--config", str(config_path), "--output", str(output), *extra_args],
                 env=ALLOCATOR_ENV,
                 timeout_s=options.timeout_s,

@@ -43,7 +43,7 @@ from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.cluster import BACKENDS, parse_bandwidth_gbps
 from ddlsim.profiler.cluster import EmulatedCluster
 
-WORKER_MODULE = "ddlsim.profiler._collective_worker"
+RANK_MODULE = "ddlsim.profiler.collective_rank"
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -433,7 +433,7 @@ def profile_collectives(
         ]
         with EmulatedCluster(world_size, bandwidth) as cluster:
             result = cluster.launch(
-                WORKER_MODULE,
+                RANK_MODULE,
                 args,
                 env,
                 timeout_s=timeout_s,

@@ -9,31 +9,16 @@ Prices are memoised by strategy, so a search that comes back to a candidate does
 and ``evaluations`` counts distinct strategies.
 """
 
-import math
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
-
-import torch
-from torch_geometric.data import Batch
+from collections.abc import Callable, Mapping, Sequence
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.simulator.cost_model import CostModel, EncodedGraphs, ReplayCostModel
 from ddlsim.simulator.costs import uses_ring
-from ddlsim.simulator.fast import DataParallelReplay
+from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.features import ModelGraph, model_graph, strategy_sample
-from ddlsim.simulator.gnn import IterationCostModel
 from ddlsim.simulator.train import intra_op_threads
-
-
-class Pricer(Protocol):
-    """What a search needs of an evaluator: memoised prices (ms) of strategies, in batches,
-    and how many distinct strategies it has priced."""
-
-    @property
-    def evaluations(self) -> int: ...
-
-    def price(self, strategies: Sequence[Strategy]) -> list[float]: ...
 
 
 class FusionEvaluator:
@@ -44,8 +29,10 @@ class FusionEvaluator:
             already scaled for ranks sharing cores.
         comm: collective models over the data-parallel ranks (:func:`simulator.costs.comm_models`);
             ``ring_comm`` those of DeAR's ring where the backend runs one (gloo), else ``comm``.
-        cost_model: a trained model and its meta; its ``predictor`` (``gnn`` or ``blend``)
-            corrects the replay; ``None`` (or ``replay``) prices with the replay alone.
+        cost_model: a learned one (``gnn``, ``blend``) corrects the replay; the replay's
+            (the default) prices with the replay alone.
+
+    Not thread-safe: the memo grows with every call.
     """
 
     def __init__(
@@ -57,7 +44,7 @@ class FusionEvaluator:
         dp: int,
         ring_comm: Mapping[str, AlphaBeta] | None = None,
         backend: str = "gloo",
-        cost_model: tuple[IterationCostModel, Mapping[str, Any]] | None = None,
+        cost_model: CostModel | None = None,
         compute_scale: float = 1.0,
     ) -> None:
         self.graph = graph
@@ -66,27 +53,23 @@ class FusionEvaluator:
         self.backend = backend
         self.dp = dp
         self.compute_scale = compute_scale
+        self.cost_model = cost_model or ReplayCostModel()
         self.replay = DataParallelReplay(graph, node_ms)
         self.memo: dict[str, float] = {}
-        self._model: IterationCostModel | None = None
-        self._weight = 0.0
-        self._encoded: ModelGraph | None = None
-        if cost_model is not None:
-            model, meta = cost_model
-            predictor = str(meta.get("predictor", "gnn"))
-            if predictor in ("gnn", "blend"):
-                self._model = model
-                self._weight = 1.0 if predictor == "gnn" else 0.5
-                self._encoded = model_graph(graph, node_ms)
-                with torch.no_grad(), intra_op_threads(1):
-                    self._batch = Batch.from_data_list([self._encoded.data])
-                    self._h, _ = model.encode(self._batch)
+        # Told how many strategies each call priced anew (a search's progress).
+        self.on_priced: Callable[[int], None] | None = None
+        self._features: ModelGraph | None = None
+        self._encoded: EncodedGraphs | None = None
+        if self.cost_model.learned:
+            # The graph is encoded once; strategies are then priced by the head alone.
+            self._features = model_graph(graph, node_ms)
+            with intra_op_threads(1):
+                self._encoded = self.cost_model.encode({"g": self._features})
 
     @property
     def predictor(self) -> str:
-        if self._model is None:
-            return "replay"
-        return "gnn" if self._weight == 1.0 else "blend"
+        """The cost model's name: ``replay``, ``gnn`` or ``blend``."""
+        return self.cost_model.name
 
     @property
     def evaluations(self) -> int:
@@ -103,6 +86,8 @@ class FusionEvaluator:
         if todo:
             for key, ms in zip(todo, self._price_new(list(todo.values())), strict=True):
                 self.memo[key] = ms
+            if self.on_priced is not None:
+                self.on_priced(len(todo))
         return [self.memo[key] for key in keys]
 
     def _comm(self, strategy: Strategy) -> dict[str, AlphaBeta]:
@@ -113,12 +98,12 @@ class FusionEvaluator:
             self.replay.summary(s, self._comm(s), micro_batches=s.parallel.micro_batches)
             for s in strategies
         ]
-        if self._model is None or self._encoded is None:
+        if self._features is None or self._encoded is None:
             return [summary.iteration_time_ms for summary in summaries]
         samples = [
             strategy_sample(
                 model_key="g",
-                graph=self._encoded,
+                graph=self._features,
                 strategy=strategy,
                 summary=summary,
                 comm=self._comm(strategy),
@@ -127,9 +112,5 @@ class FusionEvaluator:
             )
             for strategy, summary in zip(strategies, summaries, strict=True)
         ]
-        with torch.no_grad(), intra_op_threads(1):
-            corrections = self._model.corrections(self._h, self._batch, {"g": 0}, samples)
-        return [
-            s.replay_ms * math.exp(self._weight * float(c))
-            for s, c in zip(samples, corrections, strict=True)
-        ]
+        with intra_op_threads(1):
+            return self.cost_model.predict(self._encoded, samples)

@@ -27,8 +27,8 @@ from ddlsim.service.output import emit_json, positive_int, progress
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, Calibration, calibrate
 from ddlsim.simulator.dataset import Dataset, export_dataset, load_dataset
 from ddlsim.simulator.default import load_default, shipped_dataset, user_checkpoint
+from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.evaluate import Accuracy
-from ddlsim.simulator.fast import DataParallelReplay
 from ddlsim.simulator.features import ModelGraph, model_graph, strategy_sample
 from ddlsim.simulator.gnn import CostModelConfig
 from ddlsim.simulator.holdout import (

@@ -27,7 +27,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.graph.pyg import FEATURE_NAMES, node_features
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.simulator.calibration import risk_kind, strategy_kind
-from ddlsim.simulator.fast import ReplaySummary
+from ddlsim.simulator.dp_replay import ReplaySummary
 
 NODE_FEATURES: tuple[str, ...] = (*FEATURE_NAMES, "log1p_duration_us", "duration_known")
 EDGE_TYPES: tuple[str, ...] = ("data", "data_reversed", "program_order", "program_reversed")

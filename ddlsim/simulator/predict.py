@@ -13,18 +13,12 @@ from typing import Any
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.store import CollectiveProfileRecord, PredictionRecord, strategy_hash
+from ddlsim.simulator.cost_model import SIMULATOR_VERSION, CostModel, ReplayCostModel
 from ddlsim.simulator.costs import comm_models, scaled, uses_ring
-from ddlsim.simulator.fast import DataParallelReplay, ReplaySummary
+from ddlsim.simulator.dp_replay import DataParallelReplay, ReplaySummary
 from ddlsim.simulator.features import block_sample, model_graph, strategy_sample
-from ddlsim.simulator.gnn import IterationCostModel
 from ddlsim.simulator.plans import is_data_parallel, replay_parallel_plan
 from ddlsim.simulator.replay import ReplayResult, replay, transfer_durations
-from ddlsim.simulator.train import Predictor, predict_fused, predict_samples
-
-# 2: compute scaled for ranks sharing cores; FSDP, tensor and pipeline plans.
-SIMULATOR_VERSION = "replay-2"
-# 2: corrects FSDP, tensor-parallel and pipeline plans too (plan features, trained on them).
-COST_MODEL_VERSION = "gnn-2"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -106,7 +100,7 @@ def predict(
     world_size: int,
     bandwidth: str,
     backend: str = "gloo",
-    cost_model: tuple[IterationCostModel, Mapping[str, Any]] | None = None,
+    cost_model: CostModel | None = None,
     compute_scale: float = 1.0,
 ) -> Prediction:
     """Replay ``graph`` (captured with its strategy at the rank's micro-batch).
@@ -119,9 +113,9 @@ def predict(
         bandwidth: the link as ``ddlsim`` names it (``1gbit``, ``none`` for unshaped).
         compute_scale: how much slower a rank computes than the profile (ranks sharing
             cores, :func:`simulator.costs.compute_scale`).
-        cost_model: a trained model and its meta; its ``predictor`` (``gnn`` or ``blend``)
-            corrects the replay of any plan and prices each compiled block (its fused-block
-            head), ``replay`` (or no model) leaves the replay as it is.
+        cost_model: a learned one (``gnn`` or ``blend``) corrects the replay of any plan and
+            prices each compiled block (its fused-block head); the replay's
+            (:class:`ReplayCostModel`, the default) leaves the replay as it is.
 
     Raises:
         InvalidOptionError: the profiled graph is of another model or inputs.
@@ -154,11 +148,8 @@ def predict(
         comm_sources=models.sources,
         compute_scale=compute_scale,
     )
-    if cost_model is None:
-        return prediction
-    model, meta = cost_model
-    predictor = str(meta.get("predictor", "gnn"))
-    if predictor not in ("gnn", "blend"):
+    cost_model = cost_model or ReplayCostModel()
+    if not cost_model.learned:
         return prediction
     data_parallel = is_data_parallel(graph.strategy.parallel)
     summary = (
@@ -169,35 +160,36 @@ def predict(
         else ReplaySummary.of(result)
     )
     key = profiled.graph_hash
+    features = model_graph(profiled, node_ms)
     sample = strategy_sample(
         model_key=key,
-        graph=(encoded := model_graph(profiled, node_ms)),
+        graph=features,
         strategy=graph.strategy,
         summary=summary,
         comm=models.models,
         dp=dp,
         compute_scale=compute_scale,
     )
-    chosen: Predictor = "blend" if predictor == "blend" else "gnn"
-    (corrected,) = predict_samples(model, {key: encoded}, [sample], chosen)
+    encoded = cost_model.encode({key: features})
+    (corrected,) = cost_model.predict(encoded, [sample])
     blocks = [
         b
         for path in graph.strategy.op_fusion.compiled
         if (
             b := block_sample(
-                model_key=key, graph=encoded, block=path, compute_scale=compute_scale
+                model_key=key, graph=features, block=path, compute_scale=compute_scale
             )
         )
         is not None
     ]
-    fused = predict_fused(model, {key: encoded}, blocks)
+    fused = cost_model.predict_fused(encoded, blocks)
     # A data-parallel sample's replay is the closed form of the same schedule; apply its
     # correction to the full replay's time.
     corrected *= result.iteration_time_ms / summary.iteration_time_ms
     return dataclasses.replace(
         prediction,
-        predictor=predictor,
+        predictor=cost_model.name,
         corrected_ms=corrected,
-        simulator_version=f"{COST_MODEL_VERSION}+{SIMULATOR_VERSION}",
+        simulator_version=cost_model.version,
         fused_blocks=tuple((b.block, b.eager_ms, ms) for b, ms in zip(blocks, fused, strict=True)),
     )

@@ -21,7 +21,7 @@ import pickle
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch_geometric.data import Batch
@@ -34,7 +34,7 @@ from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.simulator.costs import comm_models, compute_scale, rank_spec, scaled, uses_ring
 from ddlsim.simulator.dataset import Dataset, RunEntry
-from ddlsim.simulator.fast import DataParallelReplay, ReplaySummary
+from ddlsim.simulator.dp_replay import DataParallelReplay, ReplaySummary
 from ddlsim.simulator.features import (
     BlockSample,
     ModelGraph,
@@ -43,12 +43,9 @@ from ddlsim.simulator.features import (
     model_graph,
     strategy_sample,
 )
-from ddlsim.simulator.gnn import CostModelConfig, IterationCostModel, load_cost_model
+from ddlsim.simulator.gnn import CostModelConfig, IterationCostModel, network_from_checkpoint
 from ddlsim.simulator.plans import is_data_parallel, replay_parallel_plan
 from ddlsim.simulator.replay import UnsupportedPlanError, transfer_durations
-
-Predictor = Literal["replay", "gnn", "blend"]
-PREDICTORS: tuple[Predictor, ...] = ("replay", "gnn", "blend")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -309,26 +306,6 @@ def _train(
 
 
 @torch.no_grad()
-def predict_samples(
-    model: IterationCostModel,
-    graphs: dict[str, ModelGraph],
-    samples: Sequence[StrategySample],
-    predictor: Predictor = "gnn",
-) -> list[float]:
-    """Predicted iteration times (ms): the replay's, the corrected, or their geometric mean."""
-    if predictor == "replay" or not samples:
-        return [s.replay_ms for s in samples]
-    keys = sorted({s.model_key for s in samples})
-    batch = Batch.from_data_list([graphs[k].data for k in keys])
-    h, _ = model.encode(batch)
-    correction = model.corrections(h, batch, {k: i for i, k in enumerate(keys)}, samples)
-    weight = 1.0 if predictor == "gnn" else 0.5
-    return [
-        s.replay_ms * math.exp(weight * float(c)) for s, c in zip(samples, correction, strict=True)
-    ]
-
-
-@torch.no_grad()
 def predict_fused(
     model: IterationCostModel, graphs: dict[str, ModelGraph], blocks: Sequence[BlockSample]
 ) -> list[float]:
@@ -391,4 +368,4 @@ def load_checkpoint(path: Path) -> tuple[IterationCostModel, dict[str, Any]]:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
         raise InvalidOptionError(f"cost model checkpoint {path} cannot be read: {exc}") from None
-    return load_cost_model(raw)
+    return network_from_checkpoint(raw)

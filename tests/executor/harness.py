@@ -44,7 +44,7 @@ def _rank_main(  # noqa: PLR0917 (multiprocessing passes positional arguments)
         results.put((rank, fn(ctx)))
     finally:
         dist.destroy_process_group()
-    # As the executor's ranks do (ddlsim/executor/worker.py): once the result is delivered, skip
+    # As the executor's ranks do (ddlsim/executor/rank_main.py): once the result is delivered, skip
     # interpreter finalization, where gloo's threads now and then abort a finished process.
     results.close()
     results.join_thread()

@@ -49,7 +49,7 @@ def _netns() -> list[str]:
 def _ddlsim_ranks() -> list[str]:
     """Live rank processes started by this test process."""
     out = subprocess.run(
-        ["pgrep", "-f", "ddlsim.executor.worker"], check=False, capture_output=True, text=True
+        ["pgrep", "-f", "ddlsim.executor.rank_main"], check=False, capture_output=True, text=True
     )
     mark = f"{OWNER_ENV}={os.getpid()}".encode()
     ours = []

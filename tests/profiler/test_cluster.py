@@ -22,7 +22,7 @@ from ddlsim.profiler.cluster import (
 )
 from ddlsim.profiler.cluster.rank_logs import failure_message
 
-WORKER = "ddlsim.profiler._collective_worker"
+RANK_MODULE = "ddlsim.profiler.collective_rank"
 NETNS_REASON = netns_unavailable_reason()
 needs_netns = pytest.mark.skipif(
     NETNS_REASON is not None, reason=f"network namespaces unavailable: {NETNS_REASON}"
@@ -80,7 +80,7 @@ def test_bad_arguments_raise_before_anything_starts() -> None:
     with pytest.raises(InvalidClusterError, match="'fast'"):
         EmulatedCluster(2, "fast")
     with pytest.raises(InvalidOptionError, match="with"):
-        EmulatedCluster(2, "1gbit").launch(WORKER, [], timeout_s=1)
+        EmulatedCluster(2, "1gbit").launch(RANK_MODULE, [], timeout_s=1)
     assert issubclass(ClusterRunError, DdlsimError) and issubclass(ClusterRunError, RuntimeError)
 
 
@@ -96,7 +96,9 @@ def test_successful_run_leaves_no_namespace_or_link(tmp_path: Path) -> None:
             f"{prefix}h0",
             f"{prefix}h1",
         }
-        result = cluster.launch(WORKER, _worker_args(output), timeout_s=120, output_paths=[output])
+        result = cluster.launch(
+            RANK_MODULE, _worker_args(output), timeout_s=120, output_paths=[output]
+        )
     assert result.network == "netns"
     assert result.returncodes == {0: 0, 1: 0}
     assert set(result.rank_cores) == {0, 1} and set(result.last_cores) == {0, 1}
@@ -117,7 +119,7 @@ def test_rank_crash_names_the_rank_and_cleans_up(tmp_path: Path) -> None:
         EmulatedCluster(2, "1gbit") as cluster,
     ):
         prefix = cluster.prefix
-        cluster.launch(WORKER, args, timeout_s=120, output_paths=[output])
+        cluster.launch(RANK_MODULE, args, timeout_s=120, output_paths=[output])
     assert not {n for n in _namespaces() if n.startswith(prefix)}
     assert _eventually(lambda: not _processes_mentioning(str(output)), 5)
 
@@ -143,7 +145,7 @@ import sys
 from ddlsim.profiler.cluster import EmulatedCluster
 with EmulatedCluster(2, "1gbit") as cluster:
     print(cluster.prefix, flush=True)
-    cluster.launch("ddlsim.profiler._collective_worker", sys.argv[1:], timeout_s=300)
+    cluster.launch("ddlsim.profiler.collective_rank", sys.argv[1:], timeout_s=300)
 """
 
 
@@ -179,8 +181,11 @@ def test_killed_parent_tears_down(tmp_path: Path, sig: signal.Signals) -> None:
 
 
 def _is_worker(pid: int) -> bool:
+    """Whether ``pid`` is a rank's worker: torchrun starts it as ``python -u -m MODULE``; its
+    agent's command line holds ``-m MODULE`` too, but not after ``-u``."""
+    worker_cmd = b"-u\0-m\0" + RANK_MODULE.encode() + b"\0"
     try:
-        return b"-m\0profiler._collective_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return worker_cmd in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -195,7 +200,7 @@ def test_loopback_fallback_warns_once_and_is_recorded(
         with EmulatedCluster(2, "1gbit") as cluster:
             assert cluster.network == "loopback" and cluster.namespaces == []
             result = cluster.launch(
-                WORKER, _worker_args(output), timeout_s=120, output_paths=[output]
+                RANK_MODULE, _worker_args(output), timeout_s=120, output_paths=[output]
             )
     fallbacks = [w for w in caught if issubclass(w.category, LoopbackFallbackWarning)]
     assert len(fallbacks) == 1
@@ -213,7 +218,7 @@ def test_timeout_stops_every_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         pytest.raises(ClusterRunError, match=r"ran past timeout_s\(3\)"),
         EmulatedCluster(2, None) as cluster,
     ):
-        cluster.launch(WORKER, _worker_args(output, "--test-sleep-s", "120"), timeout_s=3)
+        cluster.launch(RANK_MODULE, _worker_args(output, "--test-sleep-s", "120"), timeout_s=3)
     assert _eventually(lambda: not _processes_mentioning(str(output)), 5)
 
 

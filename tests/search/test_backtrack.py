@@ -13,7 +13,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.search.backtrack import BacktrackOptions, backtrack_fusion, cuts_of, strategy_of
 from ddlsim.search.fusion_evaluator import FusionEvaluator
-from ddlsim.simulator.fast import DataParallelReplay
+from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.replay import comm_models_for_link
 
 GraphOf = Callable[[str], IterationGraph]

@@ -10,7 +10,7 @@ from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.annotate import with_strategy
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.simulator.fast import DataParallelReplay
+from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.replay import replay, transfer_durations
 
 GraphOf = Callable[[str], IterationGraph]

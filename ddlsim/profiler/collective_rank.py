@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddlsim.profiler.cluster import die_with_parent, report_placement
+from ddlsim.profiler.cluster.placement import report_placement
+from ddlsim.profiler.cluster.processes import die_with_parent
 
 _ELEMENT_BYTES = 4
 

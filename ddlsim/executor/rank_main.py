@@ -41,7 +41,8 @@ from ddlsim.data.specs.strategy import Bucket, Strategy
 from ddlsim.executor.context import RankContext
 from ddlsim.executor.plan import build_trainer
 from ddlsim.executor.protocol import StoppingRule, relative_half_width, turn_steps
-from ddlsim.profiler.cluster import die_with_parent, report_placement
+from ddlsim.profiler.cluster.placement import report_placement
+from ddlsim.profiler.cluster.processes import die_with_parent
 
 
 def _context(
