@@ -1,0 +1,128 @@
+"""What the dataset holds: kernel and fusion profiles, link fits and executor runs.
+
+A :class:`Dataset` is self-contained: the graphs the kernel profiles timed, their per-node
+times, the fusion profiles, the collective fits, and every run (model, strategy, world size,
+link, iteration samples), all that replaying and featurizing the runs needs.
+"""
+
+import dataclasses
+import json
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class KernelEntry:
+    """A kernel profile: the graph it timed (default strategy, the rank's micro-batch) and the
+    median time of each node (ms)."""
+
+    graph: IterationGraph
+    node_ms: dict[int, float]
+    iteration_time_ms: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class FusionEntry:
+    """A fusion profile: blocks of a model at one batch size, each timed alone (forward and
+    backward) eager and compiled, median ms."""
+
+    model: str
+    batch_size: int
+    blocks: tuple[dict[str, Any], ...]
+
+    def ratios(self) -> dict[str, float]:
+        """Compiled over eager time of each block."""
+        return {
+            str(b["block"]): float(b["compiled_ms"]) / float(b["eager_ms"])
+            for b in self.blocks
+            if float(b["eager_ms"]) > 0 and float(b["compiled_ms"]) > 0
+        }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LinkFit:
+    """A collective's fitted latency-bandwidth model on one cluster setting."""
+
+    collective: str
+    world_size: int
+    bandwidth: str
+    alpha_us: float
+    busbw_gbps: float
+    r2: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RunEntry:
+    """One executor run: each iteration's time (slowest rank) after warm-up."""
+
+    model: ModelSpec
+    strategy: Strategy
+    world_size: int
+    bandwidth: str
+    samples_ms: tuple[float, ...]
+    seed: int
+    created_at: str
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def measured_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def family(self) -> str:
+        return self.model.family or self.model.label
+
+    @property
+    def ci_half_width(self) -> float | None:
+        """Half the median's recorded 95 % interval over the median (0.01: ±1 %), or ``None``
+        for a run measured before the protocol recorded one (cpu-v2)."""
+        interval = self.extra.get("ci95_ms")
+        if not interval or self.measured_ms <= 0:
+            return None
+        low, high = (float(x) for x in interval)
+        return (high - low) / 2 / self.measured_ms
+
+    @property
+    def speedup(self) -> float | None:
+        """DDP's defaults measured in the same launch over this run's median (above 1: this
+        strategy was faster), or ``None`` without such a reference."""
+        reference = self.extra.get("reference_ms")
+        return float(reference) / self.measured_ms if reference else None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Dataset:
+    """Runs and everything needed to replay and featurize them."""
+
+    runs: tuple[RunEntry, ...]
+    kernels: dict[tuple[str, int], KernelEntry]  # (model label, rank batch size)
+    links: tuple[LinkFit, ...]
+    meta: dict[str, Any]
+    fusion: dict[tuple[str, int], FusionEntry] = dataclasses.field(default_factory=dict)
+
+    @property
+    def families(self) -> list[str]:
+        return sorted({r.family for r in self.runs})
+
+    def kernel_for(self, spec: ModelSpec) -> KernelEntry | None:
+        return self.kernels.get((spec.label, spec.inputs.batch_size))
+
+    def select(
+        self, *, families: Iterable[str] | None = None, exclude: Iterable[str] = ()
+    ) -> "Dataset":
+        keep = set(families) if families is not None else None
+        drop = set(exclude)
+        runs = tuple(
+            r for r in self.runs if (keep is None or r.family in keep) and r.family not in drop
+        )
+        return dataclasses.replace(self, runs=runs)
+
+
+def spec_key(spec: ModelSpec) -> str:
+    """A model spec's identity in the dataset: its canonical JSON (sorted keys)."""
+    return json.dumps(spec.to_dict(), sort_keys=True)

@@ -1,0 +1,113 @@
+"""The dataset's file: one gzip JSON document, written atomically and read back.
+
+The document holds ``format`` (``DATASET_FORMAT``), ``meta``, and lists of ``kernels`` (graph,
+per-node ms), ``links``, ``fusion`` and ``runs`` (a run's fields beside what its measurement
+recorded with it).
+"""
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.simulator.dataset.entries import Dataset, FusionEntry, KernelEntry, LinkFit, RunEntry
+
+DATASET_FORMAT = 1
+
+
+def save_dataset(dataset: Dataset, out: Path) -> None:
+    """Write ``dataset`` to ``out`` (gzip JSON), atomically."""
+    payload = {
+        "format": DATASET_FORMAT,
+        "meta": dataset.meta,
+        "kernels": [
+            {
+                "graph": entry.graph.to_dict(),
+                "node_ms": {str(k): v for k, v in sorted(entry.node_ms.items())},
+                "iteration_time_ms": entry.iteration_time_ms,
+            }
+            for entry in dataset.kernels.values()
+        ],
+        "links": [dataclasses.asdict(link) for link in dataset.links],
+        "fusion": [
+            {"model": entry.model, "batch_size": entry.batch_size, "blocks": list(entry.blocks)}
+            for entry in dataset.fusion.values()
+        ],
+        "runs": [
+            {
+                "model": run.model.to_dict(),
+                "strategy": run.strategy.to_dict(),
+                "world_size": run.world_size,
+                "bandwidth": run.bandwidth,
+                "samples_ms": list(run.samples_ms),
+                "seed": run.seed,
+                "created_at": run.created_at,
+                **run.extra,
+            }
+            for run in dataset.runs
+        ],
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump(payload, f, separators=(",", ":"))
+    tmp.replace(out)
+
+
+_RUN_KEYS = frozenset(
+    {"model", "strategy", "world_size", "bandwidth", "samples_ms", "seed", "created_at"}
+)
+
+
+def load_dataset(path: Path) -> Dataset:
+    """Read a dataset file.
+
+    Raises:
+        InvalidOptionError: the file is missing, not a dataset, or of another format.
+    """
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, json.JSONDecodeError, EOFError) as exc:
+        raise InvalidOptionError(f"dataset {path} cannot be read: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("format") != DATASET_FORMAT:
+        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise InvalidOptionError(f"dataset {path} has format {found!r}; allowed: {DATASET_FORMAT}")
+    kernels: dict[tuple[str, int], KernelEntry] = {}
+    for entry in raw["kernels"]:
+        graph = IterationGraph.from_dict(entry["graph"])
+        key = (graph.model.label, graph.model.inputs.batch_size)
+        kernels[key] = KernelEntry(
+            graph=graph,
+            node_ms={int(k): float(v) for k, v in entry["node_ms"].items()},
+            iteration_time_ms=float(entry["iteration_time_ms"]),
+        )
+    links = tuple(LinkFit(**entry) for entry in raw["links"])
+    fusion = {
+        (str(entry["model"]), int(entry["batch_size"])): FusionEntry(
+            model=str(entry["model"]),
+            batch_size=int(entry["batch_size"]),
+            blocks=tuple(dict(b) for b in entry["blocks"]),
+        )
+        for entry in raw.get("fusion", [])  # absent from files written before fusion profiles
+    }
+    runs = tuple(
+        RunEntry(
+            model=ModelSpec.from_dict(r["model"]),
+            strategy=Strategy.from_dict(r["strategy"]),
+            world_size=int(r["world_size"]),
+            bandwidth=str(r["bandwidth"]),
+            samples_ms=tuple(float(x) for x in r["samples_ms"]),
+            seed=int(r.get("seed", 0)),
+            created_at=str(r.get("created_at", "")),
+            extra={k: v for k, v in r.items() if k not in _RUN_KEYS},
+        )
+        for r in raw["runs"]
+    )
+    return Dataset(
+        runs=runs, kernels=kernels, links=links, meta=dict(raw.get("meta", {})), fusion=fusion
+    )
