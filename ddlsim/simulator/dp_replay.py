@@ -23,7 +23,12 @@ from collections.abc import Mapping
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Bucket, Strategy
-from ddlsim.simulator.replay import ReplayResult, first_forward_use_of_params, in_window
+from ddlsim.simulator.replay import (
+    IterationTimes,
+    ReplayResult,
+    first_forward_use_of_params,
+    in_window,
+)
 
 ITERATIONS = 4  # as simulator.replay.replay unrolls: the steady state is read from 2nd to last
 
@@ -41,7 +46,7 @@ class BucketTiming:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class ReplaySummary:
+class ReplaySummary(IterationTimes):
     """What the simulator needs of a replayed iteration (see :class:`ReplayResult`)."""
 
     iteration_time_ms: float
@@ -62,14 +67,6 @@ class ReplaySummary:
             buckets=(),
             bubble_ms=result.bubble_ms,
         )
-
-    def breakdown(self) -> dict[str, float]:
-        return {
-            "compute_ms": self.compute_ms,
-            "exposed_comm_ms": self.exposed_comm_ms,
-            "bubble_ms": self.bubble_ms,
-            "comm_ms": self.comm_ms,
-        }
 
 
 class DataParallelReplay:

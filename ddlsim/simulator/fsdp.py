@@ -132,11 +132,6 @@ def replay_fsdp(
     events.append(Event.span("compute", "optimizer (shard)", step, step + optimizer_ms))
     iteration = step + optimizer_ms
     compute_ms = busy + optimizer_ms
-    return ReplayResult(
-        iteration_time_ms=iteration,
-        compute_ms=compute_ms,
-        exposed_comm_ms=max(0.0, iteration - compute_ms),
-        comm_ms=comm_busy,
-        bubble_ms=0.0,
-        timeline=tuple(sorted(events, key=lambda e: (e.start_ms, e.stream))),
+    return ReplayResult.overlapped(
+        iteration_time_ms=iteration, compute_ms=compute_ms, comm_ms=comm_busy, events=events
     )

@@ -115,14 +115,7 @@ def peak_memory(
         weights = outside + in_blocks // plan.pp
         chunks = _chunks_in_flight(plan.pp_schedule, plan.pp, plan.micro_batches)
         held = activations * chunks // stages
-        return MemoryEstimate(
-            weights_bytes=weights,
-            grads_bytes=weights,
-            optimizer_bytes=states * weights,
-            buffers_bytes=weights,
-            activations_bytes=held,
-            transient_bytes=largest // stages + weights,
-        )
+        return _unsharded(weights, states, held, largest // stages + weights)
     if plan.fsdp:
         grouped = [sum(n for name, n in sizes.items() if _under(name, g)) for g in fsdp_groups]
         root = total - sum(grouped)
@@ -138,13 +131,21 @@ def peak_memory(
         )
     weights = outside + in_blocks // plan.tp
     held = activations if plan.tp == 1 else (activations + activations // plan.tp) // 2
+    return _unsharded(weights, states, held, largest + weights)
+
+
+def _unsharded(
+    weights_bytes: int, states: int, activations_bytes: int, transient_bytes: int
+) -> MemoryEstimate:
+    """A rank that holds its ``weights_bytes`` of parameters whole (not sharded by FSDP): as
+    many bytes of gradients and of communication buffers, ``states`` optimizer states each."""
     return MemoryEstimate(
-        weights_bytes=weights,
-        grads_bytes=weights,
-        optimizer_bytes=states * weights,
-        buffers_bytes=weights,
-        activations_bytes=held,
-        transient_bytes=largest + weights,
+        weights_bytes=weights_bytes,
+        grads_bytes=weights_bytes,
+        optimizer_bytes=states * weights_bytes,
+        buffers_bytes=weights_bytes,
+        activations_bytes=activations_bytes,
+        transient_bytes=transient_bytes,
     )
 
 

@@ -45,125 +45,111 @@ def replay_parallel_plan(
         UnsupportedPlanError: a combination the replay does not schedule, or a model the plan
             cannot split.
     """
+    replay = _PlanReplay(graph, durations, fits, models, world_size, bandwidth)
     plan = graph.strategy.parallel
     if plan.pp > 1:
-        return _replay_pipeline(
-            graph, durations, fits, models, world_size=world_size, bandwidth=bandwidth
-        )
+        return replay.pipeline()
     if plan.tp > 1 and not plan.fsdp:
-        return _replay_tensor_parallel(
-            graph, durations, fits, models, world_size=world_size, bandwidth=bandwidth
-        )
+        return replay.tensor_parallel()
     if plan.fsdp:
-        return _replay_fsdp(graph, durations, models, dp=plan.resolve_dp(world_size))
+        return replay.fsdp()
     raise UnsupportedPlanError("plain data parallelism is replayed by simulator.replay")
 
 
-def _replay_pipeline(
-    graph: IterationGraph,
-    durations: Mapping[int, float],
-    fits: Sequence[LinkFitLike],
-    models: Mapping[str, AlphaBeta],
-    *,
-    world_size: int,
-    bandwidth: str,
-) -> ReplayResult:
-    """A pipeline plan: stages from the model's block stack, p2p from the send/recv fit of the
-    cluster's links (between two neighbouring stages)."""
-    plan = graph.strategy.parallel
-    if plan.tp > 1 or plan.fsdp:
-        raise UnsupportedPlanError(
-            f"the replay schedules pipelines with data parallelism only; tp({plan.tp}) and "
-            f"fsdp({plan.fsdp}) are not supported with pp({plan.pp})"
-        )
-    with torch.device("meta"):
-        model = build_model(graph.model)
-    stack, tied = block_stack(model), tied_parameters(model)
-    if stack is None:
-        raise UnsupportedPlanError(
-            f"{graph.model.label} has no single stack of blocks to cut into pp({plan.pp}) stages"
-        )
-    links = _link_models(fits, world_size, bandwidth)
-    p2p = dataclasses.replace(links["sendrecv"], world_size=2)
-    costs = stage_costs(graph, durations, stack.blocks, stage_count(plan), tied)
-    return replay_pipeline(
-        costs,
-        schedule=plan.pp_schedule,
-        micro_batches=plan.micro_batches,
-        p2p=p2p,
-        all_reduce=models["all_reduce"],
-        ranks=plan.pp,
-        tied_all_reduce=_link_models(fits, plan.pp, bandwidth)["all_reduce"],
-    )
+@dataclasses.dataclass(frozen=True)
+class _PlanReplay:
+    """The inputs of :func:`replay_parallel_plan`, and the replay of each kind of plan."""
 
+    graph: IterationGraph
+    durations: Mapping[int, float]
+    fits: Sequence[LinkFitLike]
+    models: Mapping[str, AlphaBeta]
+    world_size: int
+    bandwidth: str
 
-def _replay_fsdp(
-    graph: IterationGraph,
-    durations: Mapping[int, float],
-    models: Mapping[str, AlphaBeta],
-    *,
-    dp: int,
-) -> ReplayResult:
-    """An FSDP2 plan: its groups (or the executor's default, one per repeated block)."""
-    plan = graph.strategy.parallel
-    if plan.tp > 1:
-        raise UnsupportedPlanError(
-            f"the replay schedules FSDP with data parallelism only; tp({plan.tp}) is not "
-            "supported with fsdp"
-        )
-    if plan.fsdp_groups is not None:
-        groups = [list(g) for g in plan.fsdp_groups]
-    else:
+    def pipeline(self) -> ReplayResult:
+        """A pipeline plan: stages from the model's block stack, p2p from the send/recv fit of
+        the cluster's links (between two neighbouring stages)."""
+        graph = self.graph
+        plan = graph.strategy.parallel
+        if plan.tp > 1 or plan.fsdp:
+            raise UnsupportedPlanError(
+                f"the replay schedules pipelines with data parallelism only; tp({plan.tp}) and "
+                f"fsdp({plan.fsdp}) are not supported with pp({plan.pp})"
+            )
         with torch.device("meta"):
-            groups = default_groups(build_model(graph.model))
-    return replay_fsdp(
-        graph,
-        durations,
-        groups,
-        all_gather=models["all_gather"],
-        reduce_scatter=models["reduce_scatter"],
-        dp=dp,
-        micro_batches=plan.micro_batches,
-    )
-
-
-def _replay_tensor_parallel(
-    graph: IterationGraph,
-    durations: Mapping[int, float],
-    fits: Sequence[LinkFitLike],
-    models: Mapping[str, AlphaBeta],
-    *,
-    world_size: int,
-    bandwidth: str,
-) -> ReplayResult:
-    """A tensor-parallel plan (with data parallelism): the family's split, collectives over the
-    ``tp`` ranks from fits of that many ranks on the link."""
-    plan = graph.strategy.parallel
-    family = tp_family(graph.model)
-    if family is None:
-        raise UnsupportedPlanError(
-            f"{graph.model.label} has no tensor-parallel plan, so tp({plan.tp}) cannot apply"
+            model = build_model(graph.model)
+        stack, tied = block_stack(model), tied_parameters(model)
+        if stack is None:
+            raise UnsupportedPlanError(
+                f"{graph.model.label} has no single stack of blocks to cut into pp({plan.pp}) "
+                "stages"
+            )
+        links = self._link_models(self.world_size)
+        p2p = dataclasses.replace(links["sendrecv"], world_size=2)
+        costs = stage_costs(graph, self.durations, stack.blocks, stage_count(plan), tied)
+        return replay_pipeline(
+            costs,
+            schedule=plan.pp_schedule,
+            micro_batches=plan.micro_batches,
+            p2p=p2p,
+            all_reduce=self.models["all_reduce"],
+            ranks=plan.pp,
+            tied_all_reduce=self._link_models(plan.pp)["all_reduce"],
         )
-    tp_models = _link_models(fits, plan.tp, bandwidth)
-    return replay_tensor_parallel(
-        graph,
-        durations,
-        PLANS[family],
-        tp=plan.tp,
-        dp=plan.resolve_dp(world_size),
-        tp_all_reduce=tp_models["all_reduce"],
-        tp_all_gather=tp_models["all_gather"],
-        dp_all_reduce=models["all_reduce"],
-        micro_batches=plan.micro_batches,
-    )
 
+    def fsdp(self) -> ReplayResult:
+        """An FSDP2 plan: its groups (or the executor's default, one per repeated block)."""
+        plan = self.graph.strategy.parallel
+        if plan.tp > 1:
+            raise UnsupportedPlanError(
+                f"the replay schedules FSDP with data parallelism only; tp({plan.tp}) is not "
+                "supported with fsdp"
+            )
+        if plan.fsdp_groups is not None:
+            groups = [list(g) for g in plan.fsdp_groups]
+        else:
+            with torch.device("meta"):
+                groups = default_groups(build_model(self.graph.model))
+        return replay_fsdp(
+            self.graph,
+            self.durations,
+            groups,
+            all_gather=self.models["all_gather"],
+            reduce_scatter=self.models["reduce_scatter"],
+            dp=plan.resolve_dp(self.world_size),
+            micro_batches=plan.micro_batches,
+        )
 
-def _link_models(fits: Sequence[LinkFitLike], ranks: int, bandwidth: str) -> dict[str, AlphaBeta]:
-    """Collective models over ``ranks`` ranks of the link (no DeAR ring)."""
-    return comm_models(
-        fits,
-        world_size=ranks,
-        bandwidth=bandwidth,
-        bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
-        ring=False,
-    ).models
+    def tensor_parallel(self) -> ReplayResult:
+        """A tensor-parallel plan (with data parallelism): the family's split, collectives over
+        the ``tp`` ranks from fits of that many ranks on the link."""
+        plan = self.graph.strategy.parallel
+        family = tp_family(self.graph.model)
+        if family is None:
+            raise UnsupportedPlanError(
+                f"{self.graph.model.label} has no tensor-parallel plan, so tp({plan.tp}) cannot "
+                "apply"
+            )
+        tp_models = self._link_models(plan.tp)
+        return replay_tensor_parallel(
+            self.graph,
+            self.durations,
+            PLANS[family],
+            tp=plan.tp,
+            dp=plan.resolve_dp(self.world_size),
+            tp_all_reduce=tp_models["all_reduce"],
+            tp_all_gather=tp_models["all_gather"],
+            dp_all_reduce=self.models["all_reduce"],
+            micro_batches=plan.micro_batches,
+        )
+
+    def _link_models(self, ranks: int) -> dict[str, AlphaBeta]:
+        """Collective models over ``ranks`` ranks of the link (no DeAR ring)."""
+        return comm_models(
+            self.fits,
+            world_size=ranks,
+            bandwidth=self.bandwidth,
+            bandwidth_gbps=parse_bandwidth_gbps(self.bandwidth),
+            ring=False,
+        ).models

@@ -19,7 +19,7 @@ are replayed; FSDP, tensor and pipeline parallelism are refused (:class:`Unsuppo
 """
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ddlsim.data.comm_model import AlphaBeta
@@ -57,8 +57,30 @@ class Event:
         )
 
 
+class IterationTimes:
+    """Where an iteration's time went, as the replays report it (no state of its own).
+
+    A subclass (a dataclass) holds the four times; ``breakdown`` names them in the order the
+    predictions print and store them.
+    """
+
+    __slots__ = ()
+    compute_ms: float
+    exposed_comm_ms: float
+    bubble_ms: float
+    comm_ms: float
+
+    def breakdown(self) -> dict[str, float]:
+        return {
+            "compute_ms": self.compute_ms,
+            "exposed_comm_ms": self.exposed_comm_ms,
+            "bubble_ms": self.bubble_ms,
+            "comm_ms": self.comm_ms,
+        }
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class ReplayResult:
+class ReplayResult(IterationTimes):
     """The steady-state iteration and the timeline of the iteration it was read from.
 
     ``compute_ms`` is the compute stream's busy time in that iteration, ``exposed_comm_ms`` the
@@ -74,13 +96,28 @@ class ReplayResult:
     bubble_ms: float
     timeline: tuple[Event, ...]
 
-    def breakdown(self) -> dict[str, float]:
-        return {
-            "compute_ms": self.compute_ms,
-            "exposed_comm_ms": self.exposed_comm_ms,
-            "bubble_ms": self.bubble_ms,
-            "comm_ms": self.comm_ms,
-        }
+    @classmethod
+    def overlapped(
+        cls,
+        *,
+        iteration_time_ms: float,
+        compute_ms: float,
+        comm_ms: float,
+        events: Iterable[Event],
+    ) -> "ReplayResult":
+        """An iteration of one compute and one comm stream (no pipeline, so no bubble).
+
+        The part of the iteration the compute stream is not busy is exposed communication; the
+        timeline is ``events`` ordered by start time, then stream.
+        """
+        return cls(
+            iteration_time_ms=iteration_time_ms,
+            compute_ms=compute_ms,
+            exposed_comm_ms=max(0.0, iteration_time_ms - compute_ms),
+            comm_ms=comm_ms,
+            bubble_ms=0.0,
+            timeline=tuple(sorted(events, key=lambda e: (e.start_ms, e.stream))),
+        )
 
     def chrome_trace(self) -> dict[str, Any]:
         """The timeline as a Chrome trace (``chrome://tracing``, Perfetto): one thread a stream."""
@@ -223,13 +260,8 @@ class _Replayer:
         window = [e for e in self.events if in_window(e.start_ms, begin, starts[2])]
         compute = sum(e.end_ms - e.start_ms for e in window if e.stream == "compute")
         comm_busy = sum(e.end_ms - e.start_ms for e in window if e.stream == "comm")
-        return ReplayResult(
-            iteration_time_ms=iteration_ms,
-            compute_ms=compute,
-            exposed_comm_ms=max(0.0, iteration_ms - compute),
-            comm_ms=comm_busy,
-            bubble_ms=0.0,
-            timeline=tuple(sorted(window, key=lambda e: (e.start_ms, e.stream))),
+        return ReplayResult.overlapped(
+            iteration_time_ms=iteration_ms, compute_ms=compute, comm_ms=comm_busy, events=window
         )
 
     # -- scheduling --------------------------------------------------------------------------
