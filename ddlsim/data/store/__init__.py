@@ -4,6 +4,8 @@
 >>> graph_hash = store.save_graph(graph=graph)
 """
 
+from ddlsim.data.store.database import DB_ENV_VAR, alembic_config, default_url, mask_url
+from ddlsim.data.store.errors import StoreError
 from ddlsim.data.store.records import (
     JOB_STATUSES,
     CollectiveProfileRecord,
@@ -14,10 +16,8 @@ from ddlsim.data.store.records import (
     MeasurementRecord,
     PredictionRecord,
 )
-from ddlsim.data.store.store import (
-    DB_ENV_VAR,
-    Store,
-    StoreError,
+from ddlsim.data.store.store import Store
+from ddlsim.data.store.writers import (
     add_collective_profile,
     add_fusion_profile,
     add_graph,
@@ -26,9 +26,6 @@ from ddlsim.data.store.store import (
     add_model_spec,
     add_prediction,
     add_strategy,
-    alembic_config,
-    default_url,
-    mask_url,
     strategy_hash,
 )
 

@@ -19,9 +19,10 @@ from typing import Any
 from sqlalchemy import select, update
 
 from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.store.errors import StoreError
 from ddlsim.data.store.records import TaskRecord
 from ddlsim.data.store.schema import TaskRow, utc_now
-from ddlsim.data.store.store import Store, StoreError
+from ddlsim.data.store.store import Store
 
 STALE_S = 60.0  # a running task whose heartbeat is older has lost its worker
 MAX_ATTEMPTS = 2  # claims before a task that keeps losing its worker is failed
