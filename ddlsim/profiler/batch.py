@@ -50,7 +50,8 @@ from ddlsim.data.store import (
     add_kernel_profile,
 )
 from ddlsim.data.zoo import resolve_model
-from ddlsim.profiler.collectives import CollectiveProfile, parse_sizes, profile_collectives
+from ddlsim.profiler.collective_fit import CollectiveProfile
+from ddlsim.profiler.collectives import parse_sizes, profile_collectives
 from ddlsim.profiler.fusion import FusionProfile, profile_fusion
 from ddlsim.profiler.kernels import KernelProfile, profile_kernels
 

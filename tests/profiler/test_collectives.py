@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from ddlsim.data.comm_model import COLLECTIVES, bus_factor
 from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
 from ddlsim.profiler import collectives
 from ddlsim.profiler.cluster import (
@@ -17,16 +18,16 @@ from ddlsim.profiler.cluster import (
     LoopbackFallbackWarning,
     netns_unavailable_reason,
 )
-from ddlsim.profiler.collectives import (
-    COLLECTIVES,
+from ddlsim.profiler.collective_fit import (
     CollectiveFit,
     CollectiveProfile,
     CollectiveSample,
-    InvalidSizesError,
-    bus_factor,
-    default_sizes,
     fit_latency_bandwidth,
     make_sample,
+)
+from ddlsim.profiler.collectives import (
+    InvalidSizesError,
+    default_sizes,
     parse_sizes,
     profile_collectives,
 )
