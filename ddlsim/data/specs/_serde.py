@@ -2,7 +2,7 @@
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,12 @@ def check_keys(
         )
 
 
+def present(**values: Any) -> dict[str, Any]:
+    """The given keys whose value is not ``None``, in the given order (a JSON form leaves an
+    unset optional field out rather than writing ``null``)."""
+    return {key: value for key, value in values.items() if value is not None}
+
+
 def expect_int(value: Any, where: str, error: type[Exception], *, minimum: int = 1) -> int:
     """Return ``value`` if it is an int (not a bool) ``>= minimum``, else raise ``error``."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -27,6 +33,12 @@ def expect_int(value: Any, where: str, error: type[Exception], *, minimum: int =
     if value < minimum:
         raise error(f"{where} must be >= {minimum}, got {value}")
     return value
+
+
+def expect_choice(value: Any, allowed: Sequence[str], where: str, error: type[Exception]) -> None:
+    """Raise ``error`` naming ``value`` and the ``allowed`` ones unless it is one of them."""
+    if value not in allowed:
+        raise error(f"{where} {value!r} is not supported; allowed: {', '.join(allowed)}")
 
 
 def expect_number(

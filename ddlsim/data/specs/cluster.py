@@ -7,7 +7,13 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ddlsim.data.errors import InvalidClusterError
-from ddlsim.data.specs._serde import check_keys, expect_int, expect_number, load_json_or_file
+from ddlsim.data.specs._serde import (
+    check_keys,
+    expect_choice,
+    expect_int,
+    expect_number,
+    load_json_or_file,
+)
 
 DeviceType = Literal["cpu", "cuda"]
 Backend = Literal["gloo", "nccl"]
@@ -52,10 +58,7 @@ class DeviceSpec:
     name: str = "cpu"
 
     def __post_init__(self) -> None:
-        if self.type not in DEVICE_TYPES:
-            raise InvalidClusterError(
-                f"device.type {self.type!r} is not supported; allowed: {', '.join(DEVICE_TYPES)}"
-            )
+        expect_choice(self.type, DEVICE_TYPES, "device.type", InvalidClusterError)
         if not isinstance(self.name, str) or not self.name:
             raise InvalidClusterError(f"device.name must be a non-empty string, got {self.name!r}")
 
@@ -113,10 +116,7 @@ class ClusterSpec:
                 f"nodes({self.nodes}) * devices_per_node({per_node}) "
                 f"!= world_size({self.world_size})"
             )
-        if self.backend not in BACKENDS:
-            raise InvalidClusterError(
-                f"backend {self.backend!r} is not supported; allowed: {', '.join(BACKENDS)}"
-            )
+        expect_choice(self.backend, BACKENDS, "backend", InvalidClusterError)
         if self.backend == "nccl" and self.device.type != "cuda":
             raise InvalidClusterError(
                 f"backend 'nccl' needs device.type 'cuda', got {self.device.type!r}; "

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ddlsim.data.errors import InvalidModelSpecError
-from ddlsim.data.specs._serde import check_keys, expect_int
+from ddlsim.data.specs._serde import check_keys, expect_choice, expect_int, present
 
 ModelSource = Literal["transformers", "reference"]
 MODEL_SOURCES: tuple[str, ...] = ("transformers", "reference")
@@ -39,12 +39,10 @@ class InputSpec:
             expect_int(self.image_size, "inputs.image_size", InvalidModelSpecError)
 
     def to_dict(self) -> dict[str, int]:
-        out = {"batch_size": self.batch_size}
-        if self.seq_len is not None:
-            out["seq_len"] = self.seq_len
-        if self.image_size is not None:
-            out["image_size"] = self.image_size
-        return out
+        return {
+            "batch_size": self.batch_size,
+            **present(seq_len=self.seq_len, image_size=self.image_size),
+        }
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "InputSpec":
@@ -78,10 +76,7 @@ class ModelSpec:
     family: str | None = None
 
     def __post_init__(self) -> None:
-        if self.source not in MODEL_SOURCES:
-            raise InvalidModelSpecError(
-                f"source {self.source!r} is not supported; allowed: {', '.join(MODEL_SOURCES)}"
-            )
+        expect_choice(self.source, MODEL_SOURCES, "source", InvalidModelSpecError)
         if not isinstance(self.cls, str) or not self.cls:
             raise InvalidModelSpecError(f"class must be a non-empty string, got {self.cls!r}")
         for key in ("name", "family"):
@@ -117,17 +112,13 @@ class ModelSpec:
         return dataclasses.replace(self, inputs=inputs)
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+        return {
             "source": self.source,
             "class": self.cls,
             "config": json.loads(json.dumps(dict(self.config), sort_keys=True)),
             "inputs": self.inputs.to_dict(),
+            **present(name=self.name, family=self.family),
         }
-        if self.name is not None:
-            out["name"] = self.name
-        if self.family is not None:
-            out["family"] = self.family
-        return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "ModelSpec":

@@ -11,7 +11,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.specs._serde import check_keys, expect_int, expect_number, load_json_or_file
+from ddlsim.data.specs._serde import (
+    check_keys,
+    expect_choice,
+    expect_int,
+    expect_number,
+    load_json_or_file,
+)
 
 MIB = 1024 * 1024
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
@@ -61,11 +67,9 @@ class ParallelPlan:
         expect_int(self.micro_batches, "parallel.micro_batches", InvalidStrategyError)
         if not isinstance(self.fsdp, bool):
             raise InvalidStrategyError(f"parallel.fsdp must be true or false, got {self.fsdp!r}")
-        if self.pp_schedule not in PIPELINE_SCHEDULES:
-            raise InvalidStrategyError(
-                f"parallel.pp_schedule {self.pp_schedule!r} is not supported; "
-                f"allowed: {', '.join(PIPELINE_SCHEDULES)}"
-            )
+        expect_choice(
+            self.pp_schedule, PIPELINE_SCHEDULES, "parallel.pp_schedule", InvalidStrategyError
+        )
         if self.fsdp_groups is not None:
             if not self.fsdp:
                 raise InvalidStrategyError(
@@ -168,16 +172,18 @@ class TensorFusionPlan:
     reduce_scatter: ReduceScatterImplementation = "auto"
 
     def __post_init__(self) -> None:
-        if self.implementation not in FUSION_IMPLEMENTATIONS:
-            raise InvalidStrategyError(
-                f"tensor_fusion.implementation {self.implementation!r} is not supported; "
-                f"allowed: {', '.join(FUSION_IMPLEMENTATIONS)}"
-            )
-        if self.reduce_scatter not in REDUCE_SCATTER_IMPLEMENTATIONS:
-            raise InvalidStrategyError(
-                f"tensor_fusion.reduce_scatter {self.reduce_scatter!r} is not supported; "
-                f"allowed: {', '.join(REDUCE_SCATTER_IMPLEMENTATIONS)}"
-            )
+        expect_choice(
+            self.implementation,
+            FUSION_IMPLEMENTATIONS,
+            "tensor_fusion.implementation",
+            InvalidStrategyError,
+        )
+        expect_choice(
+            self.reduce_scatter,
+            REDUCE_SCATTER_IMPLEMENTATIONS,
+            "tensor_fusion.reduce_scatter",
+            InvalidStrategyError,
+        )
         if self.implementation == "ddp" and (self.buckets is not None or self.dear):
             raise InvalidStrategyError(
                 "tensor_fusion.implementation 'ddp' takes bucket caps only: explicit buckets "
