@@ -137,11 +137,13 @@ class Job:
 
     @property
     def key(self) -> str:
+        """What identifies the job in the store: a hash of its kind and settings."""
         canonical = json.dumps({"kind": self.kind, **self.settings}, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:24]
 
     @property
     def label(self) -> str:
+        """The job as people read it: ``kind(setting=value, ...)``."""
         shown = ", ".join(f"{k}={v}" for k, v in sorted(self.settings.items()))
         return f"{self.kind}({shown})"
 
@@ -155,6 +157,7 @@ class BatchOutcome:
     failed: tuple[tuple[str, str], ...]
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of the three lists."""
         return {
             "done": list(self.done),
             "skipped": list(self.skipped),

@@ -103,6 +103,7 @@ def _time_repeats(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run this rank's benchmark (``argv``: the options, default ``sys.argv``); the exit code."""
     args = _parse_args(argv)
     # torchrun starts this process in a session of its own: follow it if it is killed.
     die_with_parent()

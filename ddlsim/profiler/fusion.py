@@ -44,6 +44,7 @@ class BlockTiming:
 
     @property
     def speedup(self) -> float:
+        """Eager over compiled time (above 1: compiling helps); NaN without a compiled time."""
         return self.eager_ms / self.compiled_ms if self.compiled_ms > 0 else float("nan")
 
 
@@ -60,6 +61,7 @@ class FusionProfile:
     env: dict[str, str]
 
     def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict of the profile and its blocks."""
         return {
             "model": self.model,
             "graph_hash": self.graph_hash,

@@ -76,9 +76,11 @@ class KernelProfile:
 
     @property
     def num_nodes_timed(self) -> int:
+        """How many graph nodes got a time."""
         return len(self.node_ms)
 
     def summary(self) -> dict[str, Any]:
+        """The profile's figures, without its per-node times."""
         return {
             "model": self.model,
             "graph_hash": self.graph_hash,

@@ -176,6 +176,7 @@ class TaskRecord:
     finished_at: datetime | None
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; times as ISO 8601 text (``None`` stays ``None``)."""
         out = dataclasses.asdict(self)
         for key in ("created_at", "started_at", "updated_at", "finished_at"):
             out[key] = out[key].isoformat() if out[key] is not None else None

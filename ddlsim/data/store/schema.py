@@ -68,6 +68,11 @@ class UTCDateTime(TypeDecorator[datetime]):
     cache_ok = True
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """``value`` in UTC, as written.
+
+        Raises:
+            ValueError: on a naive datetime.
+        """
         if value is None:
             return None
         if value.utcoffset() is None:
@@ -75,6 +80,7 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """``value`` as read back, marked UTC (SQLite keeps no offset)."""
         if value is None:
             return None
         if value.tzinfo is None:
@@ -83,10 +89,13 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 
 def utc_now() -> datetime:
+    """The current time, timezone-aware in UTC."""
     return datetime.now(UTC)
 
 
 class Base(DeclarativeBase):
+    """The declarative base of ddlsim's tables, with named constraints (Alembic needs names)."""
+
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
@@ -162,11 +171,13 @@ class KernelProfileRow(Base):
 
     @classmethod
     def from_record(cls, record: KernelProfileRecord) -> Self:
+        """The row that stores ``record``."""
         values = _values_of(record)
         values["node_ms"] = {str(node): ms for node, ms in record.node_ms.items()}
         return cls(**values)
 
     def to_record(self) -> KernelProfileRecord:
+        """The row as the record it stores."""
         values = _fields_of(self, KernelProfileRecord)
         values["node_ms"] = {int(node): ms for node, ms in self.node_ms.items()}
         return KernelProfileRecord(**values)
@@ -189,9 +200,11 @@ class FusionProfileRow(Base):
 
     @classmethod
     def from_record(cls, record: FusionProfileRecord) -> Self:
+        """The row that stores ``record``."""
         return cls(**_values_of(record))
 
     def to_record(self) -> FusionProfileRecord:
+        """The row as the record it stores."""
         return FusionProfileRecord(**_fields_of(self, FusionProfileRecord))
 
 
@@ -225,11 +238,13 @@ class CollectiveProfileRow(Base):
 
     @classmethod
     def from_record(cls, record: CollectiveProfileRecord) -> Self:
+        """The row that stores ``record``."""
         values = _values_of(record)
         values["rank_cores"] = {str(rank): cores for rank, cores in record.rank_cores.items()}
         return cls(**values)
 
     def to_record(self) -> CollectiveProfileRecord:
+        """The row as the record it stores."""
         values = _fields_of(self, CollectiveProfileRecord)
         values["rank_cores"] = {int(rank): cores for rank, cores in self.rank_cores.items()}
         return CollectiveProfileRecord(**values)
@@ -260,9 +275,11 @@ class MeasurementRow(Base):
 
     @classmethod
     def from_record(cls, record: MeasurementRecord) -> Self:
+        """The row that stores ``record``."""
         return cls(**_values_of(record))
 
     def to_record(self) -> MeasurementRecord:
+        """The row as the record it stores."""
         return MeasurementRecord(**_fields_of(self, MeasurementRecord))
 
 
@@ -285,9 +302,11 @@ class PredictionRow(Base):
 
     @classmethod
     def from_record(cls, record: PredictionRecord) -> Self:
+        """The row that stores ``record``."""
         return cls(**_values_of(record))
 
     def to_record(self) -> PredictionRecord:
+        """The row as the record it stores."""
         return PredictionRecord(**_fields_of(self, PredictionRecord))
 
 
@@ -310,6 +329,7 @@ class JobRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     def to_record(self) -> JobRecord:
+        """The row as the record it stores."""
         # The check constraint holds status to JOB_STATUSES.
         return JobRecord(**_fields_of(self, JobRecord))
 
@@ -341,5 +361,6 @@ class TaskRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     def to_record(self) -> TaskRecord:
+        """The row as the record it stores."""
         # The check constraint holds status to TASK_STATUSES.
         return TaskRecord(**_fields_of(self, TaskRecord))

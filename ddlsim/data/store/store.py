@@ -110,6 +110,7 @@ class Store:
 
     @property
     def engine(self) -> Engine:
+        """The SQLAlchemy engine on the store's database."""
         return self._engine
 
     def _records(self, row_type: Any, **filters: object) -> list[Any]:

@@ -166,6 +166,7 @@ class TaskQueue:
         return self._end(task, status="done", result=dict(result), progress=1.0)
 
     def fail(self, task: TaskRecord, error: str) -> bool:
+        """Mark the claimed task failed with ``error``; ``False`` when the claim was lost."""
         return self._end(task, status="failed", error=error)
 
     def cancelled(self, task: TaskRecord) -> bool:

@@ -71,10 +71,12 @@ class RunEntry:
 
     @property
     def measured_ms(self) -> float:
+        """The median of the run's iteration times."""
         return statistics.median(self.samples_ms)
 
     @property
     def family(self) -> str:
+        """The model's family (its label when it has none): what holdout splits keep apart."""
         return self.model.family or self.model.label
 
     @property
@@ -107,14 +109,18 @@ class Dataset:
 
     @property
     def families(self) -> list[str]:
+        """The families of the runs, sorted."""
         return sorted({r.family for r in self.runs})
 
     def kernel_for(self, spec: ModelSpec) -> KernelEntry | None:
+        """The kernel profile of ``spec`` at its batch size (a rank's micro-batch), if any."""
         return self.kernels.get((spec.label, spec.inputs.batch_size))
 
     def select(
         self, *, families: Iterable[str] | None = None, exclude: Iterable[str] = ()
     ) -> "Dataset":
+        """This dataset with the runs of ``families`` only (all when ``None``), less those of
+        ``exclude``; profiles and fits are kept whole."""
         keep = set(families) if families is not None else None
         drop = set(exclude)
         runs = tuple(

@@ -26,6 +26,7 @@ def include_name(
 
 
 def run_online(connection: Connection) -> None:
+    """Run the migrations on ``connection``: the store's own (already locked) or a developer's."""
     context.configure(
         connection=connection,
         target_metadata=Base.metadata,
@@ -38,6 +39,7 @@ def run_online(connection: Connection) -> None:
 
 
 def run_offline() -> None:
+    """Write the migrations' SQL for the configured URL instead of running them."""
     context.configure(
         url=context.config.get_main_option("sqlalchemy.url"),
         target_metadata=Base.metadata,
