@@ -6,7 +6,7 @@ the transformers models do, so the graph capture treats both sources alike.
 """
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +18,30 @@ class ReferenceOutput(NamedTuple):
     logits: torch.Tensor
 
 
+class ReferenceClassifier(nn.Module):
+    """A reference model: a classifier whose loss is cross-entropy of its logits on ``labels``.
+
+    A subclass names its ``Config`` dataclass (``config_class``) and its inputs
+    (``input_kind``), builds its layers in ``__init__`` after this one's, and computes
+    ``logits`` from ``inputs``.
+    """
+
+    config_class: ClassVar[type]
+    input_kind: ClassVar[str]
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+
+    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Shapes: ``inputs: [batch, ...]`` -> ``[batch, num_classes]``."""
+        raise NotImplementedError
+
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> ReferenceOutput:
+        logits = self.logits(inputs)
+        return ReferenceOutput(loss=F.cross_entropy(logits, labels), logits=logits)
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class MLPConfig:
     in_features: int = 1024
@@ -25,15 +49,14 @@ class MLPConfig:
     num_classes: int = 10
 
 
-class MLP(nn.Module):
+class MLP(ReferenceClassifier):
     """Linear + ReLU layers then a classifier; input ``[batch, in_features]``."""
 
     config_class = MLPConfig
     input_kind = "features"
 
     def __init__(self, config: MLPConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         layers: list[nn.Module] = []
         width = config.in_features
         for hidden in config.hidden_sizes:
@@ -42,9 +65,8 @@ class MLP(nn.Module):
         self.body = nn.Sequential(*layers)
         self.head = nn.Linear(width, config.num_classes)
 
-    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> ReferenceOutput:
-        logits = self.head(self.body(inputs))
-        return ReferenceOutput(loss=F.cross_entropy(logits, labels), logits=logits)
+    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(inputs))
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -56,15 +78,14 @@ class VGGConfig:
     num_classes: int = 10
 
 
-class VGG(nn.Module):
+class VGG(ReferenceClassifier):
     """A VGG-style CNN (3x3 convs, batch norm, max-pools, two-layer classifier)."""
 
     config_class = VGGConfig
     input_kind = "image"
 
     def __init__(self, config: VGGConfig) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         blocks: list[nn.Module] = []
         channels = config.num_channels
         for width in config.layers:
@@ -85,9 +106,8 @@ class VGG(nn.Module):
             nn.Linear(config.classifier_width, config.num_classes),
         )
 
-    def forward(self, inputs: torch.Tensor, labels: torch.Tensor) -> ReferenceOutput:
-        logits = self.classifier(torch.flatten(self.pool(self.features(inputs)), 1))
-        return ReferenceOutput(loss=F.cross_entropy(logits, labels), logits=logits)
+    def logits(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.pool(self.features(inputs)), 1))
 
 
-REFERENCE_MODELS: dict[str, type[MLP] | type[VGG]] = {"MLP": MLP, "VGG": VGG}
+REFERENCE_MODELS: dict[str, type[ReferenceClassifier]] = {"MLP": MLP, "VGG": VGG}
