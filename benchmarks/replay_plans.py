@@ -23,6 +23,7 @@ from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunOptions, run_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
+from ddlsim.simulator.cost_model import ReplayCostModel
 from ddlsim.workflows.predict import predict_on_store
 
 PLANS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -68,7 +69,7 @@ def main() -> None:
                 strategy,
                 world_size=args.world_size,
                 bandwidth=args.bandwidth,
-                cost_model=None,  # the replay alone
+                cost_model=ReplayCostModel(),  # the replay alone
             )
             measured = run_training(
                 spec,

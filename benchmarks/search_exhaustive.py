@@ -43,7 +43,7 @@ from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.protocol import ratio_interval
 from ddlsim.executor.run import RunOptions, compare_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
-from ddlsim.search.backtrack import even_cuts, strategy_of
+from ddlsim.search.partitions import even_cuts, strategy_of
 from ddlsim.simulator.calibration import Calibration
 from ddlsim.workflows.requests import SearchRequest
 from ddlsim.workflows.search import build_evaluator

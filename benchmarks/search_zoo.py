@@ -35,6 +35,7 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import ZOO, resolve_model
 from ddlsim.simulator.calibration import risk_kind
+from ddlsim.simulator.cost_model import ReplayCostModel
 from ddlsim.workflows.predict import predict_on_store
 
 
@@ -52,7 +53,7 @@ def bound_ms(model: str, world_size: int, bandwidth: str, db: str) -> dict[str, 
             Strategy(),
             world_size=world_size,
             bandwidth=bandwidth,
-            cost_model=None,
+            cost_model=ReplayCostModel(),
         )
     compute = prediction.result.breakdown()["compute_ms"]
     grad_bytes = sum(p.nbytes for p in prediction.graph.params)

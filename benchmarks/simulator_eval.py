@@ -27,12 +27,13 @@ from pathlib import Path
 
 import torch
 
+from ddlsim.simulator.cost_model import PREDICTORS
 from ddlsim.simulator.dataset import Dataset, load_dataset
 from ddlsim.simulator.default import shipped_dataset
 from ddlsim.simulator.evaluate import Accuracy
 from ddlsim.simulator.gnn import CostModelConfig
 from ddlsim.simulator.holdout import cross_validate, label_noise, metrics_by_kind, speedup_error
-from ddlsim.simulator.train import PREDICTORS, TrainOptions
+from ddlsim.simulator.train import TrainOptions
 
 
 def noise(dataset: Dataset) -> tuple[float, int]:

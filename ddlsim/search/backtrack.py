@@ -1,4 +1,4 @@
-"""Backtracking over tensor-fusion decisions (after DisCo's search), driven by the simulator.
+"""Backtracking over tensor-fusion decisions (after DisCo's search), and over the whole space.
 
 A fusion decision is where the gradients, in the order they become ready, are cut into buckets
 (and, per partition, whether DeAR decouples their all-reduce). The search is best-first with
@@ -8,45 +8,52 @@ buckets fused, a bucket split at any gradient, a boundary moved by one, DeAR fli
 neighbour more than ``slack`` slower than the best seen is pruned: never expanded, so the
 search falls back to the next most promising partition instead of following a bad path. It
 stops when the budget of evaluations or the time is spent, or when nothing is left to expand.
-
 Starting points: DDP's defaults (the baseline), every gradient alone, all in one bucket, and
 2 to 16 buckets of about equal bytes, each with DeAR off and on.
+
+Over the whole space (:func:`backtrack_all`):
+
+1. Every parallel plan of the space whose predicted peak memory fits the device is priced with
+   DDP's fusion defaults; the others are pruned, never priced.
+2. Under each data-parallel plan that fits (plain, or with gradient accumulation), fastest
+   first, the fusion backtracking refines buckets and DeAR; the budget left is shared among
+   them, the fastest plan getting the most.
+3. The ``top`` strategies so far then try compiling the first ``k`` blocks of the space, for
+   every ``k`` under a data-parallel plan, and half and all of them under other plans (each
+   such price is a replay of a captured graph).
 """
 
 import dataclasses
 import heapq
-import itertools
 import time
 from collections.abc import Sequence
 
-from ddlsim.data.errors import InvalidOptionError
-from ddlsim.data.specs.strategy import Strategy, TensorFusionPlan
-from ddlsim.search.fusion_evaluator import Pricer
+from ddlsim.data.errors import DdlsimError, InvalidOptionError
+from ddlsim.data.specs.strategy import OpFusionPlan, Strategy
+from ddlsim.search.algorithm import (
+    Pricer,
+    Progress,
+    SearchAlgorithm,
+    SearchBudget,
+    SearchOutcome,
+    SearchProblem,
+    SpaceEvaluator,
+    begin,
+    finish,
+    reporting,
+)
+from ddlsim.search.partitions import Cuts, cuts_of, even_cuts, strategy_of
+from ddlsim.search.space import Space
+from ddlsim.simulator.plans import is_data_parallel
 
-Cuts = tuple[int, ...]
 # Besides DDP's defaults, every gradient alone and one bucket, the search starts from these
 # numbers of buckets of about equal bytes: coarse coverage that the moves then refine.
 SEED_BUCKETS = (2, 3, 4, 6, 8, 12, 16)
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SearchResult:
-    """The best strategy found, the baseline, the ``top`` k, and the best price after each
-    evaluation (the convergence curve)."""
-
-    best: Strategy
-    best_ms: float
-    baseline: Strategy
-    baseline_ms: float
-    top: tuple[tuple[Strategy, float], ...]
-    evaluations: int
-    elapsed_s: float
-    curve: tuple[float, ...]
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class BacktrackOptions:
-    """Budget and pruning of :func:`backtrack_fusion`."""
+    """Budget and pruning of :func:`backtrack_fusion` and :func:`backtrack_all`."""
 
     budget: int = 2000
     time_limit_s: float = 60.0
@@ -62,66 +69,36 @@ class BacktrackOptions:
             )
 
 
-def begin(evaluator: Pricer, order: Sequence[str]) -> tuple[float, Strategy, float]:
-    """A search's start: its clock, and DDP's defaults (the baseline) priced.
+class Backtrack(SearchAlgorithm):
+    """DisCo-style backtracking: over fusion alone for a fusion-only problem
+    (:func:`backtrack_fusion`), else over plans, fusion and compiled blocks
+    (:func:`backtrack_all`). Deterministic: it draws nothing at random, so the seed is unused.
 
-    Raises:
-        InvalidOptionError: a model without gradients.
+    Args:
+        slack: how much slower than the best seen (0.10: 10 %) a partition may be and still be
+            expanded.
     """
-    if not order:
-        raise InvalidOptionError("the model has no gradients to bucket")
-    start = time.perf_counter()
-    baseline = Strategy()
-    (baseline_ms,) = evaluator.price([baseline])
-    return start, baseline, baseline_ms
 
+    name = "backtrack"
 
-def finish(
-    evaluator: Pricer,
-    ranked: Sequence[tuple[Strategy, float]],
-    *,
-    baseline: Strategy,
-    baseline_ms: float,
-    start: float,
-    curve: Sequence[float],
-    top: int,
-    baseline_fits: bool = True,
-) -> SearchResult:
-    """The result of a search whose priced candidates are ``ranked`` (fastest first); the
-    baseline stays the best when nothing beat it, unless it does not fit the device."""
-    bar = baseline_ms if baseline_fits else float("inf")
-    best, best_ms = ranked[0] if ranked and ranked[0][1] < bar else (baseline, baseline_ms)
-    return SearchResult(
-        best=best,
-        best_ms=best_ms,
-        baseline=baseline,
-        baseline_ms=baseline_ms,
-        top=tuple(ranked[:top]),
-        evaluations=evaluator.evaluations,
-        elapsed_s=time.perf_counter() - start,
-        curve=tuple(curve),
-    )
+    def __init__(self, *, slack: float = 0.10) -> None:
+        self.slack = slack
 
-
-def strategy_of(
-    order: Sequence[str], cuts: Cuts, dear: bool, base: Strategy | None = None
-) -> Strategy:
-    """Buckets of the gradients in ready ``order`` cut before each index in ``cuts``; the
-    parallel plan and compiled blocks of ``base`` (DDP's by default)."""
-    bounds = [0, *cuts, len(order)]
-    buckets = tuple(tuple(order[a:b]) for a, b in itertools.pairwise(bounds))
-    return dataclasses.replace(
-        base or Strategy(), tensor_fusion=TensorFusionPlan(buckets=buckets, dear=dear)
-    )
-
-
-def cuts_of(order: Sequence[str], strategy: Strategy, sizes: Sequence[int]) -> Cuts:
-    """Where ``strategy``'s buckets cut the ready ``order`` (buckets that are not contiguous
-    runs of it are read as the runs they start)."""
-    position = {name: i for i, name in enumerate(order)}
-    buckets = strategy.tensor_fusion.assign(list(zip(order, sizes, strict=True)))
-    starts = sorted({min(position[p] for p in b.params) for b in buckets})
-    return tuple(s for s in starts if s > 0)
+    def search(
+        self, problem: SearchProblem, budget: SearchBudget, progress: Progress | None = None
+    ) -> SearchOutcome:
+        options = BacktrackOptions(
+            budget=budget.evaluations,
+            time_limit_s=budget.time_limit_s,
+            slack=self.slack,
+            top=budget.top,
+            dear=problem.space.dear,
+        )
+        evaluator = problem.evaluator
+        with reporting(evaluator, progress):
+            if problem.fusion_only:
+                return backtrack_fusion(evaluator, problem.order, problem.sizes, options)
+            return backtrack_all(evaluator, problem.space, problem.order, problem.sizes, options)
 
 
 def backtrack_fusion(
@@ -129,7 +106,7 @@ def backtrack_fusion(
     order: Sequence[str],
     sizes: Sequence[int],
     options: BacktrackOptions | None = None,
-) -> SearchResult:
+) -> SearchOutcome:
     """Search bucket partitions of the gradients (ready ``order``, bytes ``sizes``) and DeAR
     under DDP's plan.
 
@@ -158,6 +135,112 @@ def backtrack_fusion(
         start=start,
         curve=curve,
         top=options.top,
+    )
+
+
+def backtrack_all(
+    evaluator: SpaceEvaluator,
+    space: Space,
+    order: Sequence[str],
+    sizes: Sequence[int],
+    options: BacktrackOptions | None = None,
+) -> SearchOutcome:
+    """Search ``space``: its plans x bucket partitions x DeAR x its compiled blocks. The
+    outcome ranks every strategy priced; ``pruned`` counts the plans that did not fit the
+    device or that the simulator could not schedule, by reason.
+
+    Raises:
+        InvalidOptionError: a model without gradients.
+    """
+    options = options or BacktrackOptions()
+    start, baseline, baseline_ms = begin(evaluator, order)
+    deadline = start + options.time_limit_s
+    curve = [baseline_ms]
+    priced: dict[str, tuple[Strategy, float]] = {baseline.to_json(): (baseline, baseline_ms)}
+    pruned: dict[str, int] = {}
+
+    def prune(reason: str) -> None:
+        pruned[reason] = pruned.get(reason, 0) + 1
+
+    def record(strategies: Sequence[Strategy]) -> None:
+        room = options.budget - evaluator.evaluations
+        # Strategies of a plan over capacity are never priced (DDP's defaults, priced as the
+        # reference, must not lead to compiled variants of their plan).
+        fresh = [s for s in strategies if s.to_json() not in priced and evaluator.feasible(s)][
+            : max(0, room)
+        ]
+        for strategy in fresh:
+            try:
+                (ms,) = evaluator.price([strategy])
+            except DdlsimError as exc:  # a plan the simulator cannot schedule for this model
+                prune(str(exc))
+                continue
+            priced[strategy.to_json()] = (strategy, ms)
+            curve.append(min(curve[-1], ms))
+
+    fitting = []
+    for plan in space.plans:
+        strategy = Strategy(parallel=plan)
+        if evaluator.feasible(strategy):
+            fitting.append(strategy)
+        else:
+            peak = evaluator.memory(strategy).total_gib
+            prune(f"predicted peak {peak:.2f} GiB over capacity")
+    record(fitting)
+    data_parallel = sorted(
+        (
+            priced[s.to_json()]
+            for s in fitting
+            if s.to_json() in priced and is_data_parallel(s.parallel)
+        ),
+        key=lambda item: item[1],
+    )
+    for index, (base, _) in enumerate(data_parallel):
+        if time.perf_counter() > deadline:
+            break
+        left = options.budget - evaluator.evaluations
+        share = left // (2 if index < len(data_parallel) - 1 else 1)
+        found = explore_fusion(
+            evaluator,
+            order,
+            sizes,
+            options,
+            base=base,
+            budget=evaluator.evaluations + share,
+            deadline=deadline,
+            curve=curve,
+        )
+        for strategy, ms in found:
+            priced.setdefault(strategy.to_json(), (strategy, ms))
+    blocks = space.blocks
+    if blocks and time.perf_counter() < deadline:
+        ranked = sorted(priced.values(), key=lambda item: item[1])[: options.top]
+        tries = []
+        for strategy, _ in ranked:
+            counts = (
+                range(1, len(blocks) + 1)
+                if is_data_parallel(strategy.parallel)
+                else sorted({max(1, len(blocks) // 2), len(blocks)})
+            )
+            tries += [
+                dataclasses.replace(strategy, op_fusion=OpFusionPlan(compiled=blocks[:k]))
+                for k in counts
+            ]
+        record(tries)
+    fits = evaluator.feasible(baseline)
+    if not fits:  # priced as the reference, but never a pick
+        del priced[baseline.to_json()]
+    ranked = sorted(priced.values(), key=lambda item: item[1])
+    return finish(
+        evaluator,
+        ranked[: options.top],
+        baseline=baseline,
+        baseline_ms=baseline_ms,
+        start=start,
+        curve=curve,
+        top=options.top,
+        baseline_fits=fits,
+        pruned=pruned,
     )
 
 
@@ -212,18 +295,6 @@ def explore_fusion(
         expanded.add((cuts, dear))
         price(_neighbours(cuts, dear, n, flip_dear=options.dear))
     return [(strategy_of(order, c, d, base), ms) for (c, d), ms in priced.items()]
-
-
-def even_cuts(sizes: Sequence[int], buckets: int) -> Cuts:
-    """Cuts into ``buckets`` runs of about equal bytes."""
-    total = sum(sizes) or 1
-    cuts: list[int] = []
-    running = 0
-    for index, size in enumerate(sizes[:-1], start=1):
-        running += size
-        if running * buckets >= total * (len(cuts) + 1):
-            cuts.append(index)
-    return tuple(cuts[: buckets - 1])
 
 
 def _neighbours(cuts: Cuts, dear: bool, n: int, *, flip_dear: bool) -> list[tuple[Cuts, bool]]:

@@ -1,9 +1,8 @@
 """Optuna samplers over the strategy space: TPE, CMA-ES, NSGA-II and random sampling.
 
-A trial picks a parallel plan (one of :func:`search.plans.candidate_plans`, by name), and under
-a data-parallel plan a DDP-style bucket cap (log-uniform from 10 KB to all gradients in one
-bucket), the first bucket's cap as a share of it and DeAR on or off, and how many blocks of the
-model's stack are compiled (the first ``k``). The objective is the simulator's price; NSGA-II
+A trial draws a point of the :class:`search.space.Space` (a plan by name; under a data-parallel
+plan a bucket cap, the first bucket's share of it and DeAR; how many blocks are compiled). The
+objective is the simulator's price; NSGA-II
 minimises the price and the predicted peak memory per device together and keeps their Pareto
 front. A plan whose predicted peak exceeds the device's capacity, or that the simulator cannot
 schedule, is pruned (``TrialPruned``), never scored. CMA-ES adapts a Gaussian over the
@@ -15,15 +14,19 @@ share through a file lock (on one machine, or many over a shared file system) at
 RDB's cost a trial: the samplers read every trial each time, and an RDB answers that with a
 query where the journal replays only what it has not seen. Processes share a study by name and
 each sees the others' trials. Results are read back from the study, so a search reports what
-every worker found.
+every worker found. :class:`OptunaSearch` runs a search; given ``helpers``, it hands the open
+study (:class:`SharedStudy`) to the caller, who starts extra worker processes that each call
+:meth:`OptunaSearch.work` on it.
 """
 
+import contextlib
 import dataclasses
-import math
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import optuna
 from optuna.storages.journal import JournalFileBackend, JournalStorage
@@ -32,15 +35,22 @@ from optuna.trial import TrialState
 from sqlalchemy.exc import SQLAlchemyError
 
 from ddlsim.data.errors import DdlsimError, InvalidOptionError
-from ddlsim.data.specs.strategy import OpFusionPlan, ParallelPlan, Strategy, TensorFusionPlan
-from ddlsim.search.backtrack import BacktrackOptions, SearchResult
-from ddlsim.search.plans import plan_label
-from ddlsim.search.strategy_evaluator import StrategyEvaluator
-from ddlsim.simulator.plans import is_data_parallel
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.search.algorithm import (
+    ParetoPoint,
+    Progress,
+    SearchAlgorithm,
+    SearchBudget,
+    SearchOutcome,
+    SearchProblem,
+    SpaceEvaluator,
+    begin,
+    reporting,
+)
+from ddlsim.search.space import Space
 
 Sampler = Literal["tpe", "cmaes", "nsga2", "random"]
 SAMPLERS: tuple[Sampler, ...] = ("tpe", "cmaes", "nsga2", "random")
-MIN_CAP_MB = 0.01
 JOURNAL = "journal://"
 OVER_CAPACITY = "predicted peak memory over the device's capacity"
 
@@ -52,60 +62,6 @@ class StudyOptions:
     storage: str | None = None
     study_name: str = "ddlsim-search"
     seed: int = 0
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Space:
-    """What a trial chooses from: ``plans`` (the first is DDP's), DeAR, and the ``blocks`` whose
-    first ``k`` may be compiled (none: op fusion is not searched)."""
-
-    plans: tuple[ParallelPlan, ...]
-    total_grad_mb: float
-    blocks: tuple[str, ...] = ()
-    dear: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.plans:
-            raise InvalidOptionError("the space has no parallel plan the model supports")
-
-    @property
-    def labels(self) -> dict[str, ParallelPlan]:
-        return {plan_label(p): p for p in self.plans}
-
-    def sample(self, trial: optuna.Trial) -> dict[str, Any]:
-        """Draw a trial's parameters (conditional on the plan)."""
-        params: dict[str, Any] = {}
-        labels = list(self.labels)
-        params["plan"] = (
-            trial.suggest_categorical("plan", labels) if len(labels) > 1 else labels[0]
-        )
-        if is_data_parallel(self.labels[params["plan"]]):
-            top = max(self.total_grad_mb, MIN_CAP_MB * 2)
-            params["log_cap_mb"] = trial.suggest_float(
-                "log_cap_mb", math.log(MIN_CAP_MB), math.log(top)
-            )
-            params["first_share"] = trial.suggest_float("first_share", 0.05, 1.0)
-            if self.dear:
-                params["dear"] = trial.suggest_categorical("dear", [False, True])
-        if self.blocks:
-            params["compiled_blocks"] = trial.suggest_int("compiled_blocks", 0, len(self.blocks))
-        return params
-
-    def strategy(self, params: Mapping[str, Any]) -> Strategy:
-        """The strategy a trial's parameters stand for."""
-        plan = self.labels[str(params.get("plan", plan_label(self.plans[0])))]
-        fusion = TensorFusionPlan()
-        if "log_cap_mb" in params:
-            cap = math.exp(float(params["log_cap_mb"]))
-            fusion = TensorFusionPlan(
-                bucket_cap_mb=cap,
-                first_bucket_cap_mb=cap * float(params["first_share"]),
-                dear=bool(params.get("dear", False)),
-            )
-        compiled = self.blocks[: int(params.get("compiled_blocks", 0))]
-        return Strategy(
-            parallel=plan, tensor_fusion=fusion, op_fusion=OpFusionPlan(compiled=compiled)
-        )
 
 
 def sampler_for(
@@ -170,7 +126,7 @@ def open_study(sampler: Sampler, study: StudyOptions, *, worker: int = 0) -> opt
 
 def optimize(
     trials: optuna.Study,
-    evaluator: StrategyEvaluator,
+    evaluator: SpaceEvaluator,
     space: Space,
     *,
     budget: int,
@@ -211,18 +167,19 @@ def finished_trials(trials: optuna.Study) -> int:
     return len(trials.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
-def result_from_study(
+def outcome_from_study(
     trials: optuna.Study,
     space: Space,
     *,
     baseline: Strategy,
     baseline_ms: float,
     start: float,
-    options: BacktrackOptions,
+    top: int,
     baseline_fits: bool = True,
-) -> tuple[SearchResult, list[dict[str, Any]]]:
-    """The search's result from every finished trial of the study, and for a two-objective
-    study its Pareto front of (time, peak memory) as JSON rows, fastest first."""
+) -> SearchOutcome:
+    """The search's outcome from every finished trial of the study: the ``top`` fastest, for a
+    two-objective study its Pareto front of (time, peak memory), fastest first, and the pruned
+    trials by reason."""
     done = sorted(
         (t for t in trials.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE),
         key=lambda t: t.number,
@@ -237,27 +194,28 @@ def result_from_study(
     ranked = sorted(priced.values(), key=lambda item: item[1])
     bar = baseline_ms if baseline_fits else float("inf")
     best, best_ms = ranked[0] if ranked and ranked[0][1] < bar else (baseline, baseline_ms)
-    pareto: list[dict[str, Any]] = []
+    pareto: list[ParetoPoint] = []
     if len(trials.directions) > 1 and done:
         front = {
             space.strategy(t.params).to_json(): (space.strategy(t.params), t.values)
             for t in trials.best_trials
         }
         pareto = [
-            {"strategy": s.to_dict(), "predicted_ms": v[0], "peak_memory_gib": v[1]}
+            ParetoPoint(strategy=s, scored_ms=v[0], peak_memory_gib=v[1])
             for s, v in sorted(front.values(), key=lambda item: item[1][0])
         ]
-    result = SearchResult(
+    return SearchOutcome(
         best=best,
         best_ms=best_ms,
         baseline=baseline,
         baseline_ms=baseline_ms,
-        top=tuple(ranked[: options.top]),
+        top=tuple(ranked[:top]),
         evaluations=len(priced),
         elapsed_s=time.perf_counter() - start,
         curve=tuple(curve),
+        pareto=tuple(pareto),
+        pruned=pruned_reasons(trials),
     )
-    return result, pareto
 
 
 def pruned_reasons(trials: optuna.Study) -> dict[str, int]:
@@ -267,3 +225,139 @@ def pruned_reasons(trials: optuna.Study) -> dict[str, int]:
         reason = str(t.user_attrs.get("pruned", "pruned"))
         out[reason] = out.get(reason, 0) + 1
     return out
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SharedStudy:
+    """An open search's study, as extra worker processes join it (picklable: it crosses a
+    process spawn): its sampler, where it lives, its name and seed, the finished trials that end
+    the search (``target_trials``: those before it plus its budget), and the seconds left to it
+    when it was handed over."""
+
+    sampler: Sampler
+    storage: str
+    study_name: str
+    seed: int
+    target_trials: int
+    seconds_left: float
+
+
+Helpers = Callable[[SharedStudy], AbstractContextManager[object]]
+"""Given the open study, a context in which extra workers run on it: started on entry, all
+finished (joined) on exit, which raises if one failed."""
+
+
+class OptunaSearch(SearchAlgorithm):
+    """An Optuna sampler over the problem's space (:attr:`sampler`), its study in ``storage``
+    (``None``: in memory) under ``study_name``.
+
+    A search prices DDP's defaults first (the baseline), then runs trials until the study holds
+    ``budget.evaluations`` more finished (complete or pruned) trials than when it opened, or the
+    time limit passes; its outcome is read back from every trial of the study, so it includes
+    what other workers found. The sampler is seeded with ``budget.seed``; with ``helpers``, the
+    search calls them once the study is open and runs its own trials inside the context they
+    return, where the caller's extra processes each call :meth:`work` (worker ``k`` seeds its
+    sampler with ``seed + k``). Without a ``storage``, helpers share a temporary journal file.
+    """
+
+    sampler: Sampler
+
+    def __init__(
+        self,
+        *,
+        storage: str | None = None,
+        study_name: str = "ddlsim-search",
+        helpers: Helpers | None = None,
+    ) -> None:
+        self.storage = storage
+        self.study_name = study_name
+        self.helpers = helpers
+
+    def search(
+        self, problem: SearchProblem, budget: SearchBudget, progress: Progress | None = None
+    ) -> SearchOutcome:
+        evaluator = problem.evaluator
+        with reporting(evaluator, progress):
+            start, baseline, baseline_ms = begin(evaluator, problem.order)
+            with tempfile.TemporaryDirectory(prefix="ddlsim-study-") as scratch:
+                storage = self.storage
+                if storage is None and self.helpers is not None:
+                    storage = f"{JOURNAL}{Path(scratch) / 'study.log'}"
+                study = StudyOptions(storage=storage, study_name=self.study_name, seed=budget.seed)
+                trials = open_study(self.sampler, study)
+                # The budget is this search's: trials already in a shared study do not count.
+                target = finished_trials(trials) + budget.evaluations
+                deadline = start + budget.time_limit_s
+                with self._helping(study, target, deadline):
+                    optimize(trials, evaluator, problem.space, budget=target, deadline=deadline)
+                return outcome_from_study(
+                    trials,
+                    problem.space,
+                    baseline=baseline,
+                    baseline_ms=baseline_ms,
+                    start=start,
+                    top=budget.top,
+                    baseline_fits=evaluator.feasible(baseline),
+                )
+
+    def work(
+        self, study: SharedStudy, problem: Callable[[], SearchProblem], *, worker: int
+    ) -> None:
+        """Run as extra worker ``worker`` (>= 1) on ``study``, in this process: trials priced
+        with the evaluator of ``problem()`` (built after the clock starts, as the search's own
+        time runs) until the study holds ``study.target_trials`` finished trials or
+        ``study.seconds_left`` have passed since this call. Its sampler is seeded
+        ``study.seed + worker``. It reports nothing: the search reads the trials back.
+
+        Raises:
+            InvalidOptionError: a study of another sampler, or a storage Optuna cannot open.
+        """
+        deadline = time.perf_counter() + study.seconds_left
+        if study.sampler != self.sampler:
+            raise InvalidOptionError(
+                f"a {self.sampler} worker cannot join a {study.sampler} study "
+                f"({study.study_name!r})"
+            )
+        built = problem()
+        options = StudyOptions(storage=study.storage, study_name=study.study_name, seed=study.seed)
+        trials = open_study(self.sampler, options, worker=worker)
+        optimize(
+            trials, built.evaluator, built.space, budget=study.target_trials, deadline=deadline
+        )
+
+    def _helping(
+        self, study: StudyOptions, target: int, deadline: float
+    ) -> AbstractContextManager[object]:
+        if self.helpers is None or study.storage is None:
+            return contextlib.nullcontext()
+        shared = SharedStudy(
+            sampler=self.sampler,
+            storage=study.storage,
+            study_name=study.study_name,
+            seed=study.seed,
+            target_trials=target,
+            seconds_left=deadline - time.perf_counter(),
+        )
+        return self.helpers(shared)
+
+
+class TpeSearch(OptunaSearch):
+    """Optuna's tree-structured Parzen estimator over the space."""
+
+    name = "tpe"
+    sampler = "tpe"
+
+
+class CmaEsSearch(OptunaSearch):
+    """Optuna's CMA-ES over the continuous parameters (categorical ones drawn independently)."""
+
+    name = "cmaes"
+    sampler = "cmaes"
+
+
+class Nsga2Search(OptunaSearch):
+    """NSGA-II over price and predicted peak memory together: the outcome keeps their Pareto
+    front."""
+
+    name = "nsga2"
+    sampler = "nsga2"

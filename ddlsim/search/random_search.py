@@ -1,16 +1,54 @@
-"""Random search over the same fusion space as the backtracking (the baseline a smarter search
-has to beat): contiguous partitions of the gradients in ready order, with a random number of
-cuts at random places, DeAR on or off, priced in batches until the budget or the time is spent."""
+"""Random search (the baseline a smarter search has to beat).
+
+Over a fusion-only problem, :func:`random_fusion` draws from the same space as the
+backtracking: contiguous partitions of the gradients in ready order, with a random number of
+cuts at random places, DeAR on or off, priced in batches until the budget or the time is spent.
+Over the whole space, :class:`RandomSearch` is Optuna's random sampler on a shareable study.
+"""
 
 import random
 import time
 from collections.abc import Sequence
 
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.search.backtrack import BacktrackOptions, SearchResult, begin, finish, strategy_of
-from ddlsim.search.fusion_evaluator import Pricer
+from ddlsim.search.algorithm import (
+    Pricer,
+    Progress,
+    SearchBudget,
+    SearchOutcome,
+    SearchProblem,
+    begin,
+    finish,
+    reporting,
+)
+from ddlsim.search.backtrack import BacktrackOptions
+from ddlsim.search.optuna_search import OptunaSearch
+from ddlsim.search.partitions import strategy_of
 
 BATCH = 256
+
+
+class RandomSearch(OptunaSearch):
+    """Random partitions (:func:`random_fusion`, seeded with ``budget.seed``) for a fusion-only
+    problem, which runs in one process (the study settings are unused); Optuna's random sampler
+    over the whole space otherwise (see :class:`OptunaSearch`)."""
+
+    name = "random"
+    sampler = "random"
+
+    def search(
+        self, problem: SearchProblem, budget: SearchBudget, progress: Progress | None = None
+    ) -> SearchOutcome:
+        if not problem.fusion_only:
+            return super().search(problem, budget, progress)
+        options = BacktrackOptions(
+            budget=budget.evaluations,
+            time_limit_s=budget.time_limit_s,
+            top=budget.top,
+            dear=problem.space.dear,
+        )
+        with reporting(problem.evaluator, progress):
+            return random_fusion(problem.evaluator, problem.order, options, seed=budget.seed)
 
 
 def random_fusion(
@@ -19,7 +57,7 @@ def random_fusion(
     options: BacktrackOptions | None = None,
     *,
     seed: int = 0,
-) -> SearchResult:
+) -> SearchOutcome:
     """Sample and price random partitions (``options``: budget, time limit, top, DeAR).
 
     Raises:

@@ -12,7 +12,6 @@ strategies are never priced: the searches prune them.
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import torch
 
@@ -26,8 +25,8 @@ from ddlsim.data.stages import block_stack, default_groups
 from ddlsim.data.store import CollectiveProfileRecord
 from ddlsim.search.fusion_evaluator import FusionEvaluator
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, RISK_KINDS, Calibration, risk_kind
+from ddlsim.simulator.cost_model import CostModel, ReplayCostModel
 from ddlsim.simulator.costs import comm_models, rank_spec, scaled
-from ddlsim.simulator.gnn import IterationCostModel
 from ddlsim.simulator.memory import MemoryEstimate, peak_memory
 from ddlsim.simulator.plans import is_data_parallel
 from ddlsim.simulator.predict import predict
@@ -60,7 +59,8 @@ class StrategyEvaluator:
         profiles: the rank's micro-batch graph and its profiled node times (ms) for a model
             spec at a micro-batch (the store's kernel profile, taken when missing).
         capture: the graph of a rank's micro-batch under a plan (FSDP, TP, pipelines).
-        cost_model: as for :class:`FusionEvaluator`.
+        cost_model: corrects the replay (:mod:`simulator.cost_model`); the replay alone by
+            default. One model serves every plan and micro-batch.
         calibration: held-out errors of predicted speed-ups by kind (the cost model's
             checkpoint has them); with it, :meth:`price` scores each strategy at its kind's
             ``confidence`` quantile, so that a search prefers margins its kind can be trusted
@@ -76,7 +76,7 @@ class StrategyEvaluator:
         profiles: Profiles,
         capture: Capture,
         *,
-        cost_model: tuple[IterationCostModel, Mapping[str, Any]] | None = None,
+        cost_model: CostModel | None = None,
         optimizer: str = "adamw",
         calibration: Calibration | None = None,
         confidence: float = DEFAULT_CONFIDENCE,
@@ -85,7 +85,7 @@ class StrategyEvaluator:
         self.cluster = cluster
         self.profiles = profiles
         self.capture = capture
-        self.cost_model = cost_model
+        self.cost_model = cost_model or ReplayCostModel()
         self.optimizer = optimizer
         self.calibration = calibration
         self.confidence = confidence
@@ -114,7 +114,8 @@ class StrategyEvaluator:
 
     @property
     def predictor(self) -> str:
-        return self.fusion(ParallelPlan()).predictor
+        """The cost model's name: ``replay``, ``gnn`` or ``blend``."""
+        return self.cost_model.name
 
     def links(self, dp: int, *, ring: bool) -> dict[str, AlphaBeta]:
         key = (dp, ring)

@@ -25,8 +25,9 @@ from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import capture_graph
 from ddlsim.service.output import emit_json, positive_int, progress
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, Calibration, calibrate
+from ddlsim.simulator.cost_model import PREDICTORS, load_cost_model
 from ddlsim.simulator.dataset import Dataset, export_dataset, load_dataset
-from ddlsim.simulator.default import load_default, shipped_dataset, user_checkpoint
+from ddlsim.simulator.default import shipped_dataset, user_checkpoint
 from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.evaluate import Accuracy
 from ddlsim.simulator.features import ModelGraph, model_graph, strategy_sample
@@ -39,7 +40,6 @@ from ddlsim.simulator.holdout import (
 )
 from ddlsim.simulator.replay import comm_models_for_link
 from ddlsim.simulator.train import (
-    PREDICTORS,
     TrainOptions,
     build_training_set,
     intra_op_threads,
@@ -139,8 +139,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     report, _ = evaluate_holdout(
         dataset, args.holdout, config=config, options=options, progress=progress
     )
-    shipped = load_default()
-    default = str(shipped[1].get("predictor", "replay")) if shipped else "replay"
+    meta = load_cost_model(None).meta
+    default = str(meta.get("predictor", "replay")) if meta is not None else "replay"
     payload = {
         **report.to_json(),
         "dataset": source,
@@ -216,11 +216,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         graph.grad_ready_order, args.strategies, seed=0, dear=args.dear
     )
     comm = comm_models_for_link(2, 1.0, alpha_us=300.0)
-    loaded = (
-        None
-        if args.simulator == "replay"
-        else load_default(Path(args.simulator) if args.simulator else None)
-    )
+    model = load_cost_model(args.simulator).network
     rates: dict[str, list[float]] = {"replay": [], "cost_model": []}
     with intra_op_threads(1):
         for _ in range(args.repeats):
@@ -229,9 +225,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             for strategy in strategies:
                 fast.summary(strategy, comm)
             rates["replay"].append(len(strategies) / (time.perf_counter() - start))
-            if loaded is None:
+            if model is None:
                 continue
-            model, _ = loaded
             start = time.perf_counter()
             fast = DataParallelReplay(graph, node_ms)
             encoded = model_graph(graph, node_ms)

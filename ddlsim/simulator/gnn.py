@@ -217,7 +217,7 @@ class IterationCostModel(nn.Module):
         return self.fused_head(torch.cat([mean, total, features], dim=1)).squeeze(-1)
 
     def checkpoint(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """What :func:`load_cost_model` reads back: tensors and plain data only."""
+        """What :func:`network_from_checkpoint` reads back: tensors and plain data only."""
         return {
             "format": CHECKPOINT_FORMAT,
             "config": dataclasses.asdict(self.config),
@@ -226,7 +226,7 @@ class IterationCostModel(nn.Module):
         }
 
 
-def load_cost_model(raw: dict[str, Any]) -> tuple[IterationCostModel, dict[str, Any]]:
+def network_from_checkpoint(raw: dict[str, Any]) -> tuple[IterationCostModel, dict[str, Any]]:
     """A model from :meth:`IterationCostModel.checkpoint` (as ``torch.load`` with
     ``weights_only=True`` returns it).
 

@@ -15,16 +15,15 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from ddlsim.data.errors import InvalidOptionError
+from ddlsim.simulator.cost_model import PREDICTORS, cost_model
 from ddlsim.simulator.dataset import Dataset
 from ddlsim.simulator.evaluate import Accuracy, grouped_accuracy, quantile
 from ddlsim.simulator.gnn import CostModelConfig, IterationCostModel
 from ddlsim.simulator.train import (
-    PREDICTORS,
     TrainOptions,
     build_training_set,
     duration_error,
     fusion_error,
-    predict_samples,
     train_cost_model,
 )
 
@@ -149,7 +148,8 @@ def evaluate_holdout(
     model = train_cost_model(train, config=config, options=options)
     seconds = time.perf_counter() - start
     predictions = {
-        name: predict_samples(model, test.graphs, test.samples, name) for name in PREDICTORS
+        name: cost_model(name, network=model).predict_samples(test.graphs, test.samples)
+        for name in PREDICTORS
     }
     rows = tuple(
         {

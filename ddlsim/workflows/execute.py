@@ -14,9 +14,10 @@ from ddlsim.data.store import (
 )
 from ddlsim.executor.run import RunResult, run_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
+from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.predict import Prediction
 from ddlsim.workflows.predict import predict_on_store
-from ddlsim.workflows.profiles import cost_model_for, normalized_bandwidth
+from ddlsim.workflows.profiles import normalized_bandwidth
 from ddlsim.workflows.requests import ExecuteRequest, Progress, no_progress
 
 
@@ -59,7 +60,7 @@ def execute(request: ExecuteRequest, store: Store, progress: Progress = no_progr
         request.strategy,
         world_size=options.world_size,
         bandwidth=normalized_bandwidth(options.bandwidth),
-        cost_model=cost_model_for(request.simulator),
+        cost_model=load_cost_model(request.simulator),
         progress=progress,
     )
     with store.transaction() as session:

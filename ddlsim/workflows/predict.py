@@ -1,7 +1,6 @@
 """Predict a strategy's iteration time from the store's profiles, and store the prediction."""
 
 import dataclasses
-from typing import Any
 
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
@@ -13,13 +12,12 @@ from ddlsim.data.store import (
     add_strategy,
 )
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
+from ddlsim.simulator.cost_model import CostModel, load_cost_model
 from ddlsim.simulator.costs import rank_spec
-from ddlsim.simulator.gnn import IterationCostModel
 from ddlsim.simulator.predict import Prediction
 from ddlsim.simulator.predict import predict as simulate
 from ddlsim.workflows.profiles import (
     Capture,
-    cost_model_for,
     kernel_profile_for,
     machine_scale,
     normalized_bandwidth,
@@ -54,7 +52,7 @@ def predict(request: PredictRequest, store: Store, progress: Progress = no_progr
         request.strategy,
         world_size=request.world_size,
         bandwidth=normalized_bandwidth(request.bandwidth),
-        cost_model=cost_model_for(request.simulator),
+        cost_model=load_cost_model(request.simulator),
         optimizer=request.optimizer,
         profile_iters=request.profile_iters,
         profile_missing=request.profile_missing,
@@ -80,7 +78,7 @@ def predict_on_store(
     *,
     world_size: int,
     bandwidth: str,
-    cost_model: tuple[IterationCostModel, dict[str, Any]] | None,
+    cost_model: CostModel,
     optimizer: str = "adamw",
     profile_iters: int = 10,
     profile_missing: bool = True,

@@ -1,11 +1,9 @@
 """What a prediction stands on, read from the store: the kernel profile of a rank's
-micro-batch (taken now when missing), the cost model, the link's name and the machine's scale.
+micro-batch (taken now when missing), the link's name and the machine's scale.
 """
 
 import os
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 from ddlsim.data.errors import DdlsimError
 from ddlsim.data.graph.format import IterationGraph
@@ -16,8 +14,6 @@ from ddlsim.profiler.batch import kernel_record
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.profiler.kernels import profile_kernels
 from ddlsim.simulator.costs import compute_scale
-from ddlsim.simulator.default import load_default
-from ddlsim.simulator.gnn import IterationCostModel
 from ddlsim.workflows.requests import Progress, no_progress
 
 Capture = Callable[[ModelSpec, CaptureOptions], IterationGraph]
@@ -68,16 +64,6 @@ def kernel_profile_for(
         profile_id = add_kernel_profile(session, profile=record)
     stored = [p for p in store.kernel_profiles(graph_hash=graph.graph_hash) if p.id == profile_id]
     return graph, stored[0], True
-
-
-def cost_model_for(
-    choice: str | None,
-) -> tuple[IterationCostModel, dict[str, Any]] | None:
-    """``--simulator``: ``replay`` for the replay alone, a checkpoint path, or (unset) the
-    user's trained cost model, else the shipped one."""
-    if choice == "replay":
-        return None
-    return load_default(Path(choice) if choice else None)
 
 
 def machine_scale(world_size: int) -> float:

@@ -14,13 +14,11 @@ The rank's micro-batch is kernel-profiled unless the store has a profile; collec
 from the store's fits of the link (the link's nominal rate where none is stored).
 """
 
+import contextlib
 import multiprocessing
 import os
-import tempfile
-import time
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any, cast
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
@@ -31,28 +29,25 @@ from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunOptions, run_training
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.profiler.cluster import remove_stale_namespaces
-from ddlsim.search.autotune import autotune_fusion
-from ddlsim.search.backtrack import BacktrackOptions, SearchResult, backtrack_fusion, begin
-from ddlsim.search.joint import backtrack_all
-from ddlsim.search.optuna_search import (
-    JOURNAL,
-    Sampler,
+from ddlsim.search import (
+    STUDY_ALGORITHMS,
+    ParetoPoint,
+    SearchAlgorithm,
+    SearchBudget,
+    SearchOutcome,
+    SearchProblem,
     Space,
-    StudyOptions,
-    finished_trials,
-    open_study,
-    optimize,
-    pruned_reasons,
-    result_from_study,
+    search_algorithm,
 )
+from ddlsim.search.autotune import MAX_RUNS
+from ddlsim.search.optuna_search import Helpers, OptunaSearch, SharedStudy
 from ddlsim.search.plans import candidate_plans
-from ddlsim.search.random_search import random_fusion
 from ddlsim.search.strategy_evaluator import Cluster, Profiles, StrategyEvaluator
-from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, Calibration
+from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE
+from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.costs import rank_spec
 from ddlsim.simulator.memory import GIB
 from ddlsim.workflows.profiles import (
-    cost_model_for,
     kernel_profile_for,
     machine_scale,
     normalized_bandwidth,
@@ -60,7 +55,7 @@ from ddlsim.workflows.profiles import (
 from ddlsim.workflows.requests import Progress, SearchRequest, no_progress
 from ddlsim.workflows.verify import verify
 
-AUTOTUNE_RUNS = 10
+AUTOTUNE_RUNS = MAX_RUNS
 """Autotune measures live runs: at most this many, whatever the budget."""
 
 
@@ -82,34 +77,21 @@ def search(
     """
     spec = request.model
     evaluator = build_evaluator(request, store, progress)
-    graph, _ = evaluator.profiles(_rank(spec, request.world_size))
-    order = [name for name, _ in graph.gradient_sizes]
-    sizes = [size for _, size in graph.gradient_sizes]
-    space = _space(request, spec, evaluator, sum(sizes) / 2**20)
+    problem = _problem(request, evaluator)
     progress(None, f"searching {spec.label} ({request.algo}, {request.space} space)")
-    pareto: list[dict[str, Any]] = []
-    pruned: dict[str, int] = {}
+    # The hook stays on after the search: the payload's pricing counts too.
     evaluator.on_priced = advance = _counter(_total(request), progress)
-    options = BacktrackOptions(
-        budget=request.budget, time_limit_s=request.time_limit_s, top=request.top
+    budget = SearchBudget(
+        evaluations=request.budget,
+        time_limit_s=request.time_limit_s,
+        top=request.top,
+        seed=request.seed,
     )
-    if request.algo == "backtrack" and request.space == "fusion":
-        result = backtrack_fusion(evaluator, order, sizes, options)
-    elif request.algo == "backtrack":
-        joint = backtrack_all(evaluator, space.plans, order, sizes, options)
-        result = joint.result
-        for _, reason in joint.pruned:
-            pruned[reason] = pruned.get(reason, 0) + 1
-    elif request.algo == "random" and request.space == "fusion":
-        result = random_fusion(evaluator, order, options, seed=request.seed)
-    elif request.algo == "autotune":
-        result = _autotune(request, sum(sizes) / 2**20, advance)
-    else:
-        result, pareto, pruned = _sample(request, store.url, evaluator, space, order)
-    payload = _payload(request, evaluator, result)
+    outcome = _algorithm(request, store.url).search(problem, budget, advance)
+    payload = _payload(request, evaluator, outcome)
     if request.algo == "nsga2":
-        payload["pareto"] = [_rescored(evaluator, row) for row in pareto]
-    payload["pruned"] = pruned
+        payload["pareto"] = [_pareto_row(evaluator, point) for point in outcome.pareto]
+    payload["pruned"] = dict(outcome.pruned)
     if request.verify:
         progress(None, "running the pick and the baseline for real")
         payload.update(verify(request, payload, store, progress))
@@ -130,7 +112,7 @@ def build_evaluator(
         )
         return graph, profile.node_ms
 
-    cost_model = cost_model_for(request.simulator)
+    cost_model = load_cost_model(request.simulator)
     return StrategyEvaluator(
         request.model,
         Cluster(
@@ -143,7 +125,8 @@ def build_evaluator(
         _cached(profiles),
         capture_plan,
         cost_model=cost_model,
-        calibration=calibration_of(cost_model, request.confidence),
+        # ``confidence`` None: ranked by the prediction alone.
+        calibration=cost_model.calibration if request.confidence is not None else None,
         confidence=request.confidence or DEFAULT_CONFIDENCE,
     )
 
@@ -153,19 +136,6 @@ def default_capacity_gb(world_size: int) -> float:
     here."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return total / GIB / world_size
-
-
-def calibration_of(
-    cost_model: tuple[Any, Mapping[str, Any]] | None, confidence: float | None
-) -> Calibration | None:
-    """The checkpoint's calibration of its own predictor, unless ``confidence`` is ``None``
-    (ranking by the prediction alone) or the checkpoint has none (trained without
-    cross-validation)."""
-    if cost_model is None or confidence is None:
-        return None
-    _, meta = cost_model
-    raw = (meta.get("calibration") or {}).get(str(meta.get("predictor", "")))
-    return Calibration.from_json(raw) if raw else None
 
 
 def capture_plan(rank: ModelSpec, strategy: Strategy) -> IterationGraph:
@@ -187,6 +157,22 @@ def _cached(profiles: Profiles) -> Profiles:
         return memo[key]
 
     return cached
+
+
+def _problem(request: SearchRequest, evaluator: StrategyEvaluator) -> SearchProblem:
+    """What ``request`` searches, priced by ``evaluator``: the gradients of the rank's graph in
+    ready order, the space of ``request.space``, and for autotune the live runs."""
+    graph, _ = evaluator.profiles(_rank(request.model, request.world_size))
+    order = [name for name, _ in graph.gradient_sizes]
+    sizes = [size for _, size in graph.gradient_sizes]
+    return SearchProblem(
+        evaluator=evaluator,
+        space=_space(request, request.model, evaluator, sum(sizes) / 2**20),
+        order=order,
+        sizes=sizes,
+        fusion_only=request.space == "fusion",
+        measure=_measure(request) if request.algo == "autotune" else None,
+    )
 
 
 def _space(
@@ -218,37 +204,30 @@ def _counter(total: int, progress: Progress) -> Callable[[int], None]:
     return advance
 
 
-def _sample(
-    request: SearchRequest,
-    db: str,
-    evaluator: StrategyEvaluator,
-    space: Space,
-    order: list[str],
-) -> tuple[SearchResult, list[dict[str, Any]], dict[str, int]]:
-    """An Optuna search, with ``request.workers - 1`` more worker processes on the same study
-    (a temporary journal file when no ``storage`` is given)."""
-    options = BacktrackOptions(
-        budget=request.budget, time_limit_s=request.time_limit_s, top=request.top
+def _algorithm(request: SearchRequest, db: str) -> SearchAlgorithm:
+    """The algorithm ``request.algo`` names; an Optuna one on its study, with
+    ``request.workers - 1`` more worker processes on it (a temporary journal file when no
+    ``storage`` is given)."""
+    if request.algo not in STUDY_ALGORITHMS:
+        return search_algorithm(request.algo)
+    return search_algorithm(
+        request.algo,
+        storage=request.storage,
+        study_name=request.study_name
+        or f"{request.model.label}-{request.world_size}-"
+        f"{normalized_bandwidth(request.bandwidth)}-{request.algo}-{request.space}",
+        helpers=_helpers(request, db) if request.workers > 1 else None,
     )
-    start, baseline, baseline_ms = begin(evaluator, order)
-    with tempfile.TemporaryDirectory(prefix="ddlsim-study-") as scratch:
-        storage = request.storage
-        if storage is None and request.workers > 1:
-            storage = f"{JOURNAL}{Path(scratch) / 'study.log'}"
-        study = StudyOptions(
-            storage=storage,
-            study_name=request.study_name
-            or f"{request.model.label}-{request.world_size}-"
-            f"{normalized_bandwidth(request.bandwidth)}-{request.algo}-{request.space}",
-            seed=request.seed,
-        )
-        trials = open_study(cast(Sampler, request.algo), study)
-        # The budget is this search's: trials already in a shared study do not count.
-        target = finished_trials(trials) + request.budget
-        deadline = start + request.time_limit_s
-        workers = _start_workers(request, db, study, target, deadline - time.perf_counter())
+
+
+def _helpers(request: SearchRequest, db: str) -> Helpers:
+    """Worker processes on an open study, joined when the search's own trials end."""
+
+    @contextlib.contextmanager
+    def helping(study: SharedStudy) -> Iterator[None]:
+        workers = _start_workers(request, db, study)
         try:
-            optimize(trials, evaluator, space, budget=target, deadline=deadline)
+            yield
             for worker in workers:
                 worker.join()
         finally:
@@ -259,20 +238,12 @@ def _sample(
         failed = [w.exitcode for w in workers if w.exitcode not in (0, None)]
         if failed:
             raise InvalidOptionError(f"{len(failed)} search worker(s) failed (exit {failed})")
-        result, pareto = result_from_study(
-            trials,
-            space,
-            baseline=baseline,
-            baseline_ms=baseline_ms,
-            start=start,
-            options=options,
-            baseline_fits=evaluator.feasible(baseline),
-        )
-        return result, pareto, pruned_reasons(trials)
+
+    return helping
 
 
 def _start_workers(
-    request: SearchRequest, db: str, study: StudyOptions, target: int, seconds: float
+    request: SearchRequest, db: str, study: SharedStudy
 ) -> list[multiprocessing.process.BaseProcess]:
     """Worker processes on the study; each gets the store's URL through the pipe that spawns
     it, never on a command line."""
@@ -282,13 +253,7 @@ def _start_workers(
         worker = context.Process(
             target=_worker,
             args=(request,),
-            kwargs={
-                "db": db,
-                "study": study,
-                "index": index,
-                "target": target,
-                "seconds": seconds,
-            },
+            kwargs={"db": db, "study": study, "index": index},
             name=f"ddlsim-search-worker-{index}",
             daemon=True,
         )
@@ -297,30 +262,21 @@ def _start_workers(
     return workers
 
 
-def _worker(
-    request: SearchRequest,
-    *,
-    db: str,
-    study: StudyOptions,
-    index: int,
-    target: int,
-    seconds: float,
-) -> None:
+def _worker(request: SearchRequest, *, db: str, study: SharedStudy, index: int) -> None:
     """One more worker on the study: its own evaluator (profiles from the store), its own
     sampler seed."""
-    deadline = time.perf_counter() + seconds
+    algorithm = search_algorithm(request.algo)
+    if not isinstance(algorithm, OptunaSearch):
+        raise InvalidOptionError(f"{request.algo} keeps no study for workers to share")
     with Store.open(db) as store:
-        evaluator = build_evaluator(request, store)
-        graph, _ = evaluator.profiles(_rank(request.model, request.world_size))
-        grad_mb = sum(p.nbytes for p in graph.params) / 2**20
-        space = _space(request, request.model, evaluator, grad_mb)
-        trials = open_study(cast(Sampler, request.algo), study, worker=index)
-        optimize(trials, evaluator, space, budget=target, deadline=deadline)
+        algorithm.work(
+            study, lambda: _problem(request, build_evaluator(request, store)), worker=index
+        )
 
 
-def _autotune(
-    request: SearchRequest, grad_mb: float, advance: Callable[[int], None]
-) -> SearchResult:
+def _measure(request: SearchRequest) -> Callable[[Strategy], float]:
+    """A strategy's measured median iteration time (ms), from a live run on the emulated
+    cluster."""
     remove_stale_namespaces()
     options = RunOptions(
         world_size=request.world_size,
@@ -331,19 +287,11 @@ def _autotune(
     def measure(strategy: Strategy) -> float:
         return run_training(request.model, strategy, options).median_ms
 
-    return autotune_fusion(
-        measure,
-        total_grad_mb=grad_mb,
-        budget=_total(request),
-        time_limit_s=request.time_limit_s,
-        seed=request.seed,
-        top=request.top,
-        on_sample=lambda strategy, ms: advance(1),
-    )
+    return measure
 
 
 def _payload(
-    request: SearchRequest, evaluator: StrategyEvaluator, result: SearchResult
+    request: SearchRequest, evaluator: StrategyEvaluator, result: SearchOutcome
 ) -> dict[str, Any]:
     measured = request.algo == "autotune"
 
@@ -376,11 +324,16 @@ def _payload(
     }
 
 
-def _rescored(evaluator: StrategyEvaluator, row: dict[str, Any]) -> dict[str, Any]:
-    """A Pareto row (its time the search's score) with the prediction and the score apart."""
-    strategy = Strategy.from_dict(row["strategy"])
-    (predicted,) = evaluator.predicted([strategy])
-    return {**row, "predicted_ms": predicted, "scored_ms": row["predicted_ms"]}
+def _pareto_row(evaluator: StrategyEvaluator, point: ParetoPoint) -> dict[str, Any]:
+    """A point of the Pareto front, its prediction and its score (the search's objective)
+    apart."""
+    (predicted,) = evaluator.predicted([point.strategy])
+    return {
+        "strategy": point.strategy.to_dict(),
+        "predicted_ms": predicted,
+        "peak_memory_gib": point.peak_memory_gib,
+        "scored_ms": point.scored_ms,
+    }
 
 
 def _calibration_json(evaluator: StrategyEvaluator) -> dict[str, Any] | None:

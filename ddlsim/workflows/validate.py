@@ -18,10 +18,11 @@ from ddlsim.executor.run import RunOptions, run_training
 from ddlsim.profiler.batch import collective_records
 from ddlsim.profiler.cluster import ClusterRunError, remove_stale_namespaces
 from ddlsim.profiler.collectives import profile_collectives
+from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.evaluate import accuracy
 from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.predict import predict_on_store
-from ddlsim.workflows.profiles import cost_model_for, normalized_bandwidth
+from ddlsim.workflows.profiles import normalized_bandwidth
 from ddlsim.workflows.requests import Progress, ValidateRequest, no_progress
 
 # Diverse on purpose: DDP's own buckets, the executor's hooks at several granularities, DeAR,
@@ -79,7 +80,7 @@ def validate(
     )
     if request.world_size > 1:
         _link_profiles(store, request.world_size, bandwidth, strategies, progress)
-    cost_model = cost_model_for(request.simulator)
+    cost_model = load_cost_model(request.simulator)
     first_ms: float | None = None
     repeat_ms: float | None = None
     for index, strategy in enumerate([*strategies, strategies[0]]):

@@ -11,8 +11,9 @@ from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.search.backtrack import BacktrackOptions, backtrack_fusion, cuts_of, strategy_of
+from ddlsim.search.backtrack import BacktrackOptions, backtrack_fusion
 from ddlsim.search.fusion_evaluator import FusionEvaluator
+from ddlsim.search.partitions import cuts_of, strategy_of
 from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.replay import comm_models_for_link
 

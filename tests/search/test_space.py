@@ -13,17 +13,16 @@ from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.plan import model_supports
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
-from ddlsim.search.backtrack import BacktrackOptions, backtrack_fusion
-from ddlsim.search.joint import backtrack_all
+from ddlsim.search.backtrack import BacktrackOptions, backtrack_all, backtrack_fusion
 from ddlsim.search.optuna_search import (
-    Space,
     StudyOptions,
     finished_trials,
     open_study,
     optimize,
-    result_from_study,
+    outcome_from_study,
 )
 from ddlsim.search.plans import candidate_plans, plan_label
+from ddlsim.search.space import Space
 from ddlsim.search.strategy_evaluator import Cluster, StrategyEvaluator
 from ddlsim.simulator.calibration import MIN_ERRORS, RISK_KINDS, Calibration, risk_kind
 from ddlsim.simulator.memory import GIB, peak_memory
@@ -159,19 +158,25 @@ def test_joint_backtracking_prunes_plans_over_capacity() -> None:
     graph, _ = _profiles(GPT2.with_inputs(batch_size=4))
     sizes = {p.name: p.nbytes for p in graph.params}
     order = list(graph.grad_ready_order)
+    space = Space(
+        plans=tuple(candidate_plans(GPT2, 2, model_supports)),
+        total_grad_mb=sum(sizes.values()) / 2**20,
+        blocks=tight.blocks,
+    )
     joint = backtrack_all(
         tight,
-        candidate_plans(GPT2, 2, model_supports),
+        space,
         order,
         [sizes[n] for n in order],
         BacktrackOptions(budget=120, time_limit_s=120),
     )
-    assert "ddp" in {label for label, _ in joint.pruned}
-    for strategy, _ in joint.result.top:
+    # DDP's plan is over the device's capacity: pruned, never priced
+    assert joint.pruned[f"predicted peak {ddp_gib:.2f} GiB over capacity"] >= 1
+    for strategy, _ in joint.top:
         assert tight.feasible(strategy)
-    assert tight.feasible(joint.result.best) or joint.result.best == Strategy()
-    assert joint.result.evaluations <= 120
-    curve = joint.result.curve
+    assert tight.feasible(joint.best) or joint.best == Strategy()
+    assert joint.evaluations <= 120
+    curve = joint.curve
     assert list(curve) == sorted(curve, reverse=True)
 
 
@@ -188,24 +193,18 @@ def test_nsga2_keeps_a_pareto_front_of_time_and_memory() -> None:
     (baseline_ms,) = evaluator.price([Strategy()])
     optimize(trials, evaluator, space, budget=40, deadline=start + 120)
     assert finished_trials(trials) == 40
-    result, pareto = result_from_study(
-        trials,
-        space,
-        baseline=Strategy(),
-        baseline_ms=baseline_ms,
-        start=start,
-        options=BacktrackOptions(),
+    result = outcome_from_study(
+        trials, space, baseline=Strategy(), baseline_ms=baseline_ms, start=start, top=5
     )
-    assert pareto, "a two-objective study has a front"
-    points = [(row["predicted_ms"], row["peak_memory_gib"]) for row in pareto]
+    assert result.pareto, "a two-objective study has a front"
+    points = [(point.scored_ms, point.peak_memory_gib) for point in result.pareto]
     for ms, gib in points:  # no point of the front dominates another
         assert not any(o[0] <= ms and o[1] <= gib and o != (ms, gib) for o in points)
     times = [ms for ms, _ in points]
     assert times == sorted(times)
     assert result.best_ms <= min(times) + 1e-9
-    for row in pareto:  # the front's strategies are what they say
-        strategy = Strategy.from_dict(row["strategy"])
-        assert evaluator.price([strategy]) == [pytest.approx(row["predicted_ms"])]
+    for point in result.pareto:  # the front's strategies are what they say
+        assert evaluator.price([point.strategy]) == [pytest.approx(point.scored_ms)]
 
 
 def test_space_strategies_round_trip_through_trial_parameters() -> None:

@@ -12,8 +12,9 @@ from ddlsim.data.zoo import ZOO
 from ddlsim.service import cmd_dataset
 from ddlsim.service.cli import main
 from ddlsim.simulator.calibration import RISK_KINDS, Calibration
+from ddlsim.simulator.cost_model import PREDICTORS
 from ddlsim.simulator.dataset import save_dataset
-from ddlsim.simulator.train import PREDICTORS, load_checkpoint
+from ddlsim.simulator.train import load_checkpoint
 from tests.simulator.synthetic import synthetic_dataset, with_truth
 
 

@@ -11,6 +11,7 @@ import torch
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.zoo import ZOO
+from ddlsim.simulator.cost_model import GnnCostModel, ReplayCostModel
 from ddlsim.simulator.dataset import Dataset
 from ddlsim.simulator.features import BUCKET_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
 from ddlsim.simulator.gnn import CostModelConfig
@@ -21,7 +22,6 @@ from ddlsim.simulator.train import (
     duration_error,
     fusion_error,
     load_checkpoint,
-    predict_samples,
     save_checkpoint,
     train_cost_model,
 )
@@ -68,8 +68,8 @@ def test_the_model_learns_what_the_replay_misses(synthetic: Dataset, tmp_path: P
         data, config=CostModelConfig(hidden=32, layers=2), options=TrainOptions(epochs=200)
     )
     measured = [float(s.measured_ms or 0) for s in data.samples]
-    replayed = predict_samples(model, data.graphs, data.samples, "replay")
-    learned = predict_samples(model, data.graphs, data.samples, "gnn")
+    replayed = ReplayCostModel().predict_samples(data.graphs, data.samples)
+    learned = GnnCostModel(network=model).predict_samples(data.graphs, data.samples)
 
     def mape(predicted: list[float]) -> float:
         return sum(abs(p - m) / m for p, m in zip(predicted, measured, strict=True)) / len(
@@ -88,7 +88,7 @@ def test_the_model_learns_what_the_replay_misses(synthetic: Dataset, tmp_path: P
     save_checkpoint(model, path, {"predictor": "gnn"})
     loaded, meta = load_checkpoint(path)
     assert meta == {"predictor": "gnn"}
-    again = predict_samples(loaded, data.graphs, data.samples, "gnn")
+    again = GnnCostModel(network=loaded, meta=meta).predict_samples(data.graphs, data.samples)
     assert again == pytest.approx(learned, rel=1e-5)
 
 

@@ -1,0 +1,85 @@
+"""The search space of one model on one cluster: which parallel plans, tensor-fusion choices and
+compiled blocks a search may pick from.
+
+Backtracking walks it through bucket partitions of the gradients (:mod:`search.backtrack`);
+the Optuna samplers draw a point of it as trial parameters (:meth:`Space.sample`) and read the
+strategy those stand for (:meth:`Space.strategy`): a parallel plan by its name, under a
+data-parallel plan a DDP-style bucket cap (log-uniform from 10 KB to all gradients in one
+bucket), the first bucket's cap as a share of it and DeAR on or off, and how many blocks of the
+model's stack are compiled (the first ``k``).
+"""
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.strategy import OpFusionPlan, ParallelPlan, Strategy, TensorFusionPlan
+from ddlsim.search.plans import plan_label
+from ddlsim.simulator.plans import is_data_parallel
+
+MIN_CAP_MB = 0.01
+"""The smallest bucket cap a sampler draws (MB)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Space:
+    """What a search chooses from: ``plans`` (the first is DDP's), the bucket caps up to all
+    ``total_grad_mb`` of gradients in one bucket, DeAR (when ``dear``), and the ``blocks`` whose
+    first ``k`` may be compiled (none: op fusion is not searched).
+
+    Raises:
+        InvalidOptionError: no plan.
+    """
+
+    plans: tuple[ParallelPlan, ...]
+    total_grad_mb: float
+    blocks: tuple[str, ...] = ()
+    dear: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.plans:
+            raise InvalidOptionError("the space has no parallel plan the model supports")
+
+    @property
+    def labels(self) -> dict[str, ParallelPlan]:
+        """The plans by :func:`search.plans.plan_label`."""
+        return {plan_label(p): p for p in self.plans}
+
+    def sample(self, trial: optuna.Trial) -> dict[str, Any]:
+        """Draw a trial's parameters (conditional on the plan)."""
+        params: dict[str, Any] = {}
+        labels = list(self.labels)
+        params["plan"] = (
+            trial.suggest_categorical("plan", labels) if len(labels) > 1 else labels[0]
+        )
+        if is_data_parallel(self.labels[params["plan"]]):
+            top = max(self.total_grad_mb, MIN_CAP_MB * 2)
+            params["log_cap_mb"] = trial.suggest_float(
+                "log_cap_mb", math.log(MIN_CAP_MB), math.log(top)
+            )
+            params["first_share"] = trial.suggest_float("first_share", 0.05, 1.0)
+            if self.dear:
+                params["dear"] = trial.suggest_categorical("dear", [False, True])
+        if self.blocks:
+            params["compiled_blocks"] = trial.suggest_int("compiled_blocks", 0, len(self.blocks))
+        return params
+
+    def strategy(self, params: Mapping[str, Any]) -> Strategy:
+        """The strategy a trial's parameters stand for."""
+        plan = self.labels[str(params.get("plan", plan_label(self.plans[0])))]
+        fusion = TensorFusionPlan()
+        if "log_cap_mb" in params:
+            cap = math.exp(float(params["log_cap_mb"]))
+            fusion = TensorFusionPlan(
+                bucket_cap_mb=cap,
+                first_bucket_cap_mb=cap * float(params["first_share"]),
+                dear=bool(params.get("dear", False)),
+            )
+        compiled = self.blocks[: int(params.get("compiled_blocks", 0))]
+        return Strategy(
+            parallel=plan, tensor_fusion=fusion, op_fusion=OpFusionPlan(compiled=compiled)
+        )
