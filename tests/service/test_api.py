@@ -18,9 +18,11 @@ from fastapi.testclient import TestClient
 
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import ZOO
+from ddlsim.executor.run import RunOptions
 from ddlsim.service import worker as worker_module
 from ddlsim.service.api import Settings, create_app
 from ddlsim.service.worker import Worker
+from ddlsim.workflows.requests import ExecuteRequest, SearchRequest
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -165,7 +167,8 @@ def test_a_strategy_request_runs_to_a_result(client: TestClient, db: str) -> Non
         bad = client.post("/v1/strategy-requests", json={**body, **settle}, headers=AUTH)
         assert bad.status_code == 422 and bad.json()["field"] == "body.verify_top", bad.text
         if settle["verify_top"] < 16:  # 16 is over the field's own limit (15)
-            assert f"verify_top({settle['verify_top']}) > 1 needs verify" in bad.text
+            # the search request's own check (workflows.requests), naming the value
+            assert bad.json()["error"].startswith(f"verify_top({settle['verify_top']})")
     task = client.post("/v1/strategy-requests", json=body, headers=AUTH).json()
     assert task["kind"] == "search" and task["status"] == "queued"
     assert _work(db) == 1
@@ -181,6 +184,24 @@ def test_a_strategy_request_runs_to_a_result(client: TestClient, db: str) -> Non
     metrics = client.get("/metrics").text
     assert 'ddlsim_tasks{kind="search",status="done"} 1.0' in metrics
     assert "ddlsim_http_requests_total" in metrics
+
+
+def test_jobs_are_queued_as_the_use_cases_requests(client: TestClient) -> None:
+    search = client.post("/v1/strategy-requests", json=MLP, headers=AUTH).json()["request"]
+    spec = ZOO["mlp"].with_inputs(batch_size=16)
+    # the CLI's defaults: an unshaped link, a minute, verifying runs of 6 steps
+    assert search == SearchRequest(model=spec, world_size=2).to_json()
+    assert search["bandwidth"] is None and search["time_limit"] == 60.0
+    execution = client.post("/v1/executions", json=MLP, headers=AUTH).json()["request"]
+    assert execution == ExecuteRequest(model=spec, options=RunOptions(trace=True)).to_json()
+    assert (execution["world_size"], execution["iters"], execution["bandwidth"]) == (1, 10, None)
+    # the requests' own checks answer 422 naming the field
+    for path, body, field in (
+        ("/v1/executions", {**MLP, "seed": -1}, "body.seed"),
+        ("/v1/strategy-requests", {**MLP, "verify_top": 2}, "body.verify_top"),
+    ):
+        refused = client.post(path, json=body, headers=AUTH)
+        assert refused.status_code == 422 and refused.json()["field"] == field, refused.text
 
 
 def test_an_execution_is_measured_and_predicted(client: TestClient, db: str) -> None:

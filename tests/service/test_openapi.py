@@ -37,3 +37,24 @@ def test_no_request_gets_a_server_error(tmp_path: Path) -> None:
             )
 
         no_server_error()
+
+
+def test_every_v1_operation_has_a_response_schema(tmp_path: Path) -> None:
+    """Each ``/v1`` operation's success answers a named model with typed fields, not an
+    untyped object."""
+    app = create_app(Settings(db=f"sqlite:///{tmp_path / 'api.db'}", token=TOKEN))
+    spec = app.openapi()
+    components = spec["components"]["schemas"]
+    described = []
+    for path, operations in spec["paths"].items():
+        if not path.startswith("/v1/"):
+            continue
+        for method, operation in operations.items():
+            where = f"{method.upper()} {path}"
+            (success,) = [code for code in operation["responses"] if code.startswith("2")]
+            schema = operation["responses"][success]["content"]["application/json"]["schema"]
+            assert "$ref" in schema, (where, schema)
+            model = components[schema["$ref"].removeprefix("#/components/schemas/")]
+            assert model["type"] == "object" and model["properties"], where
+            described.append(where)
+    assert len(described) >= 19, described

@@ -1,0 +1,165 @@
+"""What the API is sent: request bodies, checked before a route runs.
+
+Their defaults are the use cases' (:mod:`ddlsim.workflows.requests`), the same as the command
+line's; where the API's range forbids one (a prediction or a search on one rank), the API keeps
+its own and a test lists the exception.
+"""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ddlsim.executor.run import MAX_SIDE_BY_SIDE, RunOptions
+from ddlsim.workflows.requests import SEARCH_MEASURE, PredictRequest, SearchRequest, defaults
+
+_PREDICT = defaults(PredictRequest)
+_SEARCH = defaults(SearchRequest)
+_RUN = defaults(RunOptions)
+MIN_WORLD_SIZE = 2
+"""Predictions and searches are of several ranks (a search splits work between them)."""
+
+ModelRef = Annotated[
+    str | dict[str, Any],
+    Field(description="a zoo or registered model's name, or a model spec object"),
+]
+PositiveInt = Annotated[int, Field(ge=1, le=1 << 20)]
+Bandwidth = Annotated[
+    str | None,
+    Field(max_length=32, description="link rate per host (1gbit, 100mbit, none); null: unshaped"),
+]
+
+# The measurement protocol's settings (executor.protocol), as the command line takes them.
+CiTarget = Annotated[
+    float,
+    Field(
+        gt=0,
+        lt=1,
+        description="measure until the median's 95 % interval is within +- this fraction of it",
+    ),
+]
+MeasureBudget = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=3600,
+        description="seconds a strategy may measure beyond its minimum steps (0: the minimums)",
+    ),
+]
+
+
+class Body(BaseModel):
+    """A request body: unknown fields and non-finite numbers are refused."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class Inputs(Body):
+    """A model and the inputs it trains on (the model's own when left out)."""
+
+    model: ModelRef
+    batch_size: PositiveInt | None = None
+    seq_len: PositiveInt | None = None
+    image_size: PositiveInt | None = None
+
+
+INPUT_FIELDS = frozenset(Inputs.model_fields)
+
+
+class ModelRegistration(Body):
+    """``POST /v1/models``: a spec to register under its name."""
+
+    spec: dict[str, Any] = Field(description="a model spec: source, class, config, inputs, name")
+
+
+class GraphRequest(Inputs):
+    """``POST /v1/graphs``: capture a rank's graph under a strategy."""
+
+    strategy: dict[str, Any] | None = None
+    world_size: Annotated[int, Field(ge=1, le=4096)] = 1
+
+
+class PredictionRequest(Inputs):
+    """``POST /v1/predictions``: a strategy's predicted iteration time (DDP's defaults when
+    ``strategy`` is left out)."""
+
+    strategy: dict[str, Any] | None = None
+    world_size: Annotated[int, Field(ge=MIN_WORLD_SIZE, le=4096)] = MIN_WORLD_SIZE
+    bandwidth: Bandwidth = _PREDICT["bandwidth"]
+
+
+class StrategyRequest(Inputs):
+    """``POST /v1/strategy-requests``: a search, queued (:class:`SearchRequest`)."""
+
+    world_size: Annotated[int, Field(ge=MIN_WORLD_SIZE, le=4096)] = MIN_WORLD_SIZE
+    bandwidth: Bandwidth = _SEARCH["bandwidth"]
+    algo: Literal["backtrack", "tpe", "cmaes", "nsga2", "random"] = _SEARCH["algo"]
+    space: Literal["all", "fusion"] = _SEARCH["space"]
+    budget: Annotated[int, Field(ge=1, le=1_000_000)] = _SEARCH["budget"]
+    time_limit: Annotated[float, Field(gt=0, le=86_400, description="seconds")] = _SEARCH[
+        "time_limit_s"
+    ]
+    memory_gb: Annotated[float, Field(gt=0, le=1 << 20)] | None = _SEARCH["memory_gb"]
+    top: Annotated[int, Field(ge=1, le=100)] = _SEARCH["top"]
+    confidence: Annotated[
+        float | None,
+        Field(
+            ge=0.5,
+            le=0.99,
+            description="the quantile of each kind's held-out speed-up errors strategies are "
+            "scored at; null ranks by the predicted time alone",
+        ),
+    ] = _SEARCH["confidence"]
+    seed: int = _SEARCH["seed"]
+    verify: bool = _SEARCH["verify"]
+    iters: Annotated[int, Field(ge=1, le=1000)] = SEARCH_MEASURE.iters
+    warmup: Annotated[int, Field(ge=1, le=100)] = SEARCH_MEASURE.warmup
+    ci_target: CiTarget = SEARCH_MEASURE.ci_target
+    measure_budget_s: MeasureBudget = SEARCH_MEASURE.budget_s
+    verify_rounds: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=100,
+            description="verify: the strategies run side by side, taking turns of iters steps "
+            "this many times each",
+        ),
+    ] = _SEARCH["verify_rounds"]
+    verify_top: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=MAX_SIDE_BY_SIDE - 1,
+            description="verify: also run the next candidates of top, up to this many in all, "
+            "and keep the measured fastest of them and DDP's defaults (1: verify the pick only)",
+        ),
+    ] = _SEARCH["verify_top"]
+
+
+class ProfilingRun(Body):
+    """``POST /v1/profiling-runs``: a profiling batch, queued (jobs, and products of options
+    expanded into jobs)."""
+
+    jobs: list[dict[str, Any]] = Field(default_factory=list, max_length=10_000)
+    product: list[dict[str, Any]] = Field(default_factory=list, max_length=1000)
+
+
+class ExecutionRequest(Inputs):
+    """``POST /v1/executions``: a strategy run for real and predicted beside it, queued
+    (:class:`~ddlsim.workflows.requests.ExecuteRequest`)."""
+
+    strategy: dict[str, Any] | None = None
+    world_size: Annotated[int, Field(ge=1, le=64)] = _RUN["world_size"]
+    bandwidth: Annotated[
+        str | None,
+        Field(
+            max_length=32,
+            description="run on an emulated cluster with this link rate per host (1gbit, "
+            "100mbit, none); null: the ranks share loopback",
+        ),
+    ] = _RUN["bandwidth"]
+    iters: Annotated[int, Field(ge=1, le=1000)] = _RUN["iters"]
+    warmup: Annotated[int, Field(ge=0, le=100)] = _RUN["warmup"]
+    ci_target: CiTarget = _RUN["ci_target"]
+    measure_budget_s: MeasureBudget = _RUN["budget_s"]
+    seed: int = _RUN["seed"]
+    trace: bool = Field(True, description="profile one more step on rank 0, for the dashboard")
