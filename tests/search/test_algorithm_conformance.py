@@ -8,8 +8,9 @@ bucket, 10 ms more for each bucket fewer, 50 ms more off DDP's plan, 1 ms less f
 block; FSDP's plan does not fit the device. A live run (autotune's) measures the same price.
 """
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -17,6 +18,7 @@ from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.search import (
     ALGORITHMS,
+    STUDY_ALGORITHMS,
     SearchBudget,
     SearchOutcome,
     SearchProblem,
@@ -24,6 +26,7 @@ from ddlsim.search import (
     search_algorithm,
 )
 from ddlsim.search.algorithm import Progress
+from ddlsim.search.optuna_search import OptunaSearch, SharedStudy
 from ddlsim.simulator.memory import GIB, MemoryEstimate
 
 MB = 2**20
@@ -174,6 +177,40 @@ def test_is_deterministic_under_a_seed(name: str) -> None:
         assert outcome.evaluations <= 25
     assert (again.best, again.best_ms, again.top) == (first.best, first.best_ms, first.top)
     assert (again.curve, again.evaluations) == (first.curve, first.evaluations)
+
+
+@pytest.mark.parametrize("name", STUDY_ALGORITHMS)
+def test_extra_workers_join_the_study_and_count(name: str) -> None:
+    problem, _ = _problem(fusion_only=False)
+    shared: list[SharedStudy] = []
+    helped: list[FakeEvaluator] = []
+
+    def build() -> SearchProblem:
+        joined, fake = _problem(fusion_only=False)
+        helped.append(fake)
+        return joined
+
+    @contextlib.contextmanager
+    def helpers(study: SharedStudy) -> Iterator[None]:
+        # A process would run beside the search; here it runs the study to its target first.
+        shared.append(study)
+        worker = search_algorithm(name)
+        assert isinstance(worker, OptunaSearch)
+        worker.work(study, build, worker=1)
+        yield
+
+    algorithm = search_algorithm(name, helpers=helpers)
+    outcome = algorithm.search(problem, SearchBudget(evaluations=20, time_limit_s=60))
+    (study,) = shared
+    assert study.sampler == name and study.target_trials == 20
+    assert study.storage.startswith("journal://")  # no storage given: a temporary journal
+    (fake,) = helped
+    # the worker's trials are the search's: the budget counts them, the outcome holds them
+    assert 0 < fake.evaluations <= 20 and fake.evaluations <= outcome.evaluations <= 21
+    other = search_algorithm("cmaes" if name != "cmaes" else "tpe")
+    assert isinstance(other, OptunaSearch)
+    with pytest.raises(InvalidOptionError, match="cannot join"):
+        other.work(study, build, worker=2)
 
 
 def test_each_registered_algorithm_answers_to_its_name() -> None:
