@@ -2,11 +2,11 @@
 
 A trial draws a point of the :class:`search.space.Space` (a plan by name; under a data-parallel
 plan a bucket cap, the first bucket's share of it and DeAR; how many blocks are compiled). The
-objective is the simulator's price; NSGA-II
-minimises the price and the predicted peak memory per device together and keeps their Pareto
-front. A plan whose predicted peak exceeds the device's capacity, or that the simulator cannot
-schedule, is pruned (``TrialPruned``), never scored. CMA-ES adapts a Gaussian over the
-continuous parameters (the categorical ones are drawn independently).
+objective is the simulator's price; NSGA-II minimises the price and the predicted peak memory
+per device together and keeps their Pareto front. A plan whose predicted peak exceeds the
+device's capacity, or that the simulator cannot schedule, is pruned (``TrialPruned``), never
+scored. CMA-ES adapts a Gaussian over the continuous parameters (the categorical ones are drawn
+independently).
 
 The study lives in ``storage`` when one is given, in memory otherwise: an RDB URL (SQLite or
 PostgreSQL), or ``journal:///PATH``, Optuna's append-only journal file, which several processes
