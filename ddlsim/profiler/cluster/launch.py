@@ -1,8 +1,8 @@
 """Launching ranks on an emulated cluster: one ``torchrun`` per host, under its namespace.
 
-Ranks start as one ``torchrun`` per host (``--nnodes N --node-rank i``) under ``ip netns exec``,
-each in its own session so it can be stopped as a process group; gloo and NCCL are bound to the
-host's interface and the rendezvous is rank 0's address.
+Ranks start as one ``torchrun`` per host (``--nnodes N --node-rank i``, :mod:`.torchrun`) under
+``ip netns exec``, each in its own session so it can be stopped as a process group; gloo and
+NCCL are bound to the host's interface and the rendezvous is rank 0's address.
 
 Where namespaces cannot be made (not root, no ``ip``, ``ip netns add`` refused) the cluster falls
 back to plain loopback (127.0.0.1, no shaping) with one ``LoopbackFallbackWarning``; every
