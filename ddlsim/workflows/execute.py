@@ -8,7 +8,6 @@ from ddlsim.data.store import (
     Store,
     add_graph,
     add_measurement,
-    add_prediction,
     add_strategy,
     strategy_hash,
 )
@@ -16,7 +15,7 @@ from ddlsim.executor.run import RunResult, run_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.predict import Prediction
-from ddlsim.workflows.predict import predict_on_store
+from ddlsim.workflows.predict import predict_on_store, store_prediction
 from ddlsim.workflows.profiles import normalized_bandwidth
 from ddlsim.workflows.requests import ExecuteRequest, Progress, no_progress
 
@@ -63,16 +62,12 @@ def execute(request: ExecuteRequest, store: Store, progress: Progress = no_progr
         cost_model=load_cost_model(request.simulator),
         progress=progress,
     )
-    with store.transaction() as session:
-        add_graph(session, graph=prediction.graph)
-        add_strategy(session, strategy=request.strategy)
-        prediction_id = add_prediction(session, prediction=prediction.record())
     return Executed(
         result=result,
         measurement_id=measurement_id,
         store_url=store.url,
         prediction=prediction,
-        prediction_id=prediction_id,
+        prediction_id=store_prediction(store, prediction, request.strategy),
     )
 
 

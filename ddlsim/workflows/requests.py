@@ -288,12 +288,10 @@ class ValidateRequest:
 
 
 def _measure_json(measure: MeasureSettings) -> dict[str, Any]:
-    return {
-        "iters": measure.iters,
-        "warmup": measure.warmup,
-        "ci_target": measure.ci_target,
-        "measure_budget_s": measure.budget_s,
-    }
+    """The protocol's settings under the REST API's names."""
+    named = measure.run_options()
+    named["measure_budget_s"] = named.pop("budget_s")
+    return named
 
 
 def _measure_of(given: dict[str, Any], default: MeasureSettings) -> MeasureSettings:
