@@ -1,5 +1,8 @@
 """What every parallel plan's trainer gets (``RankContext``) and must provide (``Trainer``).
 
+``SynchronousTrainer`` is the base of the trainers whose ``step`` leaves nothing in flight, and
+``average_over_group`` the gradient average that the trainers which average by hand share.
+
 Ranks are laid out as torchtitan lays them out: ``rank = (pp_rank * dp + dp_rank) * tp +
 tp_rank``, tensor parallelism innermost (its ranks are neighbours), pipeline stages outermost.
 Every rank builds the same model from the same seed and the same global batch; a trainer takes
@@ -8,11 +11,13 @@ training on the whole batch.
 """
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.models import build_model, training_loss
@@ -44,6 +49,52 @@ class RankContext:
     optimizer: str = "adamw"
     dropout: bool = False
     frozen: tuple[str, ...] = ()
+
+    @classmethod
+    def for_plan(
+        cls,
+        *,
+        rank: int,
+        world_size: int,
+        spec: ModelSpec,
+        strategy: Strategy,
+        seed: int,
+        device: torch.device,
+        global_batch: Mapping[str, torch.Tensor],
+        distributed: bool,
+        **options: Any,
+    ) -> "RankContext":
+        """Rank ``rank``'s context under ``strategy``'s parallel plan on ``world_size`` ranks.
+
+        ``dp`` is resolved from the world size, ``tp`` and ``pp`` are the plan's. With
+        ``distributed`` (a process group is initialised) the mesh is the plan's ``(pp, dp, tp)``
+        mesh on ``device``'s type, else ``None``. ``options`` are the remaining fields
+        (``optimizer``, ``dropout``, ``frozen``).
+
+        Raises:
+            InvalidStrategyError: when ``dp * tp * pp != world_size``.
+        """
+        plan = strategy.parallel
+        dp = plan.resolve_dp(world_size)
+        mesh = None
+        if distributed:
+            mesh = init_device_mesh(
+                device.type, (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp")
+            )
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            dp=dp,
+            tp=plan.tp,
+            pp=plan.pp,
+            spec=spec,
+            strategy=strategy,
+            seed=seed,
+            device=device,
+            global_batch=global_batch,
+            mesh=mesh,
+            **options,
+        )
 
     @property
     def tp_rank(self) -> int:
@@ -110,6 +161,39 @@ class Trainer(Protocol):
     def finish(self) -> None: ...
 
     def applied(self) -> dict[str, Any]: ...
+
+
+class SynchronousTrainer:
+    """A ``Trainer`` whose ``step`` completes all of its communication before it returns.
+
+    Such a trainer has no work to drain and holds nothing to release: ``drain`` and ``finish``
+    do nothing. Subclasses provide ``step`` and ``applied``.
+    """
+
+    def drain(self) -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+
+@torch.no_grad()
+def average_over_group(grads: Sequence[torch.Tensor], group: Any, size: int) -> None:
+    """Replace every tensor in ``grads`` by its mean over the ``size`` ranks of ``group``.
+
+    One all-reduce over a flat copy (so the collective count does not grow with the number of
+    tensors); the mean is written back in place. Every rank of ``group`` must pass tensors of
+    the same shapes in the same order. Nothing is communicated when ``grads`` is empty.
+    """
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat.div_(size)
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
 
 
 OPTIMIZERS = ("adamw", "sgd")

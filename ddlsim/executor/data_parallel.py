@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlsim.data.specs.strategy import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_CAP_MB, Bucket
-from ddlsim.executor.context import RankContext, local_loss, split_batch
+from ddlsim.executor.context import RankContext, SynchronousTrainer, local_loss, split_batch
 from ddlsim.executor.ring import (
     CommThread,
     default_implementation,
@@ -39,7 +39,7 @@ def _micro_batches(ctx: RankContext) -> list[dict[str, torch.Tensor]]:
     return split_batch(ctx.dp_slice(), ctx.strategy.parallel.micro_batches)
 
 
-class DDPTrainer:
+class DDPTrainer(SynchronousTrainer):
     """``DistributedDataParallel`` with the strategy's bucket caps (the reference)."""
 
     def __init__(self, ctx: RankContext, model: nn.Module) -> None:
@@ -94,12 +94,6 @@ class DDPTrainer:
         self.optimizer.step()
         self.launched = self._recording
         return total / self.ctx.dp
-
-    def drain(self) -> None:
-        return None
-
-    def finish(self) -> None:
-        return None
 
     def applied(self) -> dict[str, Any]:
         return {

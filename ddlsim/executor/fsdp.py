@@ -15,7 +15,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.stages import default_groups
-from ddlsim.executor.context import RankContext, local_loss, split_batch
+from ddlsim.executor.context import RankContext, SynchronousTrainer, local_loss, split_batch
 
 
 def check_groups(model: nn.Module, groups: list[list[str]]) -> None:
@@ -39,7 +39,7 @@ def check_groups(model: nn.Module, groups: list[list[str]]) -> None:
             seen.add(path)
 
 
-class FSDPTrainer:
+class FSDPTrainer(SynchronousTrainer):
     """``fully_shard`` per group, then the root, over ``ctx.mesh["dp"]``."""
 
     def __init__(self, ctx: RankContext, model: nn.Module) -> None:
@@ -73,12 +73,6 @@ class FSDPTrainer:
             total += loss.detach()
         self.optimizer.step()
         return total / self.ctx.dp
-
-    def drain(self) -> None:
-        return None
-
-    def finish(self) -> None:
-        return None
 
     def applied(self) -> dict[str, Any]:
         return {

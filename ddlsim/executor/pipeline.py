@@ -47,7 +47,13 @@ from ddlsim.data.models import build_model
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan
 from ddlsim.data.stages import BlockStack, balanced_cuts, block_stack, stage_count
-from ddlsim.executor.context import RankContext, local_loss, split_batch
+from ddlsim.executor.context import (
+    RankContext,
+    SynchronousTrainer,
+    average_over_group,
+    local_loss,
+    split_batch,
+)
 
 # Module classes known to pass more than the hidden state between blocks; refused.
 _UNSUPPORTED_MODEL_TYPES = {"t5": "its blocks pass the relative position bias along the stack"}
@@ -241,7 +247,7 @@ def _probe(
     return flops, outputs
 
 
-class PipelineTrainer:
+class PipelineTrainer(SynchronousTrainer):
     """This rank's stages of the pipeline, run by the plan's schedule.
 
     ``step`` returns, on the last stage, the mean micro-batch loss divided by ``dp``, and zero
@@ -378,24 +384,9 @@ class PipelineTrainer:
             param.grad = flat[offset : offset + grad.numel()].view_as(grad).clone()
             offset += grad.numel()
 
-    @torch.no_grad()
     def _average_gradients_over_dp(self) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        flat.div_(self.ctx.dp)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
-
-    def drain(self) -> None:
-        return None
-
-    def finish(self) -> None:
-        return None
+        average_over_group(grads, self.dp_group, self.ctx.dp)
 
     def applied(self) -> dict[str, Any]:
         collectives = ["send/recv:pp"]

@@ -53,29 +53,17 @@ def _context(
     device: torch.device,
 ) -> RankContext:
     spec = ModelSpec.from_dict(config["spec"])
-    plan = strategy.parallel
-    dp = plan.resolve_dp(world_size)
-    mesh = None
-    if world_size > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(
-            device.type, (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp")
-        )
     with torch.device("meta"):
         shape_model = build_model(spec)
-    return RankContext(
+    return RankContext.for_plan(
         rank=rank,
         world_size=world_size,
-        dp=dp,
-        tp=plan.tp,
-        pp=plan.pp,
         spec=spec,
         strategy=strategy,
         seed=int(config["seed"]),
         device=device,
         global_batch=make_batch(spec, shape_model, seed=int(config["seed"]), device=device),
-        mesh=mesh,
+        distributed=world_size > 1,
         optimizer=str(config["optimizer"]),
         dropout=bool(config["dropout"]),
         frozen=tuple(config.get("frozen", ())),

@@ -39,6 +39,8 @@ from ddlsim.profiler.capture import CaptureOptions, Optimizer, capture_graph
 from ddlsim.profiler.cluster import MAX_WORLD_SIZE, EmulatedCluster, LoopbackFallbackWarning
 
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
+# The measurement protocol's defaults have one home: the stopping rule's.
+_PROTOCOL_DEFAULTS = StoppingRule()
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
@@ -63,12 +65,12 @@ class RunOptions:
     bandwidth: str | None = None
     device: str = "cpu"
     backend: str | None = None
-    iters: int = 10
-    warmup: int = 2
-    max_warmup: int = 50
-    max_iters: int = 2000
-    ci_target: float = 0.01
-    budget_s: float = 30.0
+    iters: int = _PROTOCOL_DEFAULTS.min_samples
+    warmup: int = _PROTOCOL_DEFAULTS.warmup
+    max_warmup: int = _PROTOCOL_DEFAULTS.max_warmup
+    max_iters: int = _PROTOCOL_DEFAULTS.max_iters
+    ci_target: float = _PROTOCOL_DEFAULTS.ci_target
+    budget_s: float = _PROTOCOL_DEFAULTS.budget_s
     pin: bool = True
     seed: int = 0
     optimizer: str = "adamw"

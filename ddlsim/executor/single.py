@@ -5,10 +5,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddlsim.executor.context import RankContext, local_loss, split_batch
+from ddlsim.executor.context import RankContext, SynchronousTrainer, local_loss, split_batch
 
 
-class SingleTrainer:
+class SingleTrainer(SynchronousTrainer):
     """One process, no communication; micro-batches accumulate gradients."""
 
     def __init__(self, ctx: RankContext, model: nn.Module) -> None:
@@ -26,12 +26,6 @@ class SingleTrainer:
             total += loss.detach()
         self.optimizer.step()
         return total
-
-    def drain(self) -> None:
-        return None
-
-    def finish(self) -> None:
-        return None
 
     def applied(self) -> dict[str, Any]:
         return {"plan": "single", "buckets": [], "collectives": []}

@@ -30,7 +30,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import (
@@ -48,7 +47,13 @@ from ddlsim.data.tp_plans import (
     matches,
     tp_family,
 )
-from ddlsim.executor.context import RankContext, local_loss, split_batch
+from ddlsim.executor.context import (
+    RankContext,
+    SynchronousTrainer,
+    average_over_group,
+    local_loss,
+    split_batch,
+)
 
 # Attributes of attention modules that count heads or widths derived from the head count; each is
 # divided by ``tp`` so that the module computes with its local heads.
@@ -180,7 +185,7 @@ def apply_tensor_parallel(
     return styles
 
 
-class TensorParallelTrainer:
+class TensorParallelTrainer(SynchronousTrainer):
     """The model split over ``ctx.mesh["tp"]``, replicated over ``ctx.mesh["dp"]``.
 
     Each rank trains on its data-parallel share of the global batch in
@@ -212,7 +217,6 @@ class TensorParallelTrainer:
         self.optimizer.step()
         return total / (self.ctx.dp * self.ctx.tp)
 
-    @torch.no_grad()
     def _average_gradients_over_dp(self) -> None:
         """Average every gradient's local shard over the data-parallel group (one all-reduce)."""
         # ``to_local`` aliases the DTensor's storage, so writing the average back updates it.
@@ -221,19 +225,7 @@ class TensorParallelTrainer:
             for p in self.model.parameters()
             if p.grad is not None
         ]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        flat.div_(self.ctx.dp)
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
-
-    def drain(self) -> None:
-        return None
-
-    def finish(self) -> None:
-        return None
+        average_over_group(grads, self.dp_group, self.ctx.dp)
 
     def applied(self) -> dict[str, Any]:
         return {

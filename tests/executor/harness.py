@@ -1,6 +1,7 @@
 """Run a function on N gloo ranks in separate processes, for trainer tests without torchrun."""
 
 import dataclasses
+import functools
 import os
 import queue
 import sys
@@ -13,7 +14,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.distributed.device_mesh import init_device_mesh
 
 from ddlsim.data.models import build_model, make_batch
 from ddlsim.data.specs.model import ModelSpec
@@ -21,6 +21,7 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.executor.context import RankContext, disable_dropout, local_loss, make_optimizer
 
 RankFn = Callable[[RankContext], Any]
+STEPS = 5  # iterations a trainer test runs and compares with single-process training
 
 
 def _rank_main(  # noqa: PLR0917 (multiprocessing passes positional arguments)
@@ -57,24 +58,15 @@ def make_context(
     rank: int, world_size: int, spec: ModelSpec, strategy: Strategy, seed: int
 ) -> RankContext:
     """The context a rank of the executor gets (mesh only when a process group exists)."""
-    plan = strategy.parallel
-    dp = plan.resolve_dp(world_size)
-    mesh = None
-    if dist.is_initialized():
-        mesh = init_device_mesh("cpu", (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
-    batch = make_batch(spec, build_model(spec, seed=seed), seed=seed)
-    return RankContext(
+    return RankContext.for_plan(
         rank=rank,
         world_size=world_size,
-        dp=dp,
-        tp=plan.tp,
-        pp=plan.pp,
         spec=spec,
         strategy=strategy,
         seed=seed,
         device=torch.device("cpu"),
-        global_batch=batch,
-        mesh=mesh,
+        global_batch=make_batch(spec, build_model(spec, seed=seed), seed=seed),
+        distributed=dist.is_initialized(),
     )
 
 
@@ -147,6 +139,14 @@ def train_steps(ctx: RankContext, build: Callable[[RankContext], Any], steps: in
     return Losses(losses=[float(x) for x in stacked], applied=trainer.applied())
 
 
+def run_trainer(
+    world_size: int, build: Callable[[RankContext], Any], spec: ModelSpec, strategy: Strategy
+) -> list[Losses]:
+    """``STEPS`` iterations of the trainer ``build(ctx)`` on every rank (``build`` picklable)."""
+    train = functools.partial(train_steps, build=build, steps=STEPS)
+    return run_ranks(world_size, train, spec, strategy)
+
+
 def reference_losses(spec: ModelSpec, steps: int, seed: int = 0) -> list[float]:
     """Single-process training on the whole global batch: the losses every plan must match."""
     torch.manual_seed(seed)
@@ -168,3 +168,10 @@ def assert_losses_match(got: Sequence[float], want: Sequence[float], rtol: float
     assert len(got) == len(want)
     for step, (g, w) in enumerate(zip(got, want, strict=True)):
         assert abs(g - w) <= rtol * abs(w), f"step {step}: {g} != {w} (rtol {rtol})"
+
+
+def assert_matches_reference(results: Sequence[Losses], spec: ModelSpec) -> None:
+    """Each result's losses are single-process training's on ``spec`` for ``STEPS`` steps."""
+    want = reference_losses(spec, STEPS)
+    for result in results:
+        assert_losses_match(result.losses, want)

@@ -8,29 +8,17 @@ import pytest
 
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
-from ddlsim.executor.context import RankContext
 from ddlsim.executor.plan import build_trainer, check_strategy
 from ddlsim.profiler.capture import capture_graph
-from tests.executor.harness import (
-    Losses,
-    assert_losses_match,
-    reference_losses,
-    run_ranks,
-    train_steps,
-)
+from tests.executor.harness import Losses, assert_matches_reference, run_trainer
 
-STEPS = 5
 MLP = ZOO["mlp"].with_inputs(batch_size=16)
 GPT2 = ZOO["gpt2-tiny"].with_inputs(batch_size=4, seq_len=16)
 
 
-def _train(ctx: RankContext, buckets: list) -> Losses:
-    return train_steps(ctx, functools.partial(build_trainer, buckets=buckets), STEPS)
-
-
 def _run(spec, strategy: Strategy) -> tuple[list[Losses], list]:  # type: ignore[no-untyped-def]
     buckets = check_strategy(spec, strategy, 2, capture_graph(spec))
-    results = run_ranks(2, functools.partial(_train, buckets=buckets), spec, strategy)
+    results = run_trainer(2, functools.partial(build_trainer, buckets=buckets), spec, strategy)
     return results, buckets
 
 
@@ -50,9 +38,7 @@ STRATEGIES: dict[str, dict[str, Any]] = {
 def test_losses_match_single_process(name: str) -> None:
     strategy = Strategy.from_dict(STRATEGIES[name])
     results, buckets = _run(MLP, strategy)
-    want = reference_losses(MLP, STEPS)
-    for rank_result in results:
-        assert_losses_match(rank_result.losses, want)
+    assert_matches_reference(results, MLP)
     applied = results[0].applied
     if not strategy.tensor_fusion.uses_ddp:
         # The buckets that launched are the ones asked for, in the order asked.
@@ -72,7 +58,7 @@ def test_any_grouping_of_gpt2_gradients() -> None:
     groups = [first] + [rest[i : i + 2] for i in range(0, len(rest), 2)]
     strategy = Strategy.from_dict({"tensor_fusion": {"buckets": groups}})
     results, buckets = _run(GPT2, strategy)
-    assert_losses_match(results[0].losses, reference_losses(GPT2, STEPS))
+    assert_matches_reference(results[:1], GPT2)
     launched = [b["params"] for b in results[0].applied["buckets"]]
     assert sorted(map(tuple, launched)) == sorted(tuple(b.params) for b in buckets)
     assert len(launched) == len(groups)
@@ -81,7 +67,7 @@ def test_any_grouping_of_gpt2_gradients() -> None:
 def test_dear_on_gpt2() -> None:
     strategy = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 0.5, "dear": True}})
     results, _ = _run(GPT2, strategy)
-    assert_losses_match(results[1].losses, reference_losses(GPT2, STEPS))
+    assert_matches_reference(results[1:2], GPT2)
     assert results[0].applied["collectives"] == ["reduce_scatter:ring", "all_gather:ring"]
 
 
@@ -99,7 +85,7 @@ def test_dear_on_gpt2() -> None:
 def test_fsdp_matches_single_process(parallel: dict) -> None:
     strategy = Strategy.from_dict({"parallel": parallel})
     results, _ = _run(GPT2, strategy)
-    assert_losses_match(results[0].losses, reference_losses(GPT2, STEPS))
+    assert_matches_reference(results[:1], GPT2)
     applied = results[0].applied
     assert applied["plan"] == "fsdp"
     want = parallel.get("fsdp_groups") or [[f"transformer.h.{i}"] for i in range(2)]

@@ -16,15 +16,8 @@ from ddlsim.executor.pipeline import PipelineTrainer, check_pipeline
 from ddlsim.executor.plan import check_strategy
 from ddlsim.executor.run import RunOptions, run_training
 from ddlsim.profiler.capture import capture_graph
-from tests.executor.harness import (
-    Losses,
-    assert_losses_match,
-    reference_losses,
-    run_ranks,
-    train_steps,
-)
+from tests.executor.harness import Losses, assert_matches_reference, run_trainer
 
-STEPS = 5
 SPECS: dict[str, ModelSpec] = {
     name: ZOO[name].with_inputs(batch_size=4, seq_len=16)
     for name in ("gpt2-tiny", "bert-tiny", "llama-tiny")
@@ -39,12 +32,8 @@ def _build(ctx: RankContext) -> PipelineTrainer:
     return PipelineTrainer(ctx, ctx.build_model())
 
 
-def _train(ctx: RankContext) -> Losses:
-    return train_steps(ctx, _build, STEPS)
-
-
 def _run(spec: ModelSpec, world_size: int, parallel: dict) -> list[Losses]:
-    return run_ranks(world_size, _train, spec, Strategy.from_dict({"parallel": parallel}))
+    return run_trainer(world_size, _build, spec, Strategy.from_dict({"parallel": parallel}))
 
 
 @pytest.mark.parametrize(
@@ -64,9 +53,8 @@ def test_pp2_losses_match_single_process(name: str, schedule: str, micro_batches
     spec = SPECS[name]
     plan = {"pp": 2, "pp_schedule": schedule, "micro_batches": micro_batches}
     results = _run(spec, 2, plan)
-    want = reference_losses(spec, STEPS)
     assert results[0].losses == results[1].losses  # the sum over ranks, on every rank
-    assert_losses_match(results[0].losses, want)
+    assert_matches_reference(results[:1], spec)
     applied = results[0].applied
     assert (applied["plan"], applied["pp"], applied["dp"]) == ("pipeline", 2, 1)
     assert (applied["schedule"], applied["micro_batches"]) == (schedule, micro_batches)
@@ -91,7 +79,7 @@ def test_tied_embedding_gradients_are_summed_over_stages() -> None:
 def test_dp2_pp2_matches_single_process() -> None:
     spec = SPECS["gpt2-tiny"]
     results = _run(spec, 4, {"dp": 2, "pp": 2, "micro_batches": 2})
-    assert_losses_match(results[0].losses, reference_losses(spec, STEPS))
+    assert_matches_reference(results[:1], spec)
     applied = results[0].applied
     assert applied["dp"] == 2
     assert applied["collectives"] == ["send/recv:pp", "all_reduce:pp", "all_reduce:dp"]

@@ -20,15 +20,8 @@ from ddlsim.executor.tensor_parallel import (
     conv1d_to_linear,
     interleaved_qkv_rows,
 )
-from tests.executor.harness import (
-    Losses,
-    assert_losses_match,
-    reference_losses,
-    run_ranks,
-    train_steps,
-)
+from tests.executor.harness import Losses, assert_matches_reference, run_trainer
 
-STEPS = 5
 # ViT-tiny (DeiT) has 3 heads, which two ranks cannot share: a 4-head, 2-layer variant.
 VIT_4_HEADS = dataclasses.replace(
     ZOO["vit-tiny"],
@@ -103,13 +96,8 @@ def _build(ctx: RankContext) -> TensorParallelTrainer:
     return TensorParallelTrainer(ctx, ctx.build_model())
 
 
-def _train(ctx: RankContext) -> Losses:
-    return train_steps(ctx, _build, STEPS)
-
-
 def _run(spec: ModelSpec, world_size: int, parallel: dict[str, int]) -> list[Losses]:
-    strategy = Strategy.from_dict({"parallel": parallel})
-    return run_ranks(world_size, _train, spec, strategy)
+    return run_trainer(world_size, _build, spec, Strategy.from_dict({"parallel": parallel}))
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -118,9 +106,7 @@ def test_tp2_losses_match_single_process(name: str) -> None:
     # products in another order than one matmul), far inside the 1e-5 bound.
     spec = SPECS[name]
     results = _run(spec, 2, {"tp": 2})
-    want = reference_losses(spec, STEPS)
-    for result in results:
-        assert_losses_match(result.losses, want)
+    assert_matches_reference(results, spec)
     applied = results[0].applied
     assert (applied["plan"], applied["tp"], applied["dp"]) == ("tp", 2, 1)
     assert applied["collectives"][0] == "all_reduce:tp"
@@ -132,7 +118,7 @@ def test_tp2_losses_match_single_process(name: str) -> None:
 def test_dp2_tp2_with_micro_batches_matches_single_process() -> None:
     spec = SPECS["gpt2-tiny"]
     results = _run(spec, 4, {"dp": 2, "tp": 2, "micro_batches": 2})
-    assert_losses_match(results[0].losses, reference_losses(spec, STEPS))
+    assert_matches_reference(results[:1], spec)
     assert results[0].applied["collectives"] == ["all_reduce:tp", "all_gather:tp", "all_reduce:dp"]
     assert results[0].applied["dp"] == 2
 
