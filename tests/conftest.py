@@ -1,5 +1,6 @@
 """Shared fixtures: captured graphs are cached per test session (capture is deterministic)."""
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,32 +52,22 @@ def zoo_graph() -> Callable[[str], IterationGraph]:
 def tiny_graph() -> IterationGraph:
     """A 4-node iteration: matmul forward, its backward, the weight's gradient, an all-reduce."""
     t = TensorMeta(shape=(2, 2), dtype="float32")
+    forward = GraphNode(
+        id=0,
+        kind="compute",
+        phase="forward",
+        op="aten.mm.default",
+        module="fc",
+        inputs=(t, t),
+        outputs=(t,),
+        flops=16,
+        bytes_read=32,
+        bytes_written=16,
+    )
     nodes = (
-        GraphNode(
-            id=0,
-            kind="compute",
-            phase="forward",
-            op="aten.mm.default",
-            module="fc",
-            inputs=(t, t),
-            outputs=(t,),
-            flops=16,
-            bytes_read=32,
-            bytes_written=16,
-        ),
-        GraphNode(
-            id=1,
-            kind="compute",
-            phase="backward",
-            op="aten.mm.default",
-            module="fc",
-            inputs=(t, t),
-            outputs=(t,),
-            flops=16,
-            bytes_read=32,
-            bytes_written=16,
-            forward_id=0,
-        ),
+        forward,
+        # The backward matmul has the forward's shapes and costs.
+        dataclasses.replace(forward, id=1, phase="backward", forward_id=0),
         GraphNode(
             id=2,
             kind="grad_ready",

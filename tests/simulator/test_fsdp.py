@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from ddlsim.data.comm_model import AlphaBeta
-from ddlsim.data.graph.format import GraphNode, IterationGraph, ParamInfo
+from ddlsim.data.graph.format import IterationGraph, ParamInfo
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.stages import default_groups
 from ddlsim.data.zoo import ZOO
 from ddlsim.simulator.fsdp import ROOT, group_of_nodes, replay_fsdp
+from tests.simulator.nodes import compute_node, update_node
 
 GraphOf = Callable[[str], IterationGraph]
 
@@ -19,35 +20,13 @@ GraphOf = Callable[[str], IterationGraph]
 def _two_layers() -> IterationGraph:
     """forward a (1 ms), forward b (1), backward b (2), backward a (2), two updates (0.5)."""
 
-    def compute(i: int, phase: str, module: str, forward_id: int | None = None) -> GraphNode:
-        return GraphNode(
-            id=i,
-            kind="compute",
-            phase=phase,  # type: ignore[arg-type]
-            op="aten.mm.default",
-            module=module,
-            forward_id=forward_id,
-        )
-
-    def update(i: int, module: str) -> GraphNode:
-        name = f"{module}.weight"
-        return GraphNode(
-            id=i,
-            kind="optimizer",
-            phase="optimizer",
-            op="optimizer.adamw",
-            module=module,
-            param=name,
-            params=(name,),
-        )
-
     nodes = (
-        compute(0, "forward", "a"),
-        compute(1, "forward", "b"),
-        compute(2, "backward", "b", 1),
-        compute(3, "backward", "a", 0),
-        update(4, "b"),
-        update(5, "a"),
+        compute_node(0, "forward", "a"),
+        compute_node(1, "forward", "b"),
+        compute_node(2, "backward", "b", 1),
+        compute_node(3, "backward", "a", 0),
+        update_node(4, "b.weight"),
+        update_node(5, "a.weight"),
     )
     params = tuple(
         ParamInfo(name=f"{m}.weight", module=m, shape=(1,), dtype="float32", numel=1, nbytes=4)

@@ -7,11 +7,17 @@ import pytest
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.errors import InvalidOptionError
-from ddlsim.data.graph.format import GraphNode, IterationGraph, ParamInfo, Phase
+from ddlsim.data.graph.format import GraphNode, IterationGraph, ParamInfo
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
-from ddlsim.simulator.replay import UnsupportedPlanError, replay, transfer_durations
+from ddlsim.simulator.replay import (
+    ReplayResult,
+    UnsupportedPlanError,
+    replay,
+    transfer_durations,
+)
+from tests.simulator.nodes import compute_node, update_node
 
 MIB = 1024 * 1024
 # Two layers a -> b, one parameter each, one bucket each (b's gradient is ready first).
@@ -24,9 +30,6 @@ def _graph(strategy: dict[str, Any]) -> IterationGraph:
     [collective 1], ([all-gathers] with DeAR), update b, update a."""
     parsed = Strategy.from_dict(strategy)
     first = "reduce_scatter" if parsed.tensor_fusion.dear else "all_reduce"
-
-    def compute(i: int, phase: Phase, module: str) -> GraphNode:
-        return GraphNode(id=i, kind="compute", phase=phase, op="aten.mm.default", module=module)
 
     def ready(i: int, param: str) -> GraphNode:
         return GraphNode(
@@ -45,25 +48,13 @@ def _graph(strategy: dict[str, Any]) -> IterationGraph:
             bucket=bucket,
         )
 
-    def update(i: int, bucket: int, param: str) -> GraphNode:
-        return GraphNode(
-            id=i,
-            kind="optimizer",
-            phase="optimizer",
-            op="optimizer.adamw",
-            module=param.split(".", maxsplit=1)[0],
-            param=param,
-            params=(param,),
-            bucket=bucket,
-        )
-
     nodes = [
-        compute(0, "forward", "a"),
-        compute(1, "forward", "b"),
-        compute(2, "backward", "b"),
+        compute_node(0, "forward", "a"),
+        compute_node(1, "forward", "b"),
+        compute_node(2, "backward", "b"),
         ready(3, "b.weight"),
         collective(4, first, 0, "b.weight"),
-        compute(5, "backward", "a"),
+        compute_node(5, "backward", "a"),
         ready(6, "a.weight"),
         collective(7, first, 1, "a.weight"),
     ]
@@ -75,7 +66,7 @@ def _graph(strategy: dict[str, Any]) -> IterationGraph:
         edges += [(4, 8), (7, 9)]
         delivers = {0: 8, 1: 9}
     n = len(nodes)
-    nodes += [update(n, 0, "b.weight"), update(n + 1, 1, "a.weight")]
+    nodes += [update_node(n, "b.weight", 0), update_node(n + 1, "a.weight", 1)]
     edges += [(delivers[0], n), (delivers[1], n + 1)]
     params = tuple(
         ParamInfo(
@@ -109,9 +100,14 @@ def _comm(ms_per_mib: float, world_size: int = 2) -> dict[str, AlphaBeta]:
     }
 
 
+def _replayed(strategy: dict[str, Any], ms_per_mib: float) -> ReplayResult:
+    """The two-layer graph under ``strategy``, replayed on the link of :func:`_comm`."""
+    graph = _graph(strategy)
+    return replay(graph, _durations(graph), _comm(ms_per_mib))
+
+
 def test_without_communication_the_iteration_is_the_sum_of_its_nodes() -> None:
-    graph = _graph({})
-    result = replay(graph, _durations(graph), _comm(0.0))
+    result = _replayed({}, 0.0)
     assert result.iteration_time_ms == pytest.approx(6.0 + 2 * OPTIMIZER_MS)
     assert result.exposed_comm_ms == pytest.approx(0.0)
 
@@ -119,8 +115,7 @@ def test_without_communication_the_iteration_is_the_sum_of_its_nodes() -> None:
 def test_all_reduce_overlaps_backward_and_the_last_one_is_exposed() -> None:
     # forward 0-2, backward b 2-4, all-reduce b 4-5 (under backward a 4-6), all-reduce a 6-7,
     # then the optimizer (waiting for both) 7-8.
-    graph = _graph({})
-    result = replay(graph, _durations(graph), _comm(1.0))
+    result = _replayed({}, 1.0)
     assert result.iteration_time_ms == pytest.approx(8.0)
     assert result.compute_ms == pytest.approx(7.0)
     assert result.exposed_comm_ms == pytest.approx(1.0)
@@ -129,8 +124,7 @@ def test_all_reduce_overlaps_backward_and_the_last_one_is_exposed() -> None:
 
 def test_slow_links_serialize_the_buckets_on_the_comm_stream() -> None:
     # all-reduce b 4-9, all-reduce a after it 9-14, optimizer 14-15.
-    graph = _graph({})
-    result = replay(graph, _durations(graph), _comm(5.0))
+    result = _replayed({}, 5.0)
     assert result.iteration_time_ms == pytest.approx(15.0)
     assert result.exposed_comm_ms == pytest.approx(8.0)
 
@@ -140,13 +134,11 @@ def test_dear_hides_all_gathers_in_the_next_forward() -> None:
     # a t..t+0.5, all-gather a (first layer first) t+0.5..t+1, all-gather b t+1..t+1.5. The
     # next forward waits until t+1 for a's bucket, updates a, runs a, updates b (ready by then),
     # runs b: 1 ms of waiting an iteration, 7 ms of compute.
-    graph = _graph({"tensor_fusion": {"dear": True}})
-    result = replay(graph, _durations(graph), _comm(1.0))
+    result = _replayed({"tensor_fusion": {"dear": True}}, 1.0)
     assert result.iteration_time_ms == pytest.approx(8.0)
     assert result.compute_ms == pytest.approx(7.0)
     # With the same links plain all-reduce waits as long: DeAR only moves the wait here.
-    plain = _graph({})
-    assert replay(plain, _durations(plain), _comm(1.0)).iteration_time_ms == pytest.approx(8.0)
+    assert _replayed({}, 1.0).iteration_time_ms == pytest.approx(8.0)
 
 
 def test_dear_beats_all_reduce_when_the_forward_can_hide_the_all_gathers() -> None:
@@ -160,16 +152,14 @@ def test_dear_beats_all_reduce_when_the_forward_can_hide_the_all_gathers() -> No
 
 
 def test_micro_batches_repeat_compute_and_communicate_once() -> None:
-    graph = _graph({"parallel": {"micro_batches": 2}})
-    result = replay(graph, _durations(graph), _comm(1.0))
+    result = _replayed({"parallel": {"micro_batches": 2}}, 1.0)
     # Two forward+backward passes (12 ms), the last all-reduce exposed (1), the optimizer (1).
     assert result.iteration_time_ms == pytest.approx(14.0)
     assert [e.micro_batch for e in result.timeline if e.stream == "comm"] == [1, 1]
 
 
 def test_timeline_exports_as_a_chrome_trace() -> None:
-    graph = _graph({})
-    trace = replay(graph, _durations(graph), _comm(1.0)).chrome_trace()
+    trace = _replayed({}, 1.0).chrome_trace()
     spans = [e for e in json.loads(json.dumps(trace))["traceEvents"] if e["ph"] == "X"]
     assert {e["tid"] for e in spans} == {1, 2}
     assert sum(1 for e in spans if e["name"].startswith("all_reduce")) == 2

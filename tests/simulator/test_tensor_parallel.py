@@ -1,5 +1,6 @@
 """Tensor-parallel replay: which ops split, and the collectives a GPT-2 block costs."""
 
+import functools
 from collections.abc import Callable
 
 import pytest
@@ -39,30 +40,21 @@ def test_gpt2_collectives_and_halved_compute(zoo_graph: GraphOf) -> None:
     sharded = sharded_nodes(graph, PLANS["gpt2"])
     compute = sum(0.1 / (2 if n.id in sharded else 1) for n in graph.nodes if n.kind == "compute")
     optimizer = 0.1 * len(graph.nodes_of("optimizer")) / 2
-    result = replay_tensor_parallel(
+    tp2 = functools.partial(
+        replay_tensor_parallel,
         graph,
         node_ms,
         PLANS["gpt2"],
         tp=2,
-        dp=1,
         tp_all_reduce=_latency("all_reduce", 1.0),
         tp_all_gather=_latency("all_gather", 1.0),
-        dp_all_reduce=_latency("all_reduce", 1.0, world_size=1),
     )
+    result = tp2(dp=1, dp_all_reduce=_latency("all_reduce", 1.0, world_size=1))
     # two blocks: forward all-reduces after attn.c_proj and mlp.c_proj, backward ones after
     # c_attn and c_fc; the vocabulary-split embedding all-reduces its output, the LM head
     # all-gathers its logits and all-reduces its input gradient: 4 + 4 + 1 + 1 + 1 = 11
     assert result.comm_ms == pytest.approx(11.0)
     assert result.compute_ms == pytest.approx(compute + optimizer)
     assert result.iteration_time_ms == pytest.approx(compute + optimizer + 11.0)
-    with_dp = replay_tensor_parallel(
-        graph,
-        node_ms,
-        PLANS["gpt2"],
-        tp=2,
-        dp=2,
-        tp_all_reduce=_latency("all_reduce", 1.0),
-        tp_all_gather=_latency("all_gather", 1.0),
-        dp_all_reduce=_latency("all_reduce", 5.0),
-    )
+    with_dp = tp2(dp=2, dp_all_reduce=_latency("all_reduce", 5.0))
     assert with_dp.iteration_time_ms == pytest.approx(result.iteration_time_ms + 5.0)
