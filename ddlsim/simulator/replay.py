@@ -20,7 +20,7 @@ are replayed; FSDP, tensor and pipeline parallelism are refused (:class:`Unsuppo
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.errors import DdlsimError, InvalidOptionError
@@ -61,9 +61,15 @@ class IterationTimes:
     """Where an iteration's time went, as the replays report it (no state of its own).
 
     A subclass (a dataclass) holds the four times; ``breakdown`` names them in the order the
-    predictions print and store them.
+    predictions print and store them (``BREAKDOWN``).
     """
 
+    BREAKDOWN: ClassVar[tuple[str, ...]] = (
+        "compute_ms",
+        "exposed_comm_ms",
+        "bubble_ms",
+        "comm_ms",
+    )
     __slots__ = ()
     compute_ms: float
     exposed_comm_ms: float
@@ -71,12 +77,7 @@ class IterationTimes:
     comm_ms: float
 
     def breakdown(self) -> dict[str, float]:
-        return {
-            "compute_ms": self.compute_ms,
-            "exposed_comm_ms": self.exposed_comm_ms,
-            "bubble_ms": self.bubble_ms,
-            "comm_ms": self.comm_ms,
-        }
+        return {name: getattr(self, name) for name in self.BREAKDOWN}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
