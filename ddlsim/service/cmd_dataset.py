@@ -15,7 +15,7 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
 from ddlsim.executor.plan import model_supports
 from ddlsim.profiler.capture import capture_graph
-from ddlsim.service.output import emit_json, positive_int, progress
+from ddlsim.service.output import add_store_arguments, emit_json, positive_int, progress
 from ddlsim.simulator.dataset import (
     DATASET_VERSIONS,
     LINK_COLLECTIVES,
@@ -169,8 +169,7 @@ def register(commands: Any) -> None:
         action="store_true",
         help="keep every run of the store (default: only the dataset's models)",
     )
-    export.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
-    export.add_argument("--json", action="store_true", help="print JSON")
+    add_store_arguments(export)
     export.set_defaults(handler=cmd_export)
 
 

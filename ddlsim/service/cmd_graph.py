@@ -5,11 +5,16 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.zoo import resolve_model
 from ddlsim.profiler.capture import OPTIMIZERS, CaptureOptions, capture_graph
-from ddlsim.service.output import emit_json, human, human_bytes, positive_int, progress
+from ddlsim.service.output import (
+    emit_json,
+    human,
+    human_bytes,
+    model_argument,
+    positive_int,
+    progress,
+    strategy_argument,
+)
 
 
 def _module_flops(graph: IterationGraph, top: int) -> list[tuple[str, int]]:
@@ -52,11 +57,8 @@ def _print_graph_summary(graph: IterationGraph) -> None:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    spec: ModelSpec = resolve_model(args.model)
-    spec = spec.with_inputs(
-        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
-    )
-    strategy = Strategy.parse(args.strategy) if args.strategy else Strategy()
+    spec = model_argument(args)
+    strategy = strategy_argument(args)
     progress(f"capturing one training iteration of {spec.label} ...")
     graph = capture_graph(
         spec, CaptureOptions(strategy=strategy, optimizer=args.optimizer, seed=args.seed)

@@ -7,14 +7,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store, mask_url
 from ddlsim.service.output import (
     add_input_arguments,
+    add_launch_arguments,
+    add_store_arguments,
     emit_json,
     model_argument,
     positive_int,
     stderr_progress,
+    strategy_argument,
 )
 from ddlsim.simulator.predict import Prediction
 from ddlsim.workflows.predict import predict
@@ -26,7 +28,7 @@ DEFAULTS = defaults(PredictRequest)
 def cmd_predict(args: argparse.Namespace) -> int:
     request = PredictRequest(
         model=model_argument(args),
-        strategy=Strategy.parse(args.strategy) if args.strategy else Strategy(),
+        strategy=strategy_argument(args),
         world_size=args.world_size,
         bandwidth=args.bandwidth,
         optimizer=args.optimizer,
@@ -76,12 +78,12 @@ def _print_summary(prediction: Prediction, payload: dict[str, Any]) -> None:
 def register(sub: Any) -> None:
     cmd = sub.add_parser("predict", help="predict a strategy's iteration time with the simulator")
     add_input_arguments(cmd)
-    cmd.add_argument("--strategy", help="strategy JSON or file (default: PyTorch DDP's defaults)")
-    cmd.add_argument("--world-size", type=positive_int, default=DEFAULTS["world_size"])
-    cmd.add_argument(
-        "--bandwidth",
-        default=DEFAULTS["bandwidth"],
-        help="link rate per host (1gbit, 100mbit, none); collective fits of this link are used",
+    add_launch_arguments(
+        cmd,
+        world_size=DEFAULTS["world_size"],
+        bandwidth=DEFAULTS["bandwidth"],
+        bandwidth_help="link rate per host (1gbit, 100mbit, none); collective fits of this link "
+        "are used",
     )
     cmd.add_argument("--optimizer", default=DEFAULTS["optimizer"], choices=OPTIMIZERS)
     cmd.add_argument(
@@ -97,6 +99,5 @@ def register(sub: Any) -> None:
         help="'replay' alone, or a cost-model checkpoint (default: yours if trained, else the "
         "shipped one)",
     )
-    cmd.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
-    cmd.add_argument("--json", action="store_true", help="print JSON")
+    add_store_arguments(cmd)
     cmd.set_defaults(handler=cmd_predict)

@@ -15,7 +15,6 @@ from ddlsim.data.store import (
     add_kernel_profile,
     mask_url,
 )
-from ddlsim.data.zoo import resolve_model
 from ddlsim.profiler.batch import (
     collective_records,
     fusion_record,
@@ -26,14 +25,18 @@ from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.profiler.collectives import COLLECTIVES, parse_sizes, profile_collectives
 from ddlsim.profiler.fusion import profile_fusion
 from ddlsim.profiler.kernels import DEVICES, profile_kernels
-from ddlsim.service.output import emit_json, positive_int, progress
+from ddlsim.service.output import (
+    add_store_arguments,
+    emit_json,
+    model_argument,
+    positive_int,
+    progress,
+)
 from ddlsim.workflows.profile import profile_batch
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
-    spec = resolve_model(args.model).with_inputs(
-        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
-    )
+    spec = model_argument(args)
     with Store.open(args.db) as store:
         graph, profile = profile_kernels(
             spec,
@@ -65,9 +68,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 
 
 def cmd_fusion(args: argparse.Namespace) -> int:
-    spec = resolve_model(args.model).with_inputs(
-        batch_size=args.batch_size, seq_len=args.seq_len, image_size=args.image_size
-    )
+    spec = model_argument(args)
     with Store.open(args.db) as store:
         graph, profile = profile_fusion(
             spec,
@@ -179,8 +180,7 @@ def register(sub: Any) -> None:
     kernels.add_argument("--seq-len", type=positive_int)
     kernels.add_argument("--image-size", type=positive_int)
     kernels.add_argument("--trace-dir", help="write the Chrome trace (Perfetto) here")
-    kernels.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
-    kernels.add_argument("--json", action="store_true", help="print JSON")
+    add_store_arguments(kernels)
     kernels.set_defaults(handler=cmd_kernels)
 
     fusion = kinds.add_parser(
@@ -198,8 +198,7 @@ def register(sub: Any) -> None:
     fusion.add_argument("--batch-size", type=positive_int)
     fusion.add_argument("--seq-len", type=positive_int)
     fusion.add_argument("--image-size", type=positive_int)
-    fusion.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
-    fusion.add_argument("--json", action="store_true", help="print JSON")
+    add_store_arguments(fusion)
     fusion.set_defaults(handler=cmd_fusion)
 
     collectives = kinds.add_parser(
@@ -223,13 +222,11 @@ def register(sub: Any) -> None:
     )
     collectives.add_argument("--warmup", type=int, default=2)
     collectives.add_argument("--repeats", type=positive_int, default=5)
-    collectives.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
-    collectives.add_argument("--json", action="store_true", help="print JSON")
+    add_store_arguments(collectives)
     collectives.set_defaults(handler=cmd_collectives)
 
     batch = kinds.add_parser("batch", help="run a YAML list or cross product of profile jobs")
     batch.add_argument("spec", metavar="SPEC.yaml")
     batch.add_argument("--trace-dir", help="write the kernel jobs' Chrome traces here")
-    batch.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
-    batch.add_argument("--json", action="store_true", help="print JSON")
+    add_store_arguments(batch)
     batch.set_defaults(handler=cmd_batch)

@@ -7,20 +7,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddlsim.data.errors import one_line
-from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store, mask_url
 from ddlsim.executor.run import RunOptions, RunResult
 from ddlsim.profiler.cluster import ClusterRunError
 from ddlsim.service.output import (
     add_input_arguments,
+    add_launch_arguments,
     add_protocol_arguments,
+    add_store_arguments,
     emit_json,
     format_interval,
     human_bytes,
     measure_settings,
     model_argument,
-    positive_int,
     stderr_progress,
+    strategy_argument,
 )
 from ddlsim.workflows.execute import execute
 from ddlsim.workflows.requests import ExecuteRequest, MeasureSettings, defaults
@@ -32,7 +33,7 @@ DEFAULTS = defaults(RunOptions)
 def cmd_run(args: argparse.Namespace) -> int:
     request = ExecuteRequest(
         model=model_argument(args),
-        strategy=Strategy.parse(args.strategy) if args.strategy else Strategy(),
+        strategy=strategy_argument(args),
         options=RunOptions(
             world_size=args.world_size,
             bandwidth=args.bandwidth,
@@ -107,13 +108,12 @@ def register(sub: Any) -> None:
         "run", help="train a model with a strategy on real torch.distributed ranks, measure it"
     )
     add_input_arguments(run)
-    run.add_argument("--strategy", help="strategy JSON or file (default: PyTorch DDP's defaults)")
-    run.add_argument("--world-size", type=positive_int, default=DEFAULTS["world_size"])
-    run.add_argument(
-        "--bandwidth",
-        default=DEFAULTS["bandwidth"],
-        help="run on an emulated cluster with this link rate per host (1gbit, 100mbit, 10gbit, "
-        "none); without it the ranks share loopback",
+    add_launch_arguments(
+        run,
+        world_size=DEFAULTS["world_size"],
+        bandwidth=DEFAULTS["bandwidth"],
+        bandwidth_help="run on an emulated cluster with this link rate per host (1gbit, 100mbit, "
+        "10gbit, none); without it the ranks share loopback",
     )
     run.add_argument(
         "--device",
@@ -150,6 +150,5 @@ def register(sub: Any) -> None:
         default=DEFAULTS["collective_timeout_s"],
         help="a collective waiting longer fails its rank (a hung rank), seconds",
     )
-    run.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
-    run.add_argument("--json", action="store_true", help="print JSON")
+    add_store_arguments(run)
     run.set_defaults(handler=cmd_run)

@@ -10,6 +10,7 @@ from ddlsim.service import cmd_dataset, cmd_train
 from ddlsim.service.output import (
     add_input_arguments,
     add_protocol_arguments,
+    add_store_arguments,
     emit_json,
     measure_settings,
     model_argument,
@@ -78,8 +79,7 @@ def register(sub: Any) -> None:
         metavar="replay|CKPT",
         help="as for ddlsim predict (default: yours, else the shipped cost model)",
     )
-    validate.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
-    validate.add_argument("--json", action="store_true", help="print JSON")
+    add_store_arguments(validate)
     validate.set_defaults(handler=cmd_validate)
     cmd_dataset.register(commands)
     cmd_train.register(commands)

@@ -91,6 +91,30 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-size", type=positive_int)
 
 
+def add_launch_arguments(
+    parser: argparse.ArgumentParser, *, world_size: int, bandwidth: str | None, bandwidth_help: str
+) -> None:
+    """``--strategy``, ``--world-size`` and ``--bandwidth`` (:func:`strategy_argument` reads the
+    strategy), with the use case's defaults; ``bandwidth_help`` says what the link is for."""
+    parser.add_argument(
+        "--strategy", help="strategy JSON or file (default: PyTorch DDP's defaults)"
+    )
+    parser.add_argument("--world-size", type=positive_int, default=world_size)
+    parser.add_argument("--bandwidth", default=bandwidth, help=bandwidth_help)
+
+
+def strategy_argument(args: argparse.Namespace) -> Strategy:
+    """The ``--strategy`` option (inline JSON or a file), else DDP's defaults."""
+    return Strategy.parse(args.strategy) if args.strategy else Strategy()
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--db`` (the store's URL) and ``--json`` (print JSON), as every command that reads or
+    writes the store takes them."""
+    parser.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
 def add_protocol_arguments(
     parser: argparse.ArgumentParser,
     *,

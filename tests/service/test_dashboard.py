@@ -6,12 +6,6 @@ installs them as root); without them it skips, except under ``CI=true``, where i
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +17,7 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import MeasurementRecord, PredictionRecord, Store, strategy_hash
 from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.service.api import Settings, create_app
+from tests.service.serving import serving
 
 GraphOf = Callable[[str], IterationGraph]
 DEAR = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}})
@@ -138,33 +133,9 @@ def _browser_or_skip() -> None:
 
 @pytest.fixture
 def server(seeded: str, tmp_path: Path) -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "DDLSIM_API_TOKEN": "t"}
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "ddlsim.service.cli", "serve", "--no-worker"),
-            *("--db", seeded, "--port", str(port), "--simulator", "replay"),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    address = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{address}/healthz", timeout=2):
-                    break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline
-                time.sleep(0.3)
+    args = ("--no-worker", "--db", seeded, "--simulator", "replay")
+    with serving(*args, token="t", stop_timeout_s=30) as address:
         yield address
-    finally:
-        os.killpg(process.pid, signal.SIGINT)
-        process.wait(timeout=30)
 
 
 def test_the_page_plots_the_stored_points_in_chromium(server: str) -> None:

@@ -1,41 +1,17 @@
 """The README's main job (``scripts/quickstart.sh``) in small: ``ddlsim serve`` with its worker,
 and the demo pipeline through the API, profile to executions, every result stored."""
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 from ddlsim.data.store import Store
 from ddlsim.service.demo import Client, run_demo
 from ddlsim.service.output import verification_lines
+from tests.service.serving import serving
 
 
 def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     db = f"sqlite:///{tmp_path / 'demo.db'}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "ddlsim.service.cli", "serve", "--db", db, "--port", str(port)],
-        env={**os.environ, "DDLSIM_API_TOKEN": "demo"},
-        stdout=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/healthz", timeout=2):
-                    break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline
-                time.sleep(0.3)
+    with serving("--db", db, token="demo", stop_timeout_s=60) as url:
         out = run_demo(
             Client(url, "demo", timeout_s=300),
             model="mlp",
@@ -43,9 +19,6 @@ def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path) -> None:
             bandwidth="1gbit",
             measure_budget_s=0,
         )
-    finally:
-        os.killpg(server.pid, signal.SIGINT)
-        server.wait(timeout=60)
     assert all(ms > 0 for ms in out["predicted"].values())
     assert out["search"]["best"]["predicted_ms"] <= out["search"]["baseline"]["predicted_ms"]
     search = out["search"]

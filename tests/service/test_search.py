@@ -14,6 +14,8 @@ from ddlsim.service.output import describe
 
 BASE = ["search", "mlp", "--world-size", "2", "--bandwidth", "1gbit", "--batch-size", "16"]
 BASE += ["--profile-iters", "2", "--simulator", "replay"]
+# --verify at the protocol's minimums: two measured steps after one warm-up step
+VERIFY = ["--verify", "--iters", "2", "--warmup", "1", "--measure-budget", "0"]
 
 
 def _search(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -38,20 +40,7 @@ def test_search_finds_no_worse_than_the_baseline(
 
 
 def test_verify_runs_the_best_and_the_baseline(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _search(
-        capsys,
-        "--budget",
-        "20",
-        "--verify",
-        "--iters",
-        "2",
-        "--warmup",
-        "1",
-        "--verify-rounds",
-        "2",
-        "--measure-budget",
-        "0",
-    )
+    out = _search(capsys, "--budget", "20", *VERIFY, "--verify-rounds", "2")
     assert out["measured_best_ms"] > 0 and out["measured_baseline_ms"] > 0
     assert out["speedup"] == pytest.approx(out["measured_baseline_ms"] / out["measured_best_ms"])
     # Every measured median carries its interval; the speed-up its interval and verdict.
@@ -67,11 +56,7 @@ def test_verify_runs_the_best_and_the_baseline(capsys: pytest.CaptureFixture[str
 
 
 def test_verify_top_settles_the_pick_by_measurement(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _search(
-        capsys,
-        *("--budget", "20", "--verify", "--verify-top", "3"),
-        *("--iters", "2", "--warmup", "1", "--verify-rounds", "2", "--measure-budget", "0"),
-    )
+    out = _search(capsys, "--budget", "20", *VERIFY, "--verify-top", "3", "--verify-rounds", "2")
     assert out["picked_by"] == "measurement"
     # the baseline and the first three distinct candidates, each run once
     rows = out["verified"]
@@ -110,18 +95,7 @@ def test_verify_top_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_verify_runs_a_kept_baseline_once(capsys: pytest.CaptureFixture[str]) -> None:
     # a budget of one prices DDP's defaults only: they are the pick
-    out = _search(
-        capsys,
-        "--budget",
-        "1",
-        "--verify",
-        "--iters",
-        "2",
-        "--warmup",
-        "1",
-        "--measure-budget",
-        "0",
-    )
+    out = _search(capsys, "--budget", "1", *VERIFY)
     assert out["best"]["strategy"] == Strategy().to_dict() and out["kept_baseline"] is True
     assert out["measured_best_ms"] == out["measured_baseline_ms"] > 0
     assert out["verdict"] == "the pick is DDP's defaults" and out["significant"] is False

@@ -65,17 +65,8 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
     assert "confidence(0.3) must be in [0.5, 0.99]" in capsys.readouterr().err
     # without --out it goes to the user's data directory, which predict then uses
     _json(capsys, *args, "--hidden", "16", "--layers", "2", "--predictor", "gnn")
-    predicted = _json(
-        capsys,
-        "predict",
-        "mlp",
-        "--world-size",
-        "2",
-        "--bandwidth",
-        "1gbit",
-        "--profile-iters",
-        "2",
-    )
+    predict = ["predict", "mlp", "--world-size", "2", "--bandwidth", "1gbit"]
+    predicted = _json(capsys, *predict, "--profile-iters", "2")
     assert predicted["predictor"] == "gnn"
     assert predicted["simulator_version"] == "gnn-2+replay-2"
     assert predicted["breakdown"]["replay_ms"] > 0
@@ -83,17 +74,7 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
     assert predicted["iteration_time_ms"] == pytest.approx(
         parts["compute_ms"] + parts["exposed_comm_ms"]
     )
-    replayed = _json(
-        capsys,
-        "predict",
-        "mlp",
-        "--world-size",
-        "2",
-        "--bandwidth",
-        "1gbit",
-        "--simulator",
-        "replay",
-    )
+    replayed = _json(capsys, *predict, "--simulator", "replay")
     assert replayed["iteration_time_ms"] == pytest.approx(parts["replay_ms"])
     # the cost model corrects parallel plans too: FSDP here
     fsdp = ["predict", "mlp", "--world-size", "2", "--strategy", '{"parallel": {"fsdp": true}}']
