@@ -2,8 +2,9 @@
 
 A plan is a :class:`ParallelPlan`: ``dp x tp x pp``, FSDP, micro-batches (gradient accumulation,
 or a pipeline's) and the pipeline schedule. :func:`candidate_plans` lists those the executor can
-run for the model and whose global batch splits evenly; :func:`plan_label` names one briefly (the
-Optuna samplers choose plans by these names, and pruned plans are reported by them).
+run for the model and whose global batch splits evenly; :attr:`ParallelPlan.label` names one
+briefly (the Optuna samplers choose plans by these names, and pruned plans are reported by
+them).
 """
 
 from collections.abc import Callable
@@ -32,8 +33,7 @@ def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> lis
     plans: list[ParallelPlan] = []
 
     def add(plan: ParallelPlan) -> None:
-        dp = plan.resolve_dp(world_size)
-        if batch % (dp * plan.micro_batches):
+        if not plan.fits(batch, world_size):
             return
         if supports(spec, Strategy(parallel=plan)):
             plans.append(plan)
@@ -50,15 +50,3 @@ def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> lis
             for factor in PIPELINE_FACTORS:
                 add(ParallelPlan(pp=pp, micro_batches=pp * factor, pp_schedule=schedule))
     return list(dict.fromkeys(plans))
-
-
-def plan_label(plan: ParallelPlan) -> str:
-    """A short name of a plan (``dp2 tp2 m2``, ``dp1 pp4 1f1b m8``, ``dp4 fsdp``)."""
-    parts = [f"tp{plan.tp}" if plan.tp > 1 else "", f"pp{plan.pp}" if plan.pp > 1 else ""]
-    if plan.pp > 1:
-        parts.append(plan.pp_schedule)
-    if plan.fsdp:
-        parts.append("fsdp")
-    if plan.micro_batches > 1:
-        parts.append(f"m{plan.micro_batches}")
-    return " ".join(p for p in parts if p) or "ddp"

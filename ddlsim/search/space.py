@@ -18,7 +18,6 @@ import optuna
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.strategy import OpFusionPlan, ParallelPlan, Strategy, TensorFusionPlan
-from ddlsim.search.plans import plan_label
 from ddlsim.simulator.plans import is_data_parallel
 
 MIN_CAP_MB = 0.01
@@ -46,8 +45,8 @@ class Space:
 
     @property
     def labels(self) -> dict[str, ParallelPlan]:
-        """The plans by :func:`search.plans.plan_label`."""
-        return {plan_label(p): p for p in self.plans}
+        """The plans by :attr:`ParallelPlan.label`."""
+        return {p.label: p for p in self.plans}
 
     def sample(self, trial: optuna.Trial) -> dict[str, Any]:
         """Draw a trial's parameters (conditional on the plan)."""
@@ -70,7 +69,7 @@ class Space:
 
     def strategy(self, params: Mapping[str, Any]) -> Strategy:
         """The strategy a trial's parameters stand for."""
-        plan = self.labels[str(params.get("plan", plan_label(self.plans[0])))]
+        plan = self.labels[str(params.get("plan", self.plans[0].label))]
         fusion = TensorFusionPlan()
         if "log_cap_mb" in params:
             cap = math.exp(float(params["log_cap_mb"]))

@@ -16,7 +16,6 @@ from ddlsim.data.store import Store
 from ddlsim.data.store.records import MeasurementRecord, PredictionRecord
 from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.data.zoo import ZOO
-from ddlsim.simulator.calibration import strategy_kind
 
 
 def page() -> str:
@@ -68,7 +67,7 @@ def _points(store: Store, queue: TaskQueue) -> list[dict[str, Any]]:
                 "prediction_id": prediction.id,
                 "model": m.model,
                 "family": _family(m.model),
-                "kind": strategy_kind(strategy),
+                "kind": strategy.kind,
                 "strategy": strategy.to_dict(),
                 "world_size": m.world_size,
                 "bandwidth": m.bandwidth,
@@ -155,7 +154,7 @@ def _timelines(queue: TaskQueue) -> list[dict[str, Any]]:
                     "id": task.id,
                     "model": (task.request.get("model") or {}).get("name"),
                     "world_size": task.request.get("world_size"),
-                    "kind": strategy_kind(strategy),
+                    "kind": strategy.kind,
                     "measured_ms": result.get("measured_ms"),
                     "predicted_ms": result.get("predicted_ms"),
                 }

@@ -51,28 +51,13 @@ _DEFAULTS = Strategy()
 STRATEGY_KINDS: tuple[str, ...] = ("buckets", "dear", "compiled", "fsdp", "tensor", "pipeline")
 
 
-def strategy_kind(strategy: Strategy) -> str:
-    """What a strategy mainly is, for reports by kind: a pipeline, tensor parallelism, FSDP,
-    compiled blocks, DeAR, or else (DDP's or the executor's) buckets."""
-    plan = strategy.parallel
-    if plan.pp > 1:
-        return "pipeline"
-    if plan.tp > 1:
-        return "tensor"
-    if plan.fsdp:
-        return "fsdp"
-    if strategy.op_fusion.compiled:
-        return "compiled"
-    return "dear" if strategy.tensor_fusion.dear else "buckets"
-
-
 def risk_kind(strategy: Strategy) -> str:
-    """The kind a strategy's speed-up error is calibrated by: :func:`strategy_kind`, with DDP's
+    """The kind a strategy's speed-up error is calibrated by: :attr:`Strategy.kind`, with DDP's
     defaults apart and buckets split into the executor's hooks and DDP's reducer (other caps,
     gradient accumulation)."""
     if strategy == _DEFAULTS:
         return "default"
-    kind = strategy_kind(strategy)
+    kind = strategy.kind
     if kind != "buckets":
         return kind
     return "ddp" if strategy.tensor_fusion.uses_ddp else "hooks"

@@ -26,7 +26,7 @@ from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.graph.pyg import FEATURE_NAMES, node_features
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.simulator.calibration import risk_kind, strategy_kind
+from ddlsim.simulator.calibration import risk_kind
 from ddlsim.simulator.dp_replay import ReplaySummary
 
 NODE_FEATURES: tuple[str, ...] = (*FEATURE_NAMES, "log1p_duration_us", "duration_known")
@@ -284,7 +284,7 @@ def strategy_sample(
         measured_ms=measured_ms,
         group=group,
         family=family,
-        kind=strategy_kind(strategy),
+        kind=strategy.kind,
         risk_kind=risk_kind(strategy),
         label_noise=label_noise,
         reference=reference,

@@ -21,7 +21,7 @@ from ddlsim.search.optuna_search import (
     optimize,
     outcome_from_study,
 )
-from ddlsim.search.plans import candidate_plans, plan_label
+from ddlsim.search.plans import candidate_plans
 from ddlsim.search.space import Space
 from ddlsim.search.strategy_evaluator import Cluster, StrategyEvaluator
 from ddlsim.simulator.calibration import MIN_ERRORS, RISK_KINDS, Calibration, risk_kind
@@ -59,7 +59,7 @@ def _capture(rank: ModelSpec, strategy: Strategy) -> IterationGraph:
 
 def test_candidate_plans_fit_the_world_size_and_the_batch() -> None:
     plans = candidate_plans(GPT2, 4, model_supports)
-    labels = [plan_label(p) for p in plans]
+    labels = [p.label for p in plans]
     assert plans[0] == ParallelPlan() and len(set(labels)) == len(labels)
     for plan in plans:
         dp = plan.resolve_dp(4)
@@ -214,6 +214,6 @@ def test_space_strategies_round_trip_through_trial_parameters() -> None:
     assert ddp.tensor_fusion.bucket_cap_mb == pytest.approx(1.0)
     assert ddp.tensor_fusion.first_bucket_cap_mb == pytest.approx(0.5)
     assert ddp.tensor_fusion.dear and ddp.op_fusion.compiled == ()
-    label = plan_label(next(p for p in plans if p.pp > 1))
+    label = next(p for p in plans if p.pp > 1).label
     piped = space.strategy({"plan": label, "compiled_blocks": 2})
     assert piped.parallel.pp > 1 and piped.op_fusion.compiled == ("h.0", "h.1")
