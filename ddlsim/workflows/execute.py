@@ -13,11 +13,9 @@ from ddlsim.data.store import (
 )
 from ddlsim.executor.run import RunResult, run_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
-from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.predict import Prediction
-from ddlsim.workflows.predict import predict_on_store, store_prediction
-from ddlsim.workflows.profiles import normalized_bandwidth
-from ddlsim.workflows.requests import ExecuteRequest, Progress, no_progress
+from ddlsim.workflows.predict import predict
+from ddlsim.workflows.requests import ExecuteRequest, PredictRequest, Progress, no_progress
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,21 +51,24 @@ def execute(request: ExecuteRequest, store: Store, progress: Progress = no_progr
     if not (request.predict and options.world_size > 1):
         return Executed(result=result, measurement_id=measurement_id, store_url=store.url)
     progress(0.9, "predicting the same strategy")
-    prediction, _, _ = predict_on_store(
+    predicted = predict(
+        PredictRequest(
+            model=request.model,
+            strategy=request.strategy,
+            world_size=options.world_size,
+            bandwidth=options.bandwidth,
+            optimizer=options.optimizer,
+            simulator=request.simulator,
+        ),
         store,
-        request.model,
-        request.strategy,
-        world_size=options.world_size,
-        bandwidth=normalized_bandwidth(options.bandwidth),
-        cost_model=load_cost_model(request.simulator),
-        progress=progress,
+        progress,
     )
     return Executed(
         result=result,
         measurement_id=measurement_id,
         store_url=store.url,
-        prediction=prediction,
-        prediction_id=store_prediction(store, prediction, request.strategy),
+        prediction=predicted.prediction,
+        prediction_id=predicted.prediction_id,
     )
 
 
