@@ -80,10 +80,8 @@ def register(sub: Any) -> None:
     add_input_arguments(cmd)
     add_launch_arguments(
         cmd,
-        world_size=DEFAULTS["world_size"],
-        bandwidth=DEFAULTS["bandwidth"],
-        bandwidth_help="link rate per host (1gbit, 100mbit, none); collective fits of this link "
-        "are used",
+        DEFAULTS,
+        "link rate per host (1gbit, 100mbit, none); collective fits of this link are used",
     )
     cmd.add_argument("--optimizer", default=DEFAULTS["optimizer"], choices=OPTIMIZERS)
     cmd.add_argument(

@@ -110,10 +110,9 @@ def register(sub: Any) -> None:
     add_input_arguments(run)
     add_launch_arguments(
         run,
-        world_size=DEFAULTS["world_size"],
-        bandwidth=DEFAULTS["bandwidth"],
-        bandwidth_help="run on an emulated cluster with this link rate per host (1gbit, 100mbit, "
-        "10gbit, none); without it the ranks share loopback",
+        DEFAULTS,
+        "run on an emulated cluster with this link rate per host (1gbit, 100mbit, 10gbit, none); "
+        "without it the ranks share loopback",
     )
     run.add_argument(
         "--device",

@@ -3,6 +3,7 @@
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ddlsim.data.specs.model import ModelSpec
@@ -92,15 +93,16 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_launch_arguments(
-    parser: argparse.ArgumentParser, *, world_size: int, bandwidth: str | None, bandwidth_help: str
+    parser: argparse.ArgumentParser, defaults: Mapping[str, Any], bandwidth_help: str
 ) -> None:
     """``--strategy``, ``--world-size`` and ``--bandwidth`` (:func:`strategy_argument` reads the
-    strategy), with the use case's defaults; ``bandwidth_help`` says what the link is for."""
+    strategy), with the use case's ``defaults`` (``world_size``, ``bandwidth``);
+    ``bandwidth_help`` says what the link is for."""
     parser.add_argument(
         "--strategy", help="strategy JSON or file (default: PyTorch DDP's defaults)"
     )
-    parser.add_argument("--world-size", type=positive_int, default=world_size)
-    parser.add_argument("--bandwidth", default=bandwidth, help=bandwidth_help)
+    parser.add_argument("--world-size", type=positive_int, default=defaults["world_size"])
+    parser.add_argument("--bandwidth", default=defaults["bandwidth"], help=bandwidth_help)
 
 
 def strategy_argument(args: argparse.Namespace) -> Strategy:
