@@ -13,7 +13,7 @@ import abc
 import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import ClassVar, Protocol
 
 from ddlsim.data.errors import InvalidOptionError
@@ -194,7 +194,17 @@ def reporting(evaluator: Pricer, progress: Progress | None) -> Iterator[None]:
         evaluator.on_priced = before
 
 
-def begin(evaluator: Pricer, order: Sequence[str]) -> tuple[float, Strategy, float]:
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SearchStart:
+    """A search's start (:func:`begin`): its clock (``time.perf_counter()``, s) and DDP's
+    defaults, the baseline, priced (ms)."""
+
+    start: float
+    baseline: Strategy
+    baseline_ms: float
+
+
+def begin(evaluator: Pricer, order: Sequence[str]) -> SearchStart:
     """A search's start: its clock, and DDP's defaults (the baseline) priced.
 
     Raises:
@@ -205,33 +215,37 @@ def begin(evaluator: Pricer, order: Sequence[str]) -> tuple[float, Strategy, flo
     start = time.perf_counter()
     baseline = Strategy()
     (baseline_ms,) = evaluator.price([baseline])
-    return start, baseline, baseline_ms
+    return SearchStart(start=start, baseline=baseline, baseline_ms=baseline_ms)
 
 
 def finish(
-    evaluator: Pricer,
-    ranked: Sequence[tuple[Strategy, float]],
+    begun: SearchStart,
+    priced: Iterable[tuple[Strategy, float]],
     *,
-    baseline: Strategy,
-    baseline_ms: float,
-    start: float,
+    evaluations: int,
     curve: Sequence[float],
     top: int,
     baseline_fits: bool = True,
     pruned: Mapping[str, int] | None = None,
+    pareto: Sequence[ParetoPoint] = (),
 ) -> SearchOutcome:
-    """The outcome of a search whose priced candidates are ``ranked`` (fastest first); the
+    """The outcome of a search that began with ``begun`` and ``priced`` these candidates
+    (``evaluations`` distinct strategies in all): the ``top`` fastest, fastest first; the
     baseline stays the best when nothing beat it, unless it does not fit the device."""
-    bar = baseline_ms if baseline_fits else float("inf")
-    best, best_ms = ranked[0] if ranked and ranked[0][1] < bar else (baseline, baseline_ms)
+    ranked = sorted(priced, key=lambda item: item[1])
+    bar = begun.baseline_ms if baseline_fits else float("inf")
+    best, best_ms = (
+        ranked[0] if ranked and ranked[0][1] < bar else (begun.baseline, begun.baseline_ms)
+    )
     return SearchOutcome(
         best=best,
         best_ms=best_ms,
-        baseline=baseline,
-        baseline_ms=baseline_ms,
+        baseline=begun.baseline,
+        baseline_ms=begun.baseline_ms,
         top=tuple(ranked[:top]),
-        evaluations=evaluator.evaluations,
-        elapsed_s=time.perf_counter() - start,
+        evaluations=evaluations,
+        elapsed_s=time.perf_counter() - begun.start,
         curve=tuple(curve),
+        pareto=tuple(pareto),
         pruned=dict(pruned or {}),
     )

@@ -114,8 +114,8 @@ def backtrack_fusion(
         InvalidOptionError: a model without gradients.
     """
     options = options or BacktrackOptions()
-    start, baseline, baseline_ms = begin(evaluator, order)
-    curve: list[float] = [baseline_ms]
+    begun = begin(evaluator, order)
+    curve: list[float] = [begun.baseline_ms]
     priced = explore_fusion(
         evaluator,
         order,
@@ -123,19 +123,10 @@ def backtrack_fusion(
         options,
         base=Strategy(),
         budget=options.budget,
-        deadline=start + options.time_limit_s,
+        deadline=begun.start + options.time_limit_s,
         curve=curve,
     )
-    ranked = sorted(priced, key=lambda item: item[1])
-    return finish(
-        evaluator,
-        ranked[: options.top],
-        baseline=baseline,
-        baseline_ms=baseline_ms,
-        start=start,
-        curve=curve,
-        top=options.top,
-    )
+    return finish(begun, priced, evaluations=evaluator.evaluations, curve=curve, top=options.top)
 
 
 def backtrack_all(
@@ -153,10 +144,11 @@ def backtrack_all(
         InvalidOptionError: a model without gradients.
     """
     options = options or BacktrackOptions()
-    start, baseline, baseline_ms = begin(evaluator, order)
-    deadline = start + options.time_limit_s
-    curve = [baseline_ms]
-    priced: dict[str, tuple[Strategy, float]] = {baseline.to_json(): (baseline, baseline_ms)}
+    begun = begin(evaluator, order)
+    baseline = begun.baseline
+    deadline = begun.start + options.time_limit_s
+    curve = [begun.baseline_ms]
+    priced: dict[str, tuple[Strategy, float]] = {baseline.to_json(): (baseline, begun.baseline_ms)}
     pruned: dict[str, int] = {}
 
     def prune(reason: str) -> None:
@@ -230,13 +222,10 @@ def backtrack_all(
     fits = evaluator.feasible(baseline)
     if not fits:  # priced as the reference, but never a pick
         del priced[baseline.to_json()]
-    ranked = sorted(priced.values(), key=lambda item: item[1])
     return finish(
-        evaluator,
-        ranked[: options.top],
-        baseline=baseline,
-        baseline_ms=baseline_ms,
-        start=start,
+        begun,
+        priced.values(),
+        evaluations=evaluator.evaluations,
         curve=curve,
         top=options.top,
         baseline_fits=fits,

@@ -43,8 +43,10 @@ from ddlsim.search.algorithm import (
     SearchBudget,
     SearchOutcome,
     SearchProblem,
+    SearchStart,
     SpaceEvaluator,
     begin,
+    finish,
     reporting,
 )
 from ddlsim.search.space import Space
@@ -170,10 +172,8 @@ def finished_trials(trials: optuna.Study) -> int:
 def outcome_from_study(
     trials: optuna.Study,
     space: Space,
+    begun: SearchStart,
     *,
-    baseline: Strategy,
-    baseline_ms: float,
-    start: float,
     top: int,
     baseline_fits: bool = True,
 ) -> SearchOutcome:
@@ -184,16 +184,13 @@ def outcome_from_study(
         (t for t in trials.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE),
         key=lambda t: t.number,
     )
-    curve = [baseline_ms]
+    curve = [begun.baseline_ms]
     priced: dict[str, tuple[Strategy, float]] = {}
     for t in done:
         strategy = space.strategy(t.params)
         ms = float(t.values[0])
         priced.setdefault(strategy.to_json(), (strategy, ms))
         curve.append(min(curve[-1], ms))
-    ranked = sorted(priced.values(), key=lambda item: item[1])
-    bar = baseline_ms if baseline_fits else float("inf")
-    best, best_ms = ranked[0] if ranked and ranked[0][1] < bar else (baseline, baseline_ms)
     pareto: list[ParetoPoint] = []
     if len(trials.directions) > 1 and done:
         front = {
@@ -204,17 +201,15 @@ def outcome_from_study(
             ParetoPoint(strategy=s, scored_ms=v[0], peak_memory_gib=v[1])
             for s, v in sorted(front.values(), key=lambda item: item[1][0])
         ]
-    return SearchOutcome(
-        best=best,
-        best_ms=best_ms,
-        baseline=baseline,
-        baseline_ms=baseline_ms,
-        top=tuple(ranked[:top]),
+    return finish(
+        begun,
+        priced.values(),
         evaluations=len(priced),
-        elapsed_s=time.perf_counter() - start,
-        curve=tuple(curve),
-        pareto=tuple(pareto),
+        curve=curve,
+        top=top,
+        baseline_fits=baseline_fits,
         pruned=pruned_reasons(trials),
+        pareto=pareto,
     )
 
 
@@ -278,7 +273,7 @@ class OptunaSearch(SearchAlgorithm):
     ) -> SearchOutcome:
         evaluator = problem.evaluator
         with reporting(evaluator, progress):
-            start, baseline, baseline_ms = begin(evaluator, problem.order)
+            begun = begin(evaluator, problem.order)
             with tempfile.TemporaryDirectory(prefix="ddlsim-study-") as scratch:
                 storage = self.storage
                 if storage is None and self.helpers is not None:
@@ -287,17 +282,15 @@ class OptunaSearch(SearchAlgorithm):
                 trials = open_study(self.sampler, study)
                 # The budget is this search's: trials already in a shared study do not count.
                 target = finished_trials(trials) + budget.evaluations
-                deadline = start + budget.time_limit_s
+                deadline = begun.start + budget.time_limit_s
                 with self._helping(study, target, deadline):
                     optimize(trials, evaluator, problem.space, budget=target, deadline=deadline)
                 return outcome_from_study(
                     trials,
                     problem.space,
-                    baseline=baseline,
-                    baseline_ms=baseline_ms,
-                    start=start,
+                    begun,
                     top=budget.top,
-                    baseline_fits=evaluator.feasible(baseline),
+                    baseline_fits=evaluator.feasible(begun.baseline),
                 )
 
     def work(

@@ -64,14 +64,14 @@ def random_fusion(
         InvalidOptionError: a model without gradients.
     """
     options = options or BacktrackOptions()
-    start, baseline, baseline_ms = begin(evaluator, order)
+    begun = begin(evaluator, order)
     rng = random.Random(seed)
-    curve = [baseline_ms]
+    curve = [begun.baseline_ms]
     priced: dict[str, tuple[Strategy, float]] = {}
     n = len(order)
     attempts = 0
     while evaluator.evaluations < options.budget and attempts < 20 * options.budget:
-        if time.perf_counter() - start > options.time_limit_s:
+        if time.perf_counter() - begun.start > options.time_limit_s:
             break
         room = min(BATCH, options.budget - evaluator.evaluations)
         batch = []
@@ -84,13 +84,6 @@ def random_fusion(
             if strategy.to_json() not in priced:
                 priced[strategy.to_json()] = (strategy, ms)
                 curve.append(min(curve[-1], ms))
-    ranked = sorted(priced.values(), key=lambda item: item[1])
     return finish(
-        evaluator,
-        ranked,
-        baseline=baseline,
-        baseline_ms=baseline_ms,
-        start=start,
-        curve=curve,
-        top=options.top,
+        begun, priced.values(), evaluations=evaluator.evaluations, curve=curve, top=options.top
     )

@@ -13,6 +13,7 @@ from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.plan import model_supports
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
+from ddlsim.search.algorithm import SearchStart
 from ddlsim.search.backtrack import BacktrackOptions, backtrack_all, backtrack_fusion
 from ddlsim.search.optuna_search import (
     StudyOptions,
@@ -193,9 +194,8 @@ def test_nsga2_keeps_a_pareto_front_of_time_and_memory() -> None:
     (baseline_ms,) = evaluator.price([Strategy()])
     optimize(trials, evaluator, space, budget=40, deadline=start + 120)
     assert finished_trials(trials) == 40
-    result = outcome_from_study(
-        trials, space, baseline=Strategy(), baseline_ms=baseline_ms, start=start, top=5
-    )
+    begun = SearchStart(start=start, baseline=Strategy(), baseline_ms=baseline_ms)
+    result = outcome_from_study(trials, space, begun, top=5)
     assert result.pareto, "a two-objective study has a front"
     points = [(point.scored_ms, point.peak_memory_gib) for point in result.pareto]
     for ms, gib in points:  # no point of the front dominates another
