@@ -19,7 +19,7 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import ZOO
 from ddlsim.service.api.errors import BadRequestError
-from ddlsim.service.api.schemas import Inputs
+from ddlsim.service.api.schemas import INPUT_FIELDS, Inputs
 from ddlsim.simulator.costs import rank_spec
 
 T = TypeVar("T")
@@ -62,6 +62,14 @@ def inputs_of(store: Store, body: Inputs) -> ModelSpec:
         )
     except DdlsimError as exc:
         raise BadRequestError(one_line(exc), field="body", status=422) from None
+
+
+def request_json(body: Inputs, spec: ModelSpec, **resolved: Any) -> dict[str, Any]:
+    """The body as a queued use case's request JSON (its REST names, which ``from_json`` of
+    :mod:`ddlsim.workflows.requests` reads): ``model`` the body's model resolved at its inputs
+    (``spec``), and each ``resolved`` field in place of the body's."""
+    fields = body.model_dump(exclude=set(INPUT_FIELDS))
+    return {**fields, "model": spec.to_dict(), **resolved}
 
 
 def resolve(store: Store, name: str, *, field: str) -> ModelSpec:

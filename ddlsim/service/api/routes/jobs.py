@@ -3,7 +3,7 @@ queued in the store (:mod:`ddlsim.data.store.tasks`); their ``GET`` gives status
 once done, the result. ``/v1/jobs`` lists every kind, and cancels.
 
 A search or an execution is queued as its use case's request (:mod:`ddlsim.workflows.requests`,
-``to_json()``), built from the body, which checks it.
+``to_json()``), read from the body's fields by the request's ``from_json``, which checks it.
 """
 
 from collections.abc import Iterable
@@ -13,7 +13,6 @@ from fastapi import APIRouter
 from pydantic import Field
 
 from ddlsim.data.store.tasks import TaskNotFoundError
-from ddlsim.executor.run import RunOptions
 from ddlsim.profiler.batch import parse_batch_data
 from ddlsim.service.api.deps import WRITE, QueueDep, StoreDep
 from ddlsim.service.api.errors import BadRequestError
@@ -21,6 +20,7 @@ from ddlsim.service.api.inputs import (
     built,
     finite,
     inputs_of,
+    request_json,
     resolve_ref,
     strategy_object,
     strategy_of,
@@ -33,7 +33,7 @@ from ddlsim.service.api.schemas import (
     ProfilingRunPublic,
     StrategyRequest,
 )
-from ddlsim.workflows.requests import ExecuteRequest, MeasureSettings, SearchRequest
+from ddlsim.workflows.requests import ExecuteRequest, SearchRequest
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 TaskId = Annotated[int, Field(ge=1, le=2**62)]
@@ -44,31 +44,7 @@ Limit = Annotated[int, Field(ge=1, le=1000)]
 def strategy_request(body: StrategyRequest, store: StoreDep, queue: QueueDep) -> JobPublic:
     """Queue a search for the fastest strategy (and, with ``verify``, runs of its pick)."""
     spec = inputs_of(store, body)
-    request = built(
-        lambda: SearchRequest(
-            model=spec,
-            world_size=body.world_size,
-            bandwidth=body.bandwidth,
-            algo=body.algo,
-            space=body.space,
-            budget=body.budget,
-            time_limit_s=body.time_limit,
-            memory_gb=body.memory_gb,
-            top=body.top,
-            confidence=body.confidence,
-            seed=body.seed,
-            verify=body.verify,
-            verify_rounds=body.verify_rounds,
-            verify_top=body.verify_top,
-            measure=MeasureSettings(
-                iters=body.iters,
-                warmup=body.warmup,
-                ci_target=body.ci_target,
-                budget_s=body.measure_budget_s,
-            ),
-        ),
-        body=body,
-    )
+    request = built(lambda: SearchRequest.from_json(request_json(body, spec)), body=body)
     return _public(queue.submit("search", request.to_json()).to_dict())
 
 
@@ -111,21 +87,7 @@ def execution(body: ExecutionRequest, store: StoreDep, queue: QueueDep) -> JobPu
     spec = inputs_of(store, body)
     strategy = strategy_of(body.strategy)
     request = built(
-        lambda: ExecuteRequest(
-            model=spec,
-            strategy=strategy,
-            options=RunOptions(
-                world_size=body.world_size,
-                bandwidth=body.bandwidth,
-                iters=body.iters,
-                warmup=body.warmup,
-                ci_target=body.ci_target,
-                budget_s=body.measure_budget_s,
-                seed=body.seed,
-                trace=body.trace,
-            ),
-            predict=True,
-        ),
+        lambda: ExecuteRequest.from_json(request_json(body, spec, strategy=strategy.to_dict())),
         body=body,
     )
     return _public(queue.submit("execution", request.to_json()).to_dict())
