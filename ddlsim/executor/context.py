@@ -17,7 +17,6 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.models import build_model, training_loss
@@ -49,52 +48,6 @@ class RankContext:
     optimizer: str = "adamw"
     dropout: bool = False
     frozen: tuple[str, ...] = ()
-
-    @classmethod
-    def for_plan(
-        cls,
-        *,
-        rank: int,
-        world_size: int,
-        spec: ModelSpec,
-        strategy: Strategy,
-        seed: int,
-        device: torch.device,
-        global_batch: Mapping[str, torch.Tensor],
-        distributed: bool,
-        **options: Any,
-    ) -> "RankContext":
-        """Rank ``rank``'s context under ``strategy``'s parallel plan on ``world_size`` ranks.
-
-        ``dp`` is resolved from the world size, ``tp`` and ``pp`` are the plan's. With
-        ``distributed`` (a process group is initialised) the mesh is the plan's ``(pp, dp, tp)``
-        mesh on ``device``'s type, else ``None``. ``options`` are the remaining fields
-        (``optimizer``, ``dropout``, ``frozen``).
-
-        Raises:
-            InvalidStrategyError: when ``dp * tp * pp != world_size``.
-        """
-        plan = strategy.parallel
-        dp = plan.resolve_dp(world_size)
-        mesh = None
-        if distributed:
-            mesh = init_device_mesh(
-                device.type, (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp")
-            )
-        return cls(
-            rank=rank,
-            world_size=world_size,
-            dp=dp,
-            tp=plan.tp,
-            pp=plan.pp,
-            spec=spec,
-            strategy=strategy,
-            seed=seed,
-            device=device,
-            global_batch=global_batch,
-            mesh=mesh,
-            **options,
-        )
 
     @property
     def tp_rank(self) -> int:

@@ -45,25 +45,47 @@ from ddlsim.profiler.cluster.placement import report_placement
 from ddlsim.profiler.cluster.processes import die_with_parent
 
 
-def _context(
+def rank_context(
     config: dict[str, Any],
     strategy: Strategy,
     rank: int,
     world_size: int,
     device: torch.device,
 ) -> RankContext:
+    """Rank ``rank``'s context for ``strategy`` from the launch's ``config`` (``spec``, ``seed``,
+    ``optimizer``, ``dropout`` and optionally ``frozen``).
+
+    ``dp`` is resolved from the world size; with more than one rank the mesh is the plan's
+    ``(pp, dp, tp)`` mesh over the initialised process group. The global batch is drawn from the
+    seed on ``device`` (the model is built on the meta device only for its shapes).
+
+    Raises:
+        InvalidStrategyError: when ``dp * tp * pp != world_size``.
+    """
     spec = ModelSpec.from_dict(config["spec"])
+    plan = strategy.parallel
+    dp = plan.resolve_dp(world_size)
+    mesh = None
+    if world_size > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(
+            device.type, (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp")
+        )
     with torch.device("meta"):
         shape_model = build_model(spec)
-    return RankContext.for_plan(
+    return RankContext(
         rank=rank,
         world_size=world_size,
+        dp=dp,
+        tp=plan.tp,
+        pp=plan.pp,
         spec=spec,
         strategy=strategy,
         seed=int(config["seed"]),
         device=device,
         global_batch=make_batch(spec, shape_model, seed=int(config["seed"]), device=device),
-        distributed=world_size > 1,
+        mesh=mesh,
         optimizer=str(config["optimizer"]),
         dropout=bool(config["dropout"]),
         frozen=tuple(config.get("frozen", ())),
@@ -179,7 +201,7 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
     contexts = []
     for variant in config["variants"]:
         strategy = Strategy.from_dict(variant["strategy"])
-        ctx = _context(config, strategy, rank, world_size, device)
+        ctx = rank_context(config, strategy, rank, world_size, device)
         buckets = [
             Bucket(index=i, params=tuple(b["params"]), grad_bytes=int(b["grad_bytes"]))
             for i, b in enumerate(variant["buckets"])

@@ -19,6 +19,7 @@ from ddlsim.data.models import build_model, make_batch
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.executor.context import RankContext, disable_dropout, local_loss, make_optimizer
+from ddlsim.executor.rank_main import rank_context
 
 RankFn = Callable[[RankContext], Any]
 STEPS = 5  # iterations a trainer test runs and compares with single-process training
@@ -57,17 +58,9 @@ def _rank_main(  # noqa: PLR0917 (multiprocessing passes positional arguments)
 def make_context(
     rank: int, world_size: int, spec: ModelSpec, strategy: Strategy, seed: int
 ) -> RankContext:
-    """The context a rank of the executor gets (mesh only when a process group exists)."""
-    return RankContext.for_plan(
-        rank=rank,
-        world_size=world_size,
-        spec=spec,
-        strategy=strategy,
-        seed=seed,
-        device=torch.device("cpu"),
-        global_batch=make_batch(spec, build_model(spec, seed=seed), seed=seed),
-        distributed=dist.is_initialized(),
-    )
+    """The context a rank of the executor gets (AdamW, no dropout, on the CPU)."""
+    config = {"spec": spec.to_dict(), "seed": seed, "optimizer": "adamw", "dropout": False}
+    return rank_context(config, strategy, rank, world_size, torch.device("cpu"))
 
 
 def run_ranks(
