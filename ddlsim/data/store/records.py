@@ -6,9 +6,14 @@
 
 import dataclasses
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args
 
 from ddlsim.data.errors import InvalidOptionError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+RecordT = TypeVar("RecordT", bound="DataclassInstance")
 
 JobStatus = Literal["running", "done", "failed"]
 JOB_STATUSES: tuple[str, ...] = get_args(JobStatus)
@@ -16,18 +21,49 @@ TaskStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 TASK_STATUSES: tuple[str, ...] = get_args(TaskStatus)
 
 
-def _check_aware(value: datetime | None, where: str) -> None:
-    if value is not None and value.utcoffset() is None:
-        raise InvalidOptionError(f"{where} must be timezone-aware, got naive {value.isoformat()}")
+def record_of(record_type: type[RecordT], source: object, **fields: Any) -> RecordT:
+    """A ``record_type`` dataclass whose fields are ``source``'s attributes of the same names,
+    each of ``fields`` given in place of ``source``'s; a field ``source`` lacks keeps its default
+    (``id`` and ``created_at`` of a new result).
+
+    Raises:
+        TypeError: a field that neither ``fields`` nor ``source`` gives and has no default, or
+            a name in ``fields`` that is no field of ``record_type``.
+    """
+    for field in dataclasses.fields(record_type):
+        if field.init and field.name not in fields and hasattr(source, field.name):
+            fields[field.name] = getattr(source, field.name)
+    return record_type(**fields)
+
+
+class _Result:
+    """A result record (a profile, a measurement, a prediction), named :attr:`what` in messages.
+
+    Raises:
+        InvalidOptionError: on construction, a naive ``created_at``.
+    """
+
+    __slots__ = ()
+    created_at: datetime | None
+    what: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        value = self.created_at
+        if value is not None and value.utcoffset() is None:
+            raise InvalidOptionError(
+                f"{self.what} created_at must be timezone-aware, got naive {value.isoformat()}"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class KernelProfileRecord:
+class KernelProfileRecord(_Result):
     """Measured per-node durations of one iteration graph on one device.
 
     ``node_ms`` maps a graph node id to its median duration; ``coverage`` is
     ``attributed_ms / iteration_time_ms``.
     """
+
+    what = "kernel profile"
 
     graph_hash: str
     model: str
@@ -43,17 +79,16 @@ class KernelProfileRecord:
     created_at: datetime | None = None
     id: int | None = None
 
-    def __post_init__(self) -> None:
-        _check_aware(self.created_at, "kernel profile created_at")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class FusionProfileRecord:
+class FusionProfileRecord(_Result):
     """Blocks of one graph's model timed alone, eager and compiled (``torch.compile``).
 
     ``blocks`` holds one entry a block: ``block`` (module path), ``eager_ms`` and
     ``compiled_ms`` (median forward and backward), ``compile_s`` (the first compiled call).
     """
+
+    what = "fusion profile"
 
     graph_hash: str
     model: str
@@ -65,17 +100,16 @@ class FusionProfileRecord:
     created_at: datetime | None = None
     id: int | None = None
 
-    def __post_init__(self) -> None:
-        _check_aware(self.created_at, "fusion profile created_at")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class CollectiveProfileRecord:
+class CollectiveProfileRecord(_Result):
     """Samples of one collective and the latency-bandwidth model fitted to them.
 
     ``bandwidth`` is the link limit (``"1gbit"``, ``"none"``); ``network`` how ranks were
     connected (``"netns"``, ``"loopback"``); ``rank_cores`` the CPU cores each rank ran on.
     """
+
+    what = "collective profile"
 
     collective: str
     backend: str
@@ -91,14 +125,13 @@ class CollectiveProfileRecord:
     created_at: datetime | None = None
     id: int | None = None
 
-    def __post_init__(self) -> None:
-        _check_aware(self.created_at, "collective profile created_at")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class MeasurementRecord:
+class MeasurementRecord(_Result):
     """One executor run: iteration-time samples, peak memory per rank, what was applied, and
     the loss of the whole global batch at each step (warm-up steps first)."""
+
+    what = "measurement"
 
     model: str
     graph_hash: str | None
@@ -114,13 +147,12 @@ class MeasurementRecord:
     created_at: datetime | None = None
     id: int | None = None
 
-    def __post_init__(self) -> None:
-        _check_aware(self.created_at, "measurement created_at")
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class PredictionRecord:
+class PredictionRecord(_Result):
     """A simulator's prediction for a graph, a strategy and a cluster (``ClusterSpec`` dict)."""
+
+    what = "prediction"
 
     model: str
     graph_hash: str
@@ -131,9 +163,6 @@ class PredictionRecord:
     simulator_version: str
     created_at: datetime | None = None
     id: int | None = None
-
-    def __post_init__(self) -> None:
-        _check_aware(self.created_at, "prediction created_at")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

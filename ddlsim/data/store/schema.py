@@ -10,7 +10,7 @@ Content-addressed rows (model specs, graphs, strategies) are keyed by their SHA-
 
 import dataclasses
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import Any, ClassVar, Generic, Self
 
 from sqlalchemy import (
     JSON,
@@ -39,7 +39,9 @@ from ddlsim.data.store.records import (
     KernelProfileRecord,
     MeasurementRecord,
     PredictionRecord,
+    RecordT,
     TaskRecord,
+    record_of,
 )
 
 TABLE_PREFIX = "ddlsim_"
@@ -99,17 +101,41 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
 
-def _values_of(record: Any) -> dict[str, Any]:
-    """A result record's fields as columns: ``id`` left to the database, ``created_at`` now."""
-    values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
-    del values["id"]
-    values["created_at"] = values["created_at"] or utc_now()
-    return values
+class ResultRow(Base, Generic[RecordT]):
+    """A result (a profile, a measurement, a prediction): an integer id, the time it was
+    stored, and the fields of its record (:attr:`record_type`) as columns of the same names.
 
+    JSON keys are text: the dict columns named in :attr:`int_keyed` (keyed by node id or rank)
+    are stored with text keys and read back with integer ones.
+    """
 
-def _fields_of(row: Base, record_type: Any) -> dict[str, Any]:
-    """The columns of ``row`` that ``record_type`` has fields for."""
-    return {f.name: getattr(row, f.name) for f in dataclasses.fields(record_type)}
+    __abstract__ = True
+
+    record_type: ClassVar[type[Any]]
+    int_keyed: ClassVar[tuple[str, ...]] = ()
+
+    # First and last, as the migrations create the tables.
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True, sort_order=-1)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+    @classmethod
+    def from_record(cls, record: RecordT) -> Self:
+        """The row that stores ``record``: ``id`` left to the database, ``created_at`` now
+        unless the record has one."""
+        values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+        del values["id"]
+        values["created_at"] = values["created_at"] or utc_now()
+        for name in cls.int_keyed:
+            values[name] = {str(key): value for key, value in values[name].items()}
+        return cls(**values)
+
+    def to_record(self) -> RecordT:
+        """The row as the record it stores."""
+        keyed = {
+            name: {int(key): value for key, value in getattr(self, name).items()}
+            for name in self.int_keyed
+        }
+        return record_of(self.record_type, self, **keyed)
 
 
 class ModelSpecRow(Base):
@@ -150,12 +176,13 @@ class StrategyRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 
 
-class KernelProfileRow(Base):
+class KernelProfileRow(ResultRow[KernelProfileRecord]):
     """Per-node durations of one graph on one device (``node_ms`` keys are node ids as text)."""
 
     __tablename__ = "ddlsim_kernel_profiles"
+    record_type = KernelProfileRecord
+    int_keyed = ("node_ms",)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     graph_hash: Mapped[str] = mapped_column(ForeignKey("ddlsim_graphs.graph_hash"), index=True)
     model: Mapped[str] = mapped_column(String(NAME_LENGTH))
     device: Mapped[str] = mapped_column(String(NAME_LENGTH))
@@ -167,28 +194,14 @@ class KernelProfileRow(Base):
     node_ms: Mapped[dict[str, float]] = mapped_column(JSON)
     trace_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     env: Mapped[dict[str, str]] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
-
-    @classmethod
-    def from_record(cls, record: KernelProfileRecord) -> Self:
-        """The row that stores ``record``."""
-        values = _values_of(record)
-        values["node_ms"] = {str(node): ms for node, ms in record.node_ms.items()}
-        return cls(**values)
-
-    def to_record(self) -> KernelProfileRecord:
-        """The row as the record it stores."""
-        values = _fields_of(self, KernelProfileRecord)
-        values["node_ms"] = {int(node): ms for node, ms in self.node_ms.items()}
-        return KernelProfileRecord(**values)
 
 
-class FusionProfileRow(Base):
+class FusionProfileRow(ResultRow[FusionProfileRecord]):
     """Blocks of one graph's model timed eager and compiled (``blocks``: one entry a block)."""
 
     __tablename__ = "ddlsim_fusion_profiles"
+    record_type = FusionProfileRecord
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     graph_hash: Mapped[str] = mapped_column(ForeignKey("ddlsim_graphs.graph_hash"), index=True)
     model: Mapped[str] = mapped_column(String(NAME_LENGTH))
     device: Mapped[str] = mapped_column(String(NAME_LENGTH))
@@ -196,19 +209,9 @@ class FusionProfileRow(Base):
     iters: Mapped[int] = mapped_column(Integer)
     blocks: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     env: Mapped[dict[str, str]] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
-
-    @classmethod
-    def from_record(cls, record: FusionProfileRecord) -> Self:
-        """The row that stores ``record``."""
-        return cls(**_values_of(record))
-
-    def to_record(self) -> FusionProfileRecord:
-        """The row as the record it stores."""
-        return FusionProfileRecord(**_fields_of(self, FusionProfileRecord))
 
 
-class CollectiveProfileRow(Base):
+class CollectiveProfileRow(ResultRow[CollectiveProfileRecord]):
     """One collective's samples and fitted model (``rank_cores`` keys are ranks as text)."""
 
     __tablename__ = "ddlsim_collective_profiles"
@@ -221,8 +224,9 @@ class CollectiveProfileRow(Base):
             "bandwidth",
         ),
     )
+    record_type = CollectiveProfileRecord
+    int_keyed = ("rank_cores",)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     collective: Mapped[str] = mapped_column(String(NAME_LENGTH))
     backend: Mapped[str] = mapped_column(String(NAME_LENGTH))
     world_size: Mapped[int] = mapped_column(Integer)
@@ -234,28 +238,14 @@ class CollectiveProfileRow(Base):
     samples: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     rank_cores: Mapped[dict[str, list[int]]] = mapped_column(JSON)
     env: Mapped[dict[str, str]] = mapped_column(JSON)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
-
-    @classmethod
-    def from_record(cls, record: CollectiveProfileRecord) -> Self:
-        """The row that stores ``record``."""
-        values = _values_of(record)
-        values["rank_cores"] = {str(rank): cores for rank, cores in record.rank_cores.items()}
-        return cls(**values)
-
-    def to_record(self) -> CollectiveProfileRecord:
-        """The row as the record it stores."""
-        values = _fields_of(self, CollectiveProfileRecord)
-        values["rank_cores"] = {int(rank): cores for rank, cores in self.rank_cores.items()}
-        return CollectiveProfileRecord(**values)
 
 
-class MeasurementRow(Base):
+class MeasurementRow(ResultRow[MeasurementRecord]):
     """One executor run of a strategy on an emulated cluster."""
 
     __tablename__ = "ddlsim_measurements"
+    record_type = MeasurementRecord
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     model: Mapped[str] = mapped_column(String(NAME_LENGTH))
     graph_hash: Mapped[str | None] = mapped_column(
         ForeignKey("ddlsim_graphs.graph_hash"), nullable=True, index=True
@@ -271,24 +261,14 @@ class MeasurementRow(Base):
     applied: Mapped[dict[str, Any]] = mapped_column(JSON)
     env: Mapped[dict[str, Any]] = mapped_column(JSON)
     losses: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
-
-    @classmethod
-    def from_record(cls, record: MeasurementRecord) -> Self:
-        """The row that stores ``record``."""
-        return cls(**_values_of(record))
-
-    def to_record(self) -> MeasurementRecord:
-        """The row as the record it stores."""
-        return MeasurementRecord(**_fields_of(self, MeasurementRecord))
 
 
-class PredictionRow(Base):
+class PredictionRow(ResultRow[PredictionRecord]):
     """A simulator's prediction for a graph, a strategy and a cluster."""
 
     __tablename__ = "ddlsim_predictions"
+    record_type = PredictionRecord
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     model: Mapped[str] = mapped_column(String(NAME_LENGTH))
     graph_hash: Mapped[str] = mapped_column(ForeignKey("ddlsim_graphs.graph_hash"), index=True)
     strategy_hash: Mapped[str] = mapped_column(
@@ -298,16 +278,6 @@ class PredictionRow(Base):
     iteration_time_ms: Mapped[float] = mapped_column(Float)
     breakdown: Mapped[dict[str, float]] = mapped_column(JSON)
     simulator_version: Mapped[str] = mapped_column(String(NAME_LENGTH))
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
-
-    @classmethod
-    def from_record(cls, record: PredictionRecord) -> Self:
-        """The row that stores ``record``."""
-        return cls(**_values_of(record))
-
-    def to_record(self) -> PredictionRecord:
-        """The row as the record it stores."""
-        return PredictionRecord(**_fields_of(self, PredictionRecord))
 
 
 class JobRow(Base):
@@ -331,7 +301,7 @@ class JobRow(Base):
     def to_record(self) -> JobRecord:
         """The row as the record it stores."""
         # The check constraint holds status to JOB_STATUSES.
-        return JobRecord(**_fields_of(self, JobRecord))
+        return record_of(JobRecord, self)
 
 
 class TaskRow(Base):
@@ -363,4 +333,4 @@ class TaskRow(Base):
     def to_record(self) -> TaskRecord:
         """The row as the record it stores."""
         # The check constraint holds status to TASK_STATUSES.
-        return TaskRecord(**_fields_of(self, TaskRecord))
+        return record_of(TaskRecord, self)

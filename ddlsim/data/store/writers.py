@@ -35,6 +35,7 @@ from ddlsim.data.store.schema import (
     MeasurementRow,
     ModelSpecRow,
     PredictionRow,
+    ResultRow,
     StrategyRow,
     utc_now,
 )
@@ -61,14 +62,7 @@ def _insert_missing(session: Session, row_type: type[Base], values: dict[str, An
     session.execute(dialect_insert(session, row_type).values(**values).on_conflict_do_nothing())
 
 
-def _add_row(
-    session: Session,
-    row: KernelProfileRow
-    | FusionProfileRow
-    | CollectiveProfileRow
-    | MeasurementRow
-    | PredictionRow,
-) -> int:
+def _add_row(session: Session, row: ResultRow[Any]) -> int:
     session.add(row)
     session.flush()
     return row.id
