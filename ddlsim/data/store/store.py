@@ -15,7 +15,7 @@ import gzip
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import writers
 from ddlsim.data.store.database import default_url, mask_url, open_engine
 from ddlsim.data.store.errors import StoreError
 from ddlsim.data.store.records import (
@@ -46,20 +47,11 @@ from ddlsim.data.store.schema import (
     StrategyRow,
     utc_now,
 )
-from ddlsim.data.store.writers import (
-    add_collective_profile,
-    add_fusion_profile,
-    add_graph,
-    add_kernel_profile,
-    add_measurement,
-    add_model_spec,
-    add_prediction,
-    add_strategy,
-    dialect_insert,
-)
 
 # The content-addressed rows that are loaded by their key.
 _StoredRow = TypeVar("_StoredRow", GraphRow, StrategyRow)
+_Params = ParamSpec("_Params")
+_Written = TypeVar("_Written")
 
 
 class Store:
@@ -128,12 +120,21 @@ class Store:
         with self._sessions.begin() as session:
             yield session
 
+    def _write(
+        self,
+        add: Callable[Concatenate[Session, _Params], _Written],
+        *args: _Params.args,
+        **kwargs: _Params.kwargs,
+    ) -> _Written:
+        """``add(session, ...)`` (an ``add_*`` writer) in a transaction of its own."""
+        with self.transaction() as session:
+            return add(session, *args, **kwargs)
+
     # ----- graphs and strategies -----------------------------------------------------------------
 
     def save_graph(self, *, graph: IterationGraph) -> str:
         """Store ``graph`` (once per hash) and its model spec; return its ``graph_hash``."""
-        with self.transaction() as session:
-            return add_graph(session, graph=graph)
+        return self._write(writers.add_graph, graph=graph)
 
     def load_graph(self, *, graph_hash: str) -> IterationGraph:
         """The stored graph with ``graph_hash``.
@@ -147,8 +148,7 @@ class Store:
 
     def save_model_spec(self, *, spec: ModelSpec) -> str:
         """Store ``spec`` (once per hash); return its hash."""
-        with self.transaction() as session:
-            return add_model_spec(session, spec=spec)
+        return self._write(writers.add_model_spec, spec=spec)
 
     def model_specs(self, *, label: str | None = None) -> list[tuple[str, ModelSpec]]:
         """Stored model specs as (hash, spec), oldest first; only those labelled ``label``
@@ -162,8 +162,7 @@ class Store:
 
     def save_strategy(self, *, strategy: Strategy) -> str:
         """Store ``strategy`` (once per hash); return :func:`strategy_hash` of it."""
-        with self.transaction() as session:
-            return add_strategy(session, strategy=strategy)
+        return self._write(writers.add_strategy, strategy=strategy)
 
     def load_strategy(self, *, strategy_hash: str) -> Strategy:
         """The stored strategy with ``strategy_hash``.
@@ -179,9 +178,9 @@ class Store:
     # ----- profiles, measurements, predictions ---------------------------------------------------
 
     def save_kernel_profile(self, *, profile: KernelProfileRecord) -> int:
-        """Store a profile of a stored graph; return its id (see :func:`add_kernel_profile`)."""
-        with self.transaction() as session:
-            return add_kernel_profile(session, profile=profile)
+        """Store a profile of a stored graph; return its id (see
+        :func:`.writers.add_kernel_profile`)."""
+        return self._write(writers.add_kernel_profile, profile=profile)
 
     def kernel_profiles(self, *, graph_hash: str | None = None) -> list[KernelProfileRecord]:
         """Kernel profiles, oldest first, of one graph or of all."""
@@ -189,8 +188,7 @@ class Store:
 
     def save_fusion_profile(self, *, profile: FusionProfileRecord) -> int:
         """Store a fusion profile of a stored graph; return its id."""
-        with self.transaction() as session:
-            return add_fusion_profile(session, profile=profile)
+        return self._write(writers.add_fusion_profile, profile=profile)
 
     def fusion_profiles(self, *, graph_hash: str | None = None) -> list[FusionProfileRecord]:
         """Fusion profiles, oldest first, of one graph or of all."""
@@ -198,8 +196,7 @@ class Store:
 
     def save_collective_profile(self, *, profile: CollectiveProfileRecord) -> int:
         """Store a collective profile; return its id."""
-        with self.transaction() as session:
-            return add_collective_profile(session, profile=profile)
+        return self._write(writers.add_collective_profile, profile=profile)
 
     def collective_profiles(
         self,
@@ -219,9 +216,8 @@ class Store:
         )
 
     def save_measurement(self, *, measurement: MeasurementRecord) -> int:
-        """Store an executor measurement; return its id (see :func:`add_measurement`)."""
-        with self.transaction() as session:
-            return add_measurement(session, measurement=measurement)
+        """Store an executor measurement; return its id (see :func:`.writers.add_measurement`)."""
+        return self._write(writers.add_measurement, measurement=measurement)
 
     def measurements(
         self, *, graph_hash: str | None = None, strategy_hash: str | None = None
@@ -230,9 +226,8 @@ class Store:
         return self._records(MeasurementRow, graph_hash=graph_hash, strategy_hash=strategy_hash)
 
     def save_prediction(self, *, prediction: PredictionRecord) -> int:
-        """Store a simulator prediction; return its id (see :func:`add_prediction`)."""
-        with self.transaction() as session:
-            return add_prediction(session, prediction=prediction)
+        """Store a simulator prediction; return its id (see :func:`.writers.add_prediction`)."""
+        return self._write(writers.add_prediction, prediction=prediction)
 
     def predictions(
         self, *, graph_hash: str | None = None, strategy_hash: str | None = None
@@ -260,7 +255,7 @@ class Store:
             "finished_at": None,
         }
         with self.transaction() as session:
-            insert = dialect_insert(session, JobRow).values(**values)
+            insert = writers.dialect_insert(session, JobRow).values(**values)
             session.execute(
                 insert.on_conflict_do_update(
                     index_elements=[JobRow.key],
