@@ -15,6 +15,7 @@ from ddlsim.service.output import (
     emit_json,
     model_argument,
     positive_int,
+    request_from,
     stderr_progress,
     strategy_argument,
 )
@@ -26,14 +27,8 @@ DEFAULTS = defaults(PredictRequest)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    request = PredictRequest(
-        model=model_argument(args),
-        strategy=strategy_argument(args),
-        world_size=args.world_size,
-        bandwidth=args.bandwidth,
-        optimizer=args.optimizer,
-        profile_iters=args.profile_iters,
-        simulator=args.simulator,
+    request = request_from(
+        args, PredictRequest, model=model_argument(args), strategy=strategy_argument(args)
     )
     with Store.open(args.db) as store:
         done = predict(request, store, stderr_progress)

@@ -18,8 +18,8 @@ from ddlsim.service.output import (
     emit_json,
     format_interval,
     human_bytes,
-    measure_settings,
     model_argument,
+    request_from,
     stderr_progress,
     strategy_argument,
 )
@@ -31,21 +31,14 @@ DEFAULTS = defaults(RunOptions)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    options = request_from(
+        args,
+        RunOptions,
+        options={"timeout_s": "timeout", "budget_s": "measure_budget_s"},
+        collective_timeout_s=min(args.timeout, args.collective_timeout),
+    )
     request = ExecuteRequest(
-        model=model_argument(args),
-        strategy=strategy_argument(args),
-        options=RunOptions(
-            world_size=args.world_size,
-            bandwidth=args.bandwidth,
-            **measure_settings(args).run_options(),
-            seed=args.seed,
-            optimizer=args.optimizer,
-            dropout=args.dropout,
-            device=args.device,
-            backend=args.backend,
-            timeout_s=args.timeout,
-            collective_timeout_s=min(args.timeout, args.collective_timeout),
-        ),
+        model=model_argument(args), strategy=strategy_argument(args), options=options
     )
     with Store.open(args.db) as store:
         try:

@@ -19,6 +19,7 @@ from ddlsim.service.output import (
     measure_settings,
     model_argument,
     positive_int,
+    request_from,
     stderr_progress,
     verification_lines,
 )
@@ -36,26 +37,11 @@ DEFAULTS = defaults(SearchRequest)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    request = SearchRequest(
+    request = request_from(
+        args,
+        SearchRequest,
+        options={"time_limit_s": "time_limit"},
         model=model_argument(args),
-        world_size=args.world_size,
-        bandwidth=args.bandwidth,
-        algo=args.algo,
-        space=args.space,
-        budget=args.budget,
-        time_limit_s=args.time_limit,
-        memory_gb=args.memory_gb,
-        top=args.top,
-        confidence=args.confidence,
-        seed=args.seed,
-        storage=args.storage,
-        study_name=args.study_name,
-        workers=args.workers,
-        profile_iters=args.profile_iters,
-        simulator=args.simulator,
-        verify=args.verify,
-        verify_rounds=args.verify_rounds,
-        verify_top=args.verify_top,
         measure=measure_settings(args),
     )
     with Store.open(args.db) as store, _bar(request) as progress:

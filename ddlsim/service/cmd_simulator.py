@@ -15,6 +15,7 @@ from ddlsim.service.output import (
     measure_settings,
     model_argument,
     positive_int,
+    request_from,
     stderr_progress,
 )
 from ddlsim.workflows.requests import ValidateRequest, defaults
@@ -24,14 +25,8 @@ DEFAULTS = defaults(ValidateRequest)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    request = ValidateRequest(
-        model=model_argument(args),
-        world_size=args.world_size,
-        bandwidth=args.bandwidth,
-        strategies=args.strategies,
-        profile_iters=args.profile_iters,
-        simulator=args.simulator,
-        measure=measure_settings(args),
+    request = request_from(
+        args, ValidateRequest, model=model_argument(args), measure=measure_settings(args)
     )
     with Store.open(args.db) as store:
         payload = validate(request, store, stderr_progress)

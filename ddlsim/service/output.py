@@ -1,15 +1,18 @@
 """Helpers shared by the commands: number formatting, JSON output, progress lines."""
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import resolve_model
 from ddlsim.workflows.requests import MeasureSettings
+
+Request = TypeVar("Request")
 
 
 def positive_int(text: str) -> int:
@@ -168,6 +171,30 @@ def measure_settings(args: argparse.Namespace) -> MeasureSettings:
         ci_target=args.ci_target,
         budget_s=args.measure_budget_s,
     )
+
+
+def request_from(
+    args: argparse.Namespace,
+    request_type: type[Request],
+    /,
+    *,
+    options: Mapping[str, str] | None = None,
+    **given: Any,
+) -> Request:
+    """A request (or options) dataclass from a command's parsed options: each field the command
+    has an option for (the option named like the field, or ``options[field]``), unless
+    ``given``; the request's own defaults for the rest. Construction validates it.
+
+    Raises:
+        DdlsimError: a value the request refuses (its message names it).
+    """
+    named = options or {}
+    fields: dict[str, Any] = {}
+    for field in dataclasses.fields(request_type):  # type: ignore[arg-type]
+        option = named.get(field.name, field.name)
+        if field.name not in given and hasattr(args, option):
+            fields[field.name] = getattr(args, option)
+    return request_type(**fields, **given)
 
 
 def format_interval(interval: Any, unit: str = " ms") -> str:
