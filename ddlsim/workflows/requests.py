@@ -75,13 +75,8 @@ class MeasureSettings:
             raise InvalidOptionError(f"measure_budget_s({self.budget_s}) must be >= 0 seconds")
 
     def run_options(self) -> dict[str, Any]:
-        """:class:`~ddlsim.executor.run.RunOptions` keywords."""
-        return {
-            "iters": self.iters,
-            "warmup": self.warmup,
-            "ci_target": self.ci_target,
-            "budget_s": self.budget_s,
-        }
+        """:class:`~ddlsim.executor.run.RunOptions` keywords (the same names)."""
+        return dataclasses.asdict(self)
 
 
 SEARCH_MEASURE = MeasureSettings(iters=6)

@@ -128,14 +128,20 @@ class ParallelPlan:
     def label(self) -> str:
         """A short name of the plan (``tp2 m2``, ``pp4 1f1b m8``, ``fsdp``; ``ddp`` for plain
         data parallelism)."""
-        parts = [f"tp{self.tp}" if self.tp > 1 else "", f"pp{self.pp}" if self.pp > 1 else ""]
+        return " ".join(self.features(fsdp="fsdp", micro_batches="m{}")) or "ddp"
+
+    def features(self, *, fsdp: str, micro_batches: str) -> list[str]:
+        """What sets the plan apart from plain data parallelism, in the order its names show
+        it: tensor and pipeline degrees, the pipeline's schedule, FSDP (spelt ``fsdp``), the
+        micro-batches (``micro_batches`` formatted with their count)."""
+        parts = [f"{key}{getattr(self, key)}" for key in ("tp", "pp") if getattr(self, key) > 1]
         if self.pp > 1:
             parts.append(self.pp_schedule)
         if self.fsdp:
-            parts.append("fsdp")
+            parts.append(fsdp)
         if self.micro_batches > 1:
-            parts.append(f"m{self.micro_batches}")
-        return " ".join(p for p in parts if p) or "ddp"
+            parts.append(micro_batches.format(self.micro_batches))
+        return parts
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
@@ -365,13 +371,7 @@ class Strategy:
         if self == Strategy():
             return "DDP's defaults"
         plan, fusion = self.parallel, self.tensor_fusion
-        parts = [f"{key}{getattr(plan, key)}" for key in ("tp", "pp") if getattr(plan, key) > 1]
-        if plan.pp > 1:
-            parts.append(plan.pp_schedule)
-        if plan.fsdp:
-            parts.append("FSDP")
-        if plan.micro_batches > 1:
-            parts.append(f"{plan.micro_batches} micro-batches")
+        parts = plan.features(fsdp="FSDP", micro_batches="{} micro-batches")
         if plan.pp == 1 and plan.tp == 1 and not plan.fsdp:
             parts.append(
                 f"{len(fusion.buckets)} buckets"
