@@ -49,6 +49,7 @@ from ddlsim.data.store import (
     add_graph,
     add_kernel_profile,
 )
+from ddlsim.data.store.records import record_of
 from ddlsim.data.zoo import resolve_model
 from ddlsim.profiler.collective_fit import CollectiveProfile
 from ddlsim.profiler.collectives import parse_sizes, profile_collectives
@@ -286,17 +287,10 @@ def run_batch(
 
 def kernel_record(profile: KernelProfile) -> KernelProfileRecord:
     """The store's record of a kernel profile."""
-    return KernelProfileRecord(
-        graph_hash=profile.graph_hash,
-        model=profile.model,
-        device=profile.device,
-        device_name=profile.device_name,
-        iters=profile.iters,
-        iteration_time_ms=profile.iteration_time_ms,
-        attributed_ms=profile.attributed_ms,
-        coverage=profile.coverage,
+    return record_of(
+        KernelProfileRecord,
+        profile,
         node_ms=dict(profile.node_ms),
-        trace_path=profile.trace_path,
         env={**profile.env, "matched_fraction": f"{profile.matched_fraction:.4f}"},
     )
 
@@ -335,15 +329,8 @@ def run_kernel_job(job: Job, *, trace_dir: Path | None = None) -> Callable[[Any]
 
 def fusion_record(profile: FusionProfile) -> FusionProfileRecord:
     """The store's record of a fusion profile."""
-    return FusionProfileRecord(
-        graph_hash=profile.graph_hash,
-        model=profile.model,
-        device=profile.device,
-        backend=profile.backend,
-        iters=profile.iters,
-        blocks=[dataclasses.asdict(block) for block in profile.blocks],
-        env=dict(profile.env),
-    )
+    blocks = [dataclasses.asdict(block) for block in profile.blocks]
+    return record_of(FusionProfileRecord, profile, blocks=blocks, env=dict(profile.env))
 
 
 def run_fusion_job(job: Job) -> Callable[[Any], None]:
@@ -378,15 +365,10 @@ def collective_records(profile: CollectiveProfile) -> list[CollectiveProfileReco
             if sample.collective == fit.collective
         ]
         records.append(
-            CollectiveProfileRecord(
-                collective=fit.collective,
-                backend=fit.backend,
-                world_size=fit.world_size,
-                bandwidth=fit.bandwidth,
+            record_of(
+                CollectiveProfileRecord,
+                fit,
                 network=profile.network,
-                alpha_us=fit.alpha_us,
-                busbw_gbps=fit.busbw_gbps,
-                r2=fit.r2,
                 samples=samples,
                 rank_cores=dict(profile.rank_cores),
                 env=env,

@@ -14,6 +14,7 @@ from typing import Any
 
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store.records import record_of
 from ddlsim.simulator.dataset.entries import (
     Dataset,
     FusionEntry,
@@ -52,17 +53,7 @@ def export_dataset(
             node_ms=dict(profile.node_ms),
             iteration_time_ms=profile.iteration_time_ms,
         )
-    links = tuple(
-        LinkFit(
-            collective=p.collective,
-            world_size=p.world_size,
-            bandwidth=p.bandwidth,
-            alpha_us=p.alpha_us,
-            busbw_gbps=p.busbw_gbps,
-            r2=p.r2,
-        )
-        for p in store.collective_profiles()
-    )
+    links = tuple(record_of(LinkFit, p) for p in store.collective_profiles())
     fusion: dict[tuple[str, int], FusionEntry] = {}
     for fused in store.fusion_profiles():  # oldest first: a newer profile replaces
         if fused.device != "cpu":
