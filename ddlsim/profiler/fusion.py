@@ -62,15 +62,9 @@ class FusionProfile:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict of the profile and its blocks."""
-        return {
-            "model": self.model,
-            "graph_hash": self.graph_hash,
-            "device": self.device,
-            "backend": self.backend,
-            "iters": self.iters,
-            "blocks": [{**dataclasses.asdict(b), "speedup": b.speedup} for b in self.blocks],
-            "env": dict(self.env),
-        }
+        out = dataclasses.asdict(self)
+        out["blocks"] = [{**dataclasses.asdict(b), "speedup": b.speedup} for b in self.blocks]
+        return out
 
 
 def profile_fusion(

@@ -49,6 +49,21 @@ _MARK = "ddlsim#"
 _ITERATION = "ddlsim::iteration"
 # Events the mapping pass adds by running a dispatch mode; the measured pass has none.
 _MODE_EVENTS = frozenset({"PythonDispatchMode", "PythonTLSSnapshot"})
+# What KernelProfile.summary() reports, in its order: the figures, not the per-node times.
+_SUMMARY = (
+    "model",
+    "graph_hash",
+    "device",
+    "device_name",
+    "iters",
+    "iteration_time_ms",
+    "profiled_iteration_ms",
+    "attributed_ms",
+    "coverage",
+    "num_nodes_timed",
+    "matched_fraction",
+    "trace_path",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -81,20 +96,7 @@ class KernelProfile:
 
     def summary(self) -> dict[str, Any]:
         """The profile's figures, without its per-node times."""
-        return {
-            "model": self.model,
-            "graph_hash": self.graph_hash,
-            "device": self.device,
-            "device_name": self.device_name,
-            "iters": self.iters,
-            "iteration_time_ms": self.iteration_time_ms,
-            "profiled_iteration_ms": self.profiled_iteration_ms,
-            "attributed_ms": self.attributed_ms,
-            "coverage": self.coverage,
-            "num_nodes_timed": self.num_nodes_timed,
-            "matched_fraction": self.matched_fraction,
-            "trace_path": self.trace_path,
-        }
+        return {name: getattr(self, name) for name in _SUMMARY}
 
 
 class _Marker(TorchDispatchMode):

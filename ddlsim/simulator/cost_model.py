@@ -17,9 +17,9 @@ once; it then travels as one value.
 import abc
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import torch
 from torch_geometric.data import Batch
@@ -35,6 +35,8 @@ from ddlsim.simulator.train import load_checkpoint
 SIMULATOR_VERSION = "replay-2"
 # 2: corrects FSDP, tensor-parallel and pipeline plans too (plan features, trained on them).
 COST_MODEL_VERSION = "gnn-2"
+
+_Item = TypeVar("_Item", StrategySample, BlockSample)
 
 Predictor = Literal["replay", "gnn", "blend"]
 PREDICTORS: tuple[Predictor, ...] = ("replay", "gnn", "blend")
@@ -66,6 +68,9 @@ class CostModel(abc.ABC):
         network: the trained network (a checkpoint's), ``None`` for the replay alone.
         meta: the checkpoint's meta (its predictor, calibration, training set), ``None``
             without a checkpoint.
+
+    Raises:
+        InvalidOptionError: a learned model without a network.
     """
 
     name: ClassVar[Predictor]
@@ -76,6 +81,8 @@ class CostModel(abc.ABC):
         network: IterationCostModel | None = None,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
+        if network is None and self.learned:
+            raise InvalidOptionError(f"the {self.name} cost model needs a trained network")
         self.network = network
         self.meta = dict(meta) if meta is not None else None
 
@@ -142,20 +149,14 @@ class LearnedCostModel(CostModel):
 
     correction_weight: ClassVar[float]
 
-    def __init__(
-        self,
-        *,
-        network: IterationCostModel | None = None,
-        meta: Mapping[str, Any] | None = None,
-    ) -> None:
-        if network is None:
-            raise InvalidOptionError(f"the {self.name} cost model needs a trained network")
-        super().__init__(network=network, meta=meta)
-        self._network: IterationCostModel = network
-
     @property
     def learned(self) -> bool:
         return True
+
+    @property
+    def _network(self) -> IterationCostModel:
+        # A learned model is never made without a network (CostModel.__init__).
+        return cast(IterationCostModel, self.network)
 
     @property
     def version(self) -> str:
@@ -172,22 +173,16 @@ class LearnedCostModel(CostModel):
 
     @torch.no_grad()
     def predict(self, graphs: EncodedGraphs, samples: Sequence[StrategySample]) -> list[float]:
-        if not samples:
-            return []
-        batch, h = _encoded(graphs)
-        corrections = self._network.corrections(h, batch, dict(graphs.index), samples)
+        corrections = _head_outputs(self._network.corrections, graphs, samples)
         return [
-            s.replay_ms * math.exp(self.correction_weight * float(c))
+            s.replay_ms * math.exp(self.correction_weight * c)
             for s, c in zip(samples, corrections, strict=True)
         ]
 
     @torch.no_grad()
     def predict_fused(self, graphs: EncodedGraphs, blocks: Sequence[BlockSample]) -> list[float]:
-        if not blocks:
-            return []
-        batch, h = _encoded(graphs)
-        ratios = self._network.fused_ratios(h, batch, dict(graphs.index), blocks)
-        return [b.eager_ms * math.exp(float(r)) for b, r in zip(blocks, ratios, strict=True)]
+        ratios = _head_outputs(self._network.fused_ratios, graphs, blocks)
+        return [b.eager_ms * math.exp(r) for b, r in zip(blocks, ratios, strict=True)]
 
 
 class GnnCostModel(LearnedCostModel):
@@ -248,7 +243,19 @@ def load_cost_model(choice: str | None) -> CostModel:
     return cost_model(predictor, network=network, meta=meta)
 
 
-def _encoded(graphs: EncodedGraphs) -> tuple[Batch, torch.Tensor]:
+def _head_outputs(
+    head: Callable[[torch.Tensor, Batch, dict[str, int], Sequence[_Item]], torch.Tensor],
+    graphs: EncodedGraphs,
+    items: Sequence[_Item],
+) -> list[float]:
+    """``head``'s output for each item (samples or blocks) over the encoded ``graphs``; none
+    for no items, whatever the encoding.
+
+    Raises:
+        InvalidOptionError: items, and graphs encoded without a network.
+    """
+    if not items:
+        return []
     if graphs.batch is None or graphs.embeddings is None:
         raise InvalidOptionError("graphs encoded without a network: encode them with this model")
-    return graphs.batch, graphs.embeddings
+    return [float(x) for x in head(graphs.embeddings, graphs.batch, dict(graphs.index), items)]
