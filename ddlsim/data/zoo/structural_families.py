@@ -8,6 +8,20 @@ encoder-decoder (BART), LayerScale (DINOv2), depthwise convolutions with squeeze
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.zoo.entry import zoo_entry
 
+
+def _factorised_tiny(*, num_hidden_layers: int) -> dict[str, object]:
+    """ALBERT's and ELECTRA's test scale (their config keys are the same): embeddings 64 wide,
+    narrower than the hidden width of 128."""
+    return {
+        "num_hidden_layers": num_hidden_layers,
+        "hidden_size": 128,
+        "embedding_size": 64,
+        "num_attention_heads": 4,
+        "intermediate_size": 512,
+        "vocab_size": 8192,
+    }
+
+
 STRUCTURAL_MODELS: list[ModelSpec] = [
     # Mistral 7B (Jiang et al. 2023): a LLaMA-style decoder with grouped-query attention
     # (8 key-value heads for 32 query heads) and sliding-window attention.
@@ -95,14 +109,7 @@ STRUCTURAL_MODELS: list[ModelSpec] = [
         "albert-tiny",
         "albert",
         "AlbertForMaskedLM",
-        {
-            "num_hidden_layers": 4,
-            "hidden_size": 128,
-            "embedding_size": 64,
-            "num_attention_heads": 4,
-            "intermediate_size": 512,
-            "vocab_size": 8192,
-        },
+        _factorised_tiny(num_hidden_layers=4),
         batch_size=8,
         seq_len=64,
     ),
@@ -125,14 +132,7 @@ STRUCTURAL_MODELS: list[ModelSpec] = [
         "electra-tiny",
         "electra",
         "ElectraForMaskedLM",
-        {
-            "num_hidden_layers": 2,
-            "hidden_size": 128,
-            "embedding_size": 64,
-            "num_attention_heads": 4,
-            "intermediate_size": 512,
-            "vocab_size": 8192,
-        },
+        _factorised_tiny(num_hidden_layers=2),
         batch_size=8,
         seq_len=64,
     ),
