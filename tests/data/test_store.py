@@ -41,46 +41,13 @@ from ddlsim.data.store import (
     strategy_hash,
 )
 from ddlsim.data.store.schema import TABLE_PREFIX, VERSION_TABLE, Base, GraphRow
+from tests.data.records import collective_profile, kernel_profile, measurement
 
 ROOT = Path(__file__).resolve().parents[2]
 URL_FORMS = '"sqlite:///PATH" or "postgresql+psycopg://USER:PASS@HOST/DB"'
 
 
 # ----- records -----------------------------------------------------------------------------------
-
-
-def _kernel_profile(graph_hash: str, **overrides: object) -> KernelProfileRecord:
-    values: dict[str, object] = {
-        "graph_hash": graph_hash,
-        "model": "MLP",
-        "device": "cpu",
-        "device_name": "test-cpu",
-        "iters": 5,
-        "iteration_time_ms": 2.5,
-        "attributed_ms": 2.0,
-        "coverage": 0.8,
-        "node_ms": {0: 1.25, 3: 0.75},
-        "trace_path": None,
-        "env": {"torch": "test"},
-    }
-    return KernelProfileRecord(**{**values, **overrides})  # type: ignore[arg-type]
-
-
-def _collective_profile(**overrides: object) -> CollectiveProfileRecord:
-    values: dict[str, object] = {
-        "collective": "all_reduce",
-        "backend": "gloo",
-        "world_size": 4,
-        "bandwidth": "1gbit",
-        "network": "netns",
-        "alpha_us": 120.0,
-        "busbw_gbps": 0.118,
-        "r2": 0.999,
-        "samples": [{"bytes": 1 << 20, "time_ms": 13.0, "op": "all_reduce"}],
-        "rank_cores": {0: [0], 1: [1], 2: [0], 3: [1]},
-        "env": {"torch": "test"},
-    }
-    return CollectiveProfileRecord(**{**values, **overrides})  # type: ignore[arg-type]
 
 
 Result = TypeVar(
@@ -219,8 +186,8 @@ def test_kernel_profiles_round_trip_and_filter_by_graph(
     other = _other_graph(tiny_graph)
     store.save_graph(graph=tiny_graph)
     store.save_graph(graph=other)
-    mine = _kernel_profile(tiny_graph.graph_hash, trace_path="/tmp/trace.json")
-    theirs = _kernel_profile(other.graph_hash, node_ms={1: 0.5})
+    mine = kernel_profile(tiny_graph.graph_hash, trace_path="/tmp/trace.json")
+    theirs = kernel_profile(other.graph_hash, node_ms={1: 0.5})
     mine_id = store.save_kernel_profile(profile=mine)
     store.save_kernel_profile(profile=theirs)
 
@@ -239,16 +206,16 @@ def test_kernel_profiles_round_trip_and_filter_by_graph(
 
 def test_kernel_profile_of_an_unknown_graph_is_refused(store: Store) -> None:
     with pytest.raises(StoreError, match="graph cafe is not in the store"):
-        store.save_kernel_profile(profile=_kernel_profile("cafe"))
+        store.save_kernel_profile(profile=kernel_profile("cafe"))
     assert store.kernel_profiles() == []
 
 
 def test_collective_profiles_round_trip_and_filter(store: Store) -> None:
     given = [
-        _collective_profile(),
-        _collective_profile(world_size=2, rank_cores={0: [0], 1: [1]}),
-        _collective_profile(bandwidth="none", network="loopback"),
-        _collective_profile(collective="all_gather", backend="nccl"),
+        collective_profile(),
+        collective_profile(world_size=2, rank_cores={0: [0], 1: [1]}),
+        collective_profile(bandwidth="none", network="loopback"),
+        collective_profile(collective="all_gather", backend="nccl"),
     ]
     for profile in given:
         store.save_collective_profile(profile=profile)
@@ -266,18 +233,7 @@ def test_collective_profiles_round_trip_and_filter(store: Store) -> None:
 def test_measurements_and_predictions_round_trip(store: Store, tiny_graph: IterationGraph) -> None:
     graph_hash = store.save_graph(graph=tiny_graph)
     key = store.save_strategy(strategy=Strategy())
-    measurement = MeasurementRecord(
-        model="MLP",
-        graph_hash=graph_hash,
-        strategy_hash=key,
-        world_size=2,
-        bandwidth="1gbit",
-        network="netns",
-        iteration_time_ms=[310.5, 312.0],
-        peak_memory_bytes=[1 << 30, (1 << 30) + 7],
-        applied={"bucket_caps_mb": [4.0], "ddp": True},
-        env={"rank_cores": {"0": [0], "1": [1]}},
-    )
+    run = measurement(graph_hash, key)
     prediction = PredictionRecord(
         model="MLP",
         graph_hash=graph_hash,
@@ -287,27 +243,27 @@ def test_measurements_and_predictions_round_trip(store: Store, tiny_graph: Itera
         breakdown={"compute": 100.0, "comm": 205.0},
         simulator_version="0.1.0",
     )
-    measurement_id = store.save_measurement(measurement=measurement)
+    measurement_id = store.save_measurement(measurement=run)
     prediction_id = store.save_prediction(prediction=prediction)
 
     (loaded_measurement,) = store.measurements(graph_hash=graph_hash, strategy_hash=key)
     assert loaded_measurement.id == measurement_id
-    assert _without_store_fields(loaded_measurement) == measurement
+    assert _without_store_fields(loaded_measurement) == run
     (loaded_prediction,) = store.predictions(strategy_hash=key)
     assert loaded_prediction.id == prediction_id
     assert _without_store_fields(loaded_prediction) == prediction
 
-    unknown = dataclasses.replace(measurement, strategy_hash="abc")
+    unknown = dataclasses.replace(run, strategy_hash="abc")
     with pytest.raises(StoreError, match="strategy abc is not in the store"):
         store.save_measurement(measurement=unknown)
 
 
 def test_given_times_are_kept_and_naive_ones_refused(store: Store) -> None:
     when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    store.save_collective_profile(profile=_collective_profile(created_at=when))
+    store.save_collective_profile(profile=collective_profile(created_at=when))
     assert store.collective_profiles()[0].created_at == when
     with pytest.raises(InvalidOptionError, match="must be timezone-aware"):
-        _collective_profile(created_at=datetime(2026, 1, 2))
+        collective_profile(created_at=datetime(2026, 1, 2))
 
 
 # ----- jobs --------------------------------------------------------------------------------------
@@ -322,8 +278,8 @@ def test_job_lifecycle_commits_results_with_the_job(
 
     def results(session: Session) -> None:
         graph_hash = add_graph(session, graph=tiny_graph)
-        add_kernel_profile(session, profile=_kernel_profile(graph_hash))
-        add_collective_profile(session, profile=_collective_profile())
+        add_kernel_profile(session, profile=kernel_profile(graph_hash))
+        add_collective_profile(session, profile=collective_profile())
 
     store.finish_job(key="kernels/mlp", results=results)
     assert store.job_status(key="kernels/mlp") == "done"
@@ -343,8 +299,8 @@ def test_failing_results_leave_no_rows_and_the_job_running(
 
     def results(session: Session) -> None:
         graph_hash = add_graph(session, graph=tiny_graph)
-        add_kernel_profile(session, profile=_kernel_profile(graph_hash))
-        add_collective_profile(session, profile=_collective_profile())
+        add_kernel_profile(session, profile=kernel_profile(graph_hash))
+        add_collective_profile(session, profile=collective_profile())
         raise RuntimeError("profiler crashed")
 
     with pytest.raises(RuntimeError, match="profiler crashed"):

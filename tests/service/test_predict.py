@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.store import CollectiveProfileRecord, Store
+from ddlsim.data.store import Store
 from ddlsim.data.zoo import ZOO
 from ddlsim.service.cli import main
 from ddlsim.workflows.validate import CANDIDATES, strategies_for
+from tests.data.records import collective_profile
 
 
 def _predict(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
@@ -115,21 +116,14 @@ def test_validate_runs_predicts_and_scores(capsys: pytest.CaptureFixture[str]) -
     # Fits of the unshaped link are stored first, so the command does not profile the link.
     with Store.open() as store:
         for collective in ("all_reduce", "sendrecv"):
-            store.save_collective_profile(
-                profile=CollectiveProfileRecord(
-                    collective=collective,
-                    backend="gloo",
-                    world_size=2,
-                    bandwidth="none",
-                    network="netns",
-                    alpha_us=100.0,
-                    busbw_gbps=5.0,
-                    r2=1.0,
-                    samples=[],
-                    rank_cores={},
-                    env={},
-                )
+            fit = collective_profile(
+                collective=collective,
+                world_size=2,
+                bandwidth="none",
+                alpha_us=100.0,
+                busbw_gbps=5.0,
             )
+            store.save_collective_profile(profile=fit)
     args = ["simulator", "validate", "mlp", "--batch-size", "16", "--bandwidth", "none"]
     args += ["--strategies", "2", "--iters", "2", "--warmup", "1", "--profile-iters", "2"]
     args += ["--measure-budget", "0"]

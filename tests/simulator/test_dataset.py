@@ -15,10 +15,7 @@ from ddlsim.data.models import repeated_blocks
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import (
-    CollectiveProfileRecord,
     FusionProfileRecord,
-    KernelProfileRecord,
-    MeasurementRecord,
     Store,
     add_graph,
     add_strategy,
@@ -45,6 +42,7 @@ from ddlsim.simulator.dataset import (
     strategy_pool,
     with_references,
 )
+from tests.data.records import collective_profile, kernel_profile, measurement
 
 GraphOf = Callable[[str], IterationGraph]
 
@@ -263,47 +261,18 @@ def test_export_and_load_round_trip(tmp_path: Path, zoo_graph: GraphOf) -> None:
     with store.transaction() as session:
         add_graph(session, graph=graph)
         add_strategy(session, strategy=strategy)
+    node_ms = {i: 0.1 for i in compute}
+    label = graph.model.label
     store.save_kernel_profile(
-        profile=KernelProfileRecord(
-            graph_hash=graph.graph_hash,
-            model=graph.model.label,
-            device="cpu",
-            device_name="test",
-            iters=3,
-            iteration_time_ms=10.0,
-            attributed_ms=9.0,
-            coverage=0.9,
-            node_ms={i: 0.1 for i in compute},
-            trace_path=None,
-            env={},
-        )
+        profile=kernel_profile(graph.graph_hash, model=label, node_ms=node_ms)
     )
-    store.save_collective_profile(
-        profile=CollectiveProfileRecord(
-            collective="all_reduce",
-            backend="gloo",
-            world_size=2,
-            bandwidth="1gbit",
-            network="netns",
-            alpha_us=100.0,
-            busbw_gbps=0.9,
-            r2=0.99,
-            samples=[],
-            rank_cores={0: [0], 1: [1]},
-            env={},
-        )
-    )
+    store.save_collective_profile(profile=collective_profile(world_size=2, busbw_gbps=0.9))
     store.save_measurement(
-        measurement=MeasurementRecord(
-            model=graph.model.label,
-            graph_hash=graph.graph_hash,
-            strategy_hash=strategy_hash(strategy),
-            world_size=2,
-            bandwidth="1gbit",
-            network="netns",
+        measurement=measurement(
+            graph.graph_hash,
+            strategy_hash(strategy),
+            model=label,
             iteration_time_ms=[12.0, 11.0, 13.0],
-            peak_memory_bytes=[1, 2],
-            applied={},
             env={"seed": 1, "rank_cores": {"0": [0], "1": [1]}},
         )
     )
@@ -311,7 +280,7 @@ def test_export_and_load_round_trip(tmp_path: Path, zoo_graph: GraphOf) -> None:
     store.save_fusion_profile(
         profile=FusionProfileRecord(
             graph_hash=graph.graph_hash,
-            model=graph.model.label,
+            model=label,
             device="cpu",
             backend="inductor",
             iters=3,
