@@ -9,6 +9,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import repeated_blocks
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import capture_graph
 from ddlsim.simulator.dataset import Dataset, FusionEntry, KernelEntry, LinkFit, RunEntry
 from ddlsim.simulator.train import build_training_set
@@ -84,6 +85,12 @@ def synthetic_dataset(specs: list[ModelSpec], *, plans: tuple[str, ...] = ()) ->
                     )
                 )
     return Dataset(runs=tuple(runs), kernels=kernels, links=links, meta={}, fusion=fusion)
+
+
+def two_model_dataset() -> Dataset:
+    """The dataset the cost model's tests train and price: the mlp's and gpt2-tiny's runs,
+    gpt2-tiny's parallel plans among them."""
+    return synthetic_dataset([ZOO["mlp"], ZOO["gpt2-tiny"]], plans=("gpt2-tiny",))
 
 
 def with_truth(dataset: Dataset) -> Dataset:

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from ddlsim.data.errors import InvalidOptionError
-from ddlsim.data.zoo import ZOO
 from ddlsim.simulator.calibration import MIN_ERRORS, RISK_KINDS, Calibration
 from ddlsim.simulator.cost_model import (
     COST_MODEL_VERSION,
@@ -24,15 +23,13 @@ from ddlsim.simulator.cost_model import (
 )
 from ddlsim.simulator.gnn import CostModelConfig, IterationCostModel
 from ddlsim.simulator.train import TrainingSet, build_training_set, save_checkpoint
-from tests.simulator.synthetic import synthetic_dataset
+from tests.simulator.synthetic import two_model_dataset
 
 
 @pytest.fixture(scope="module")
 def data() -> TrainingSet:
     """Two models' graphs, their data-parallel strategies, one's parallel plans, and blocks."""
-    return build_training_set(
-        synthetic_dataset([ZOO["mlp"], ZOO["gpt2-tiny"]], plans=("gpt2-tiny",))
-    )
+    return build_training_set(two_model_dataset())
 
 
 @pytest.fixture(scope="module")

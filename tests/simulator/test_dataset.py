@@ -43,6 +43,7 @@ from ddlsim.simulator.dataset import (
     with_references,
 )
 from tests.data.records import collective_profile, kernel_profile, measurement
+from tests.simulator.loaders import assert_refuses_other_files
 
 GraphOf = Callable[[str], IterationGraph]
 
@@ -313,10 +314,7 @@ def test_load_refuses_other_files(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json.gz"
     with gzip.open(bad, "wt") as f:
         json.dump({"format": 99}, f)
-    with pytest.raises(InvalidOptionError, match="format 99"):
-        load_dataset(bad)
-    with pytest.raises(InvalidOptionError, match="cannot be read"):
-        load_dataset(tmp_path / "missing.json.gz")
+    assert_refuses_other_files(load_dataset, bad, format_number=99)
 
 
 def test_plan_runs_parallel_plans_where_the_world_size_allows() -> None:

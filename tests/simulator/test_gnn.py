@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from ddlsim.data.errors import InvalidOptionError
-from ddlsim.data.zoo import ZOO
 from ddlsim.simulator.cost_model import GnnCostModel, ReplayCostModel
 from ddlsim.simulator.dataset import Dataset
 from ddlsim.simulator.features import BUCKET_FEATURES, GLOBAL_FEATURES, NODE_FEATURES
@@ -25,12 +24,13 @@ from ddlsim.simulator.train import (
     save_checkpoint,
     train_cost_model,
 )
-from tests.simulator.synthetic import synthetic_dataset, with_truth
+from tests.simulator.loaders import assert_refuses_other_files
+from tests.simulator.synthetic import two_model_dataset, with_truth
 
 
 @pytest.fixture(scope="module")
 def synthetic() -> Dataset:
-    return with_truth(synthetic_dataset([ZOO["mlp"], ZOO["gpt2-tiny"]], plans=("gpt2-tiny",)))
+    return with_truth(two_model_dataset())
 
 
 def test_training_set_shapes(synthetic: Dataset) -> None:
@@ -95,10 +95,7 @@ def test_the_model_learns_what_the_replay_misses(synthetic: Dataset, tmp_path: P
 def test_bad_checkpoints_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "bad.pt"
     torch.save({"format": 7}, path)
-    with pytest.raises(InvalidOptionError, match="format 7"):
-        load_checkpoint(path)
-    with pytest.raises(InvalidOptionError, match="cannot be read"):
-        load_checkpoint(tmp_path / "missing.pt")
+    assert_refuses_other_files(load_checkpoint, path, format_number=7)
 
 
 def test_train_options_are_checked() -> None:
