@@ -93,7 +93,27 @@ def _unique_tensors(values: Sequence[Any]) -> list[torch.Tensor]:
     return out
 
 
-class _Recorder(TorchDispatchMode):
+class OpMode(TorchDispatchMode):
+    """A dispatch mode handed every ATen op in dispatch order: :meth:`on_op` runs it and
+    returns its result. The capture records the ops through one and the kernel profiler
+    (:mod:`.kernels`) marks them through another, so both see the same ops in the same order.
+    """
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        return self.on_op(func, args, kwargs or {})
+
+    def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run ``func(*args, **kwargs)`` and return its result, doing what the mode is for."""
+        raise NotImplementedError
+
+
+class _Recorder(OpMode):
     """Records each dispatched ATen op with its dependencies, module and cost."""
 
     def __init__(self, module_of_param: dict[int, str]) -> None:
@@ -105,14 +125,7 @@ class _Recorder(TorchDispatchMode):
         self._node_of_seq: dict[int, int] = {}
         self._module_of_param = module_of_param
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
+    def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         out = func(*args, **kwargs)
         schema = func._schema
         written = [

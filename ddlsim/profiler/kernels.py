@@ -35,13 +35,12 @@ from torch import nn
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model, make_batch, training_loss
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.profiler.capture import CaptureOptions, Optimizer, capture_graph
+from ddlsim.profiler.capture import CaptureOptions, OpMode, Optimizer, capture_graph
 
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -99,24 +98,18 @@ class KernelProfile:
         return {name: getattr(self, name) for name in _SUMMARY}
 
 
-class _Marker(TorchDispatchMode):
+class _Marker(OpMode):
     """Wraps each dispatched op in a ``record_function`` naming its position."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[str] = []
 
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
+    def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         index = len(self.ops)
         self.ops.append(str(func))
         with record_function(f"{_MARK}{index}"):
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
 
 
 def _make_optimizer(model: nn.Module, optimizer: Optimizer) -> torch.optim.Optimizer:
