@@ -11,10 +11,10 @@ from ddlsim.data.store import Store, mask_url
 from ddlsim.service.output import (
     add_input_arguments,
     add_launch_arguments,
+    add_prediction_arguments,
     add_store_arguments,
     emit_json,
     model_argument,
-    positive_int,
     request_from,
     stderr_progress,
     strategy_argument,
@@ -79,18 +79,7 @@ def register(sub: Any) -> None:
         "link rate per host (1gbit, 100mbit, none); collective fits of this link are used",
     )
     cmd.add_argument("--optimizer", default=DEFAULTS["optimizer"], choices=OPTIMIZERS)
-    cmd.add_argument(
-        "--profile-iters",
-        type=positive_int,
-        default=DEFAULTS["profile_iters"],
-        help="iterations of the kernel profile taken when none is stored",
-    )
+    add_prediction_arguments(cmd, profile_iters=DEFAULTS["profile_iters"])
     cmd.add_argument("--trace", help="write the replayed timeline here (Chrome trace JSON)")
-    cmd.add_argument(
-        "--simulator",
-        metavar="replay|CKPT",
-        help="'replay' alone, or a cost-model checkpoint (default: yours if trained, else the "
-        "shipped one)",
-    )
     add_store_arguments(cmd)
     cmd.set_defaults(handler=cmd_predict)

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from ddlsim.data.store import Store
 from ddlsim.service.output import (
     add_input_arguments,
+    add_prediction_arguments,
     add_protocol_arguments,
     describe,
     emit_json,
@@ -181,15 +182,7 @@ def register(sub: Any) -> None:
         help="Optuna samplers: worker processes on the study (a temporary journal file when "
         "--storage is not given)",
     )
-    cmd.add_argument(
-        "--profile-iters",
-        type=positive_int,
-        default=DEFAULTS["profile_iters"],
-        help="when a kernel profile is taken",
-    )
-    cmd.add_argument(
-        "--simulator", help="replay, or a cost-model checkpoint (default: the trained/shipped)"
-    )
+    add_prediction_arguments(cmd, profile_iters=DEFAULTS["profile_iters"])
     cmd.add_argument("--verify", action="store_true", help="run the best and the baseline")
     add_protocol_arguments(cmd, defaults=DEFAULTS["measure"], what="--verify and autotune")
     cmd.add_argument(

@@ -9,6 +9,7 @@ from ddlsim.data.store import Store
 from ddlsim.service import cmd_dataset, cmd_train
 from ddlsim.service.output import (
     add_input_arguments,
+    add_prediction_arguments,
     add_protocol_arguments,
     add_store_arguments,
     emit_json,
@@ -68,12 +69,7 @@ def register(sub: Any) -> None:
     )
     validate.add_argument("--strategies", type=positive_int, default=DEFAULTS["strategies"])
     add_protocol_arguments(validate, defaults=DEFAULTS["measure"])
-    validate.add_argument("--profile-iters", type=positive_int, default=DEFAULTS["profile_iters"])
-    validate.add_argument(
-        "--simulator",
-        metavar="replay|CKPT",
-        help="as for ddlsim predict (default: yours, else the shipped cost model)",
-    )
+    add_prediction_arguments(validate, profile_iters=DEFAULTS["profile_iters"])
     add_store_arguments(validate)
     validate.set_defaults(handler=cmd_validate)
     cmd_dataset.register(commands)

@@ -23,7 +23,7 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store, mask_url
 from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import capture_graph
-from ddlsim.service.output import emit_json, positive_int, progress
+from ddlsim.service.output import add_simulator_argument, emit_json, positive_int, progress
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, Calibration, calibrate
 from ddlsim.simulator.cost_model import PREDICTORS, load_cost_model
 from ddlsim.simulator.dataset import Dataset, export_dataset, load_dataset
@@ -325,10 +325,6 @@ def register(commands: Any) -> None:
     bench.add_argument("--batch", type=positive_int, default=256)
     bench.add_argument("--repeats", type=positive_int, default=3)
     bench.add_argument("--dear", action="store_true", help="every partition with DeAR")
-    bench.add_argument(
-        "--simulator",
-        metavar="replay|CKPT",
-        help="as for ddlsim predict (default: yours, else the shipped cost model)",
-    )
+    add_simulator_argument(bench)
     bench.add_argument("--json", action="store_true", help="print JSON")
     bench.set_defaults(handler=cmd_bench)

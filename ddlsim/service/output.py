@@ -120,6 +120,29 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
 
 
+def add_simulator_argument(parser: argparse.ArgumentParser) -> None:
+    """``--simulator``: the cost model a command predicts with (``replay`` alone or a
+    checkpoint; default: the user's trained one, else the shipped one)."""
+    parser.add_argument(
+        "--simulator",
+        metavar="replay|CKPT",
+        help="'replay' alone, or a cost-model checkpoint (default: yours if trained, else the "
+        "shipped one)",
+    )
+
+
+def add_prediction_arguments(parser: argparse.ArgumentParser, *, profile_iters: int) -> None:
+    """How a command predicts: its cost model (:func:`add_simulator_argument`) and the
+    iterations of the kernel profile it takes of a micro-batch the store has none of."""
+    parser.add_argument(
+        "--profile-iters",
+        type=positive_int,
+        default=profile_iters,
+        help="iterations of the kernel profile taken when none is stored",
+    )
+    add_simulator_argument(parser)
+
+
 def add_protocol_arguments(
     parser: argparse.ArgumentParser,
     *,
