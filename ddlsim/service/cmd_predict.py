@@ -7,16 +7,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ddlsim.data.store import Store, mask_url
+from ddlsim.data.store import mask_url
 from ddlsim.service.output import (
     add_input_arguments,
     add_launch_arguments,
     add_prediction_arguments,
     add_store_arguments,
     emit_json,
-    model_argument,
     request_from,
-    stderr_progress,
+    run_on_store,
     strategy_argument,
 )
 from ddlsim.simulator.predict import Prediction
@@ -27,11 +26,8 @@ DEFAULTS = defaults(PredictRequest)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    request = request_from(
-        args, PredictRequest, model=model_argument(args), strategy=strategy_argument(args)
-    )
-    with Store.open(args.db) as store:
-        done = predict(request, store, stderr_progress)
+    request = request_from(args, PredictRequest, strategy=strategy_argument(args))
+    done = run_on_store(args, predict, request)
     prediction = done.prediction
     if args.trace:
         Path(args.trace).write_text(json.dumps(prediction.result.chrome_trace()), "utf-8")

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddlsim.data.errors import one_line
-from ddlsim.data.store import Store, mask_url
+from ddlsim.data.store import mask_url
 from ddlsim.executor.run import RunOptions, RunResult
 from ddlsim.profiler.cluster import ClusterRunError
 from ddlsim.service.output import (
@@ -18,9 +18,8 @@ from ddlsim.service.output import (
     emit_json,
     format_interval,
     human_bytes,
-    model_argument,
     request_from,
-    stderr_progress,
+    run_on_store,
     strategy_argument,
 )
 from ddlsim.workflows.execute import execute
@@ -34,18 +33,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     options = request_from(
         args,
         RunOptions,
-        options={"timeout_s": "timeout", "budget_s": "measure_budget_s"},
+        renames={"timeout_s": "timeout", "budget_s": "measure_budget_s"},
         collective_timeout_s=min(args.timeout, args.collective_timeout),
     )
-    request = ExecuteRequest(
-        model=model_argument(args), strategy=strategy_argument(args), options=options
-    )
-    with Store.open(args.db) as store:
-        try:
-            done = execute(request, store, stderr_progress)
-        except ClusterRunError as exc:
-            print(f"ddlsim: error: run failed: {one_line(exc, limit=2000)}", file=sys.stderr)
-            return EXIT_RUN_FAILED
+    request = request_from(args, ExecuteRequest, strategy=strategy_argument(args), options=options)
+    try:
+        done = run_on_store(args, execute, request)
+    except ClusterRunError as exc:
+        print(f"ddlsim: error: run failed: {one_line(exc, limit=2000)}", file=sys.stderr)
+        return EXIT_RUN_FAILED
     result = done.result
     db = mask_url(done.store_url)
     payload: dict[str, Any] = {**result.to_json(), "id": done.measurement_id, "db": db}

@@ -18,7 +18,6 @@ from ddlsim.service.output import (
     emit_json,
     format_interval,
     measure_settings,
-    model_argument,
     positive_int,
     request_from,
     stderr_progress,
@@ -41,8 +40,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     request = request_from(
         args,
         SearchRequest,
-        options={"time_limit_s": "time_limit"},
-        model=model_argument(args),
+        renames={"time_limit_s": "time_limit"},
         measure=measure_settings(args),
     )
     with Store.open(args.db) as store, _bar(request) as progress:

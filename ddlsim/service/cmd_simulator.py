@@ -5,7 +5,6 @@ import argparse
 from typing import Any
 
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.store import Store
 from ddlsim.service import cmd_dataset, cmd_train
 from ddlsim.service.output import (
     add_input_arguments,
@@ -14,10 +13,9 @@ from ddlsim.service.output import (
     add_store_arguments,
     emit_json,
     measure_settings,
-    model_argument,
     positive_int,
     request_from,
-    stderr_progress,
+    run_on_store,
 )
 from ddlsim.workflows.requests import ValidateRequest, defaults
 from ddlsim.workflows.validate import validate
@@ -26,11 +24,8 @@ DEFAULTS = defaults(ValidateRequest)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    request = request_from(
-        args, ValidateRequest, model=model_argument(args), measure=measure_settings(args)
-    )
-    with Store.open(args.db) as store:
-        payload = validate(request, store, stderr_progress)
+    request = request_from(args, ValidateRequest, measure=measure_settings(args))
+    payload = run_on_store(args, validate, request)
     if args.json:
         emit_json(payload)
     else:

@@ -4,15 +4,17 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import Store
 from ddlsim.data.zoo import resolve_model
-from ddlsim.workflows.requests import MeasureSettings
+from ddlsim.workflows.requests import MeasureSettings, Progress
 
 Request = TypeVar("Request")
+Outcome = TypeVar("Outcome")
 
 
 def positive_int(text: str) -> int:
@@ -201,23 +203,37 @@ def request_from(
     request_type: type[Request],
     /,
     *,
-    options: Mapping[str, str] | None = None,
+    renames: Mapping[str, str] | None = None,
     **given: Any,
 ) -> Request:
     """A request (or options) dataclass from a command's parsed options: each field the command
-    has an option for (the option named like the field, or ``options[field]``), unless
-    ``given``; the request's own defaults for the rest. Construction validates it.
+    has an option for (the option named like the field, or ``renames[field]``; a ``model``
+    field from ``MODEL`` and the input options, :func:`model_argument`), unless ``given``; the
+    request's own defaults for the rest. Construction validates it.
 
     Raises:
         DdlsimError: a value the request refuses (its message names it).
     """
-    named = options or {}
+    named = renames or {}
     fields: dict[str, Any] = {}
     for field in dataclasses.fields(request_type):  # type: ignore[arg-type]
         option = named.get(field.name, field.name)
-        if field.name not in given and hasattr(args, option):
-            fields[field.name] = getattr(args, option)
+        if field.name in given or not hasattr(args, option):
+            continue
+        fields[field.name] = (
+            model_argument(args) if field.name == "model" else getattr(args, option)
+        )
     return request_type(**fields, **given)
+
+
+def run_on_store(
+    args: argparse.Namespace,
+    use_case: Callable[[Request, Store, Progress], Outcome],
+    request: Request,
+) -> Outcome:
+    """Run a use case on the store of ``--db``, its progress as status lines on a terminal."""
+    with Store.open(args.db) as store:
+        return use_case(request, store, stderr_progress)
 
 
 def format_interval(interval: Any, unit: str = " ms") -> str:
