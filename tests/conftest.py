@@ -12,6 +12,7 @@ from ddlsim.data.specs.model import InputSpec, ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import capture_graph
+from tests.simulator.nodes import collective_node
 
 _CACHE: dict[str, IterationGraph] = {}
 
@@ -79,16 +80,7 @@ def tiny_graph() -> IterationGraph:
             param_bytes=16,
             grad_bytes=16,
         ),
-        GraphNode(
-            id=3,
-            kind="comm",
-            phase="comm",
-            op="all_reduce",
-            module="",
-            params=("fc.weight",),
-            grad_bytes=16,
-            bucket=0,
-        ),
+        collective_node(3, "all_reduce", bucket=0, params=("fc.weight",), grad_bytes=16),
     )
     return IterationGraph(
         model=ModelSpec(source="reference", cls="MLP", config={}, inputs=InputSpec(batch_size=2)),

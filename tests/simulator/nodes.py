@@ -29,3 +29,19 @@ def update_node(node_id: int, param: str, bucket: int | None = None) -> GraphNod
         params=(param,),
         bucket=bucket,
     )
+
+
+def collective_node(
+    node_id: int, op: str, bucket: int, params: tuple[str, ...], grad_bytes: int
+) -> GraphNode:
+    """Bucket ``bucket``'s collective ``op`` over the gradients of ``params``."""
+    return GraphNode(
+        id=node_id,
+        kind="comm",
+        phase="comm",
+        op=op,
+        module="",
+        params=params,
+        grad_bytes=grad_bytes,
+        bucket=bucket,
+    )

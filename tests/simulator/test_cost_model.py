@@ -21,15 +21,15 @@ from ddlsim.simulator.cost_model import (
     cost_model,
     load_cost_model,
 )
+from ddlsim.simulator.dataset import Dataset
 from ddlsim.simulator.gnn import CostModelConfig, IterationCostModel
 from ddlsim.simulator.train import TrainingSet, build_training_set, save_checkpoint
-from tests.simulator.synthetic import two_model_dataset
 
 
 @pytest.fixture(scope="module")
-def data() -> TrainingSet:
+def data(two_models: Dataset) -> TrainingSet:
     """Two models' graphs, their data-parallel strategies, one's parallel plans, and blocks."""
-    return build_training_set(two_model_dataset())
+    return build_training_set(two_models)
 
 
 @pytest.fixture(scope="module")

@@ -25,12 +25,6 @@ from ddlsim.simulator.train import (
     train_cost_model,
 )
 from tests.simulator.loaders import assert_refuses_other_files
-from tests.simulator.synthetic import two_model_dataset, with_truth
-
-
-@pytest.fixture(scope="module")
-def synthetic() -> Dataset:
-    return with_truth(two_model_dataset())
 
 
 def test_training_set_shapes(synthetic: Dataset) -> None:

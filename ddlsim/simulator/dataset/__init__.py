@@ -6,14 +6,8 @@ its store into one self-contained gzip JSON file (:mod:`.export`, :mod:`.json_fi
 a :class:`Dataset` (:mod:`.entries`). :func:`load_dataset` reads it back.
 """
 
-from ddlsim.simulator.dataset.entries import (
-    Dataset,
-    FusionEntry,
-    KernelEntry,
-    LinkFit,
-    RunEntry,
-    spec_key,
-)
+from ddlsim.data.comm_model import LinkFit
+from ddlsim.simulator.dataset.entries import Dataset, FusionEntry, KernelEntry, RunEntry, spec_key
 from ddlsim.simulator.dataset.export import export_dataset, merge_datasets, with_references
 from ddlsim.simulator.dataset.json_file import DATASET_FORMAT, load_dataset, save_dataset
 from ddlsim.simulator.dataset.models import (

@@ -12,17 +12,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddlsim.data.comm_model import LinkFit
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store.records import record_of
-from ddlsim.simulator.dataset.entries import (
-    Dataset,
-    FusionEntry,
-    KernelEntry,
-    LinkFit,
-    RunEntry,
-    spec_key,
-)
+from ddlsim.simulator.dataset.entries import Dataset, FusionEntry, KernelEntry, RunEntry, spec_key
 from ddlsim.simulator.dataset.json_file import load_dataset, save_dataset
 
 
