@@ -69,3 +69,20 @@ class AlphaBeta:
         factor = bus_factor(self.collective, self.world_size)
         # Gbit/s -> bytes/us: 1e9 / 8 / 1e6 = 125.
         return self.alpha_us + factor * nbytes / (self.busbw_gbps * 125.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class LinkFit:
+    """A collective's fitted latency-bandwidth model on one cluster setting: ``world_size``
+    ranks on links of ``bandwidth`` (``"1gbit"``, ``"none"``), ``r2`` the fit's quality.
+
+    Unlike :class:`AlphaBeta` it checks nothing: ``busbw_gbps`` is ``inf`` when time did not grow
+    with size, and a fit whose bandwidth is not positive is the caller's to skip.
+    """
+
+    collective: str
+    world_size: int
+    bandwidth: str
+    alpha_us: float
+    busbw_gbps: float
+    r2: float

@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddlsim.data.comm_model import bus_factor
+from ddlsim.data.comm_model import LinkFit, bus_factor
 from ddlsim.data.errors import InvalidOptionError
 
 
@@ -46,17 +46,11 @@ class CollectiveSample:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class CollectiveFit:
-    """``time_us = alpha_us + factor * bytes / busbw`` for one collective, backend, world size
-    and link; ``busbw_gbps`` is ``inf`` when time did not grow with size."""
+class CollectiveFit(LinkFit):
+    """``time_us = alpha_us + factor * bytes / busbw`` for one collective, world size and link,
+    measured on ``backend``; ``busbw_gbps`` is ``inf`` when time did not grow with size."""
 
-    collective: str
     backend: str
-    world_size: int
-    bandwidth: str
-    alpha_us: float
-    busbw_gbps: float
-    r2: float
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

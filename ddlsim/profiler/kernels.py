@@ -40,6 +40,7 @@ from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model, make_batch, training_loss
 from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.store.records import KernelTimes
 from ddlsim.profiler.capture import CaptureOptions, OpMode, Optimizer, capture_graph
 
 Device = Literal["cpu", "cuda"]
@@ -66,27 +67,18 @@ _SUMMARY = (
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class KernelProfile:
+class KernelProfile(KernelTimes):
     """Per-node median times of one model on one device, and how well they add up.
 
     ``coverage`` is ``attributed_ms / iteration_time_ms``: the sum of node medians against the
-    median iteration measured with the profiler off.
+    median iteration measured with the profiler off. Beyond what the store keeps: the samples of
+    that median, the iteration measured with the profiler on, and the share of profiler events
+    matched to a graph node.
     """
 
-    graph_hash: str
-    model: str
-    device: str
-    device_name: str
-    iters: int
-    iteration_time_ms: float
     iteration_samples_ms: tuple[float, ...]
     profiled_iteration_ms: float
-    attributed_ms: float
-    coverage: float
-    node_ms: dict[int, float]
     matched_fraction: float
-    trace_path: str | None
-    env: dict[str, str]
 
     @property
     def num_nodes_timed(self) -> int:

@@ -56,14 +56,13 @@ class _Result:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class KernelProfileRecord(_Result):
-    """Measured per-node durations of one iteration graph on one device.
+class KernelTimes:
+    """Measured per-node durations of one iteration graph on one device: what the profiler's
+    ``KernelProfile`` measures and its record keeps.
 
     ``node_ms`` maps a graph node id to its median duration; ``coverage`` is
     ``attributed_ms / iteration_time_ms``.
     """
-
-    what = "kernel profile"
 
     graph_hash: str
     model: str
@@ -76,6 +75,14 @@ class KernelProfileRecord(_Result):
     node_ms: dict[int, float]
     trace_path: str | None
     env: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class KernelProfileRecord(KernelTimes, _Result):
+    """A stored kernel profile (:class:`KernelTimes`)."""
+
+    what = "kernel profile"
+
     created_at: datetime | None = None
     id: int | None = None
 

@@ -11,6 +11,7 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
+from ddlsim.data.comm_model import LinkFit
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
@@ -42,18 +43,6 @@ class FusionEntry:
             for b in self.blocks
             if float(b["eager_ms"]) > 0 and float(b["compiled_ms"]) > 0
         }
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class LinkFit:
-    """A collective's fitted latency-bandwidth model on one cluster setting."""
-
-    collective: str
-    world_size: int
-    bandwidth: str
-    alpha_us: float
-    busbw_gbps: float
-    r2: float
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
