@@ -8,16 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.data.store import mask_url
-from ddlsim.service.output import (
-    add_input_arguments,
-    add_launch_arguments,
-    add_prediction_arguments,
-    add_store_arguments,
-    emit_json,
-    request_from,
-    run_on_store,
-    strategy_argument,
-)
+from ddlsim.service import output
 from ddlsim.simulator.predict import Prediction
 from ddlsim.workflows.predict import predict
 from ddlsim.workflows.requests import OPTIMIZERS, PredictRequest, defaults
@@ -26,8 +17,8 @@ DEFAULTS = defaults(PredictRequest)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    request = request_from(args, PredictRequest, strategy=strategy_argument(args))
-    done = run_on_store(args, predict, request)
+    request = output.request_from(args, PredictRequest, strategy=output.strategy_argument(args))
+    done = output.run_on_store(args, predict, request)
     prediction = done.prediction
     if args.trace:
         Path(args.trace).write_text(json.dumps(prediction.result.chrome_trace()), "utf-8")
@@ -40,7 +31,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         "db": mask_url(done.store_url),
     }
     if args.json:
-        emit_json(payload)
+        output.emit_json(payload)
     else:
         _print_summary(prediction, payload)
     return 0
@@ -68,14 +59,14 @@ def _print_summary(prediction: Prediction, payload: dict[str, Any]) -> None:
 
 def register(sub: Any) -> None:
     cmd = sub.add_parser("predict", help="predict a strategy's iteration time with the simulator")
-    add_input_arguments(cmd)
-    add_launch_arguments(
+    output.add_input_arguments(cmd)
+    output.add_launch_arguments(
         cmd,
         DEFAULTS,
         "link rate per host (1gbit, 100mbit, none); collective fits of this link are used",
     )
     cmd.add_argument("--optimizer", default=DEFAULTS["optimizer"], choices=OPTIMIZERS)
-    add_prediction_arguments(cmd, profile_iters=DEFAULTS["profile_iters"])
+    output.add_prediction_arguments(cmd, profile_iters=DEFAULTS["profile_iters"])
     cmd.add_argument("--trace", help="write the replayed timeline here (Chrome trace JSON)")
-    add_store_arguments(cmd)
+    output.add_store_arguments(cmd)
     cmd.set_defaults(handler=cmd_predict)

@@ -10,18 +10,7 @@ from ddlsim.data.errors import one_line
 from ddlsim.data.store import mask_url
 from ddlsim.executor.run import RunOptions, RunResult
 from ddlsim.profiler.cluster import ClusterRunError
-from ddlsim.service.output import (
-    add_input_arguments,
-    add_launch_arguments,
-    add_protocol_arguments,
-    add_store_arguments,
-    emit_json,
-    format_interval,
-    human_bytes,
-    request_from,
-    run_on_store,
-    strategy_argument,
-)
+from ddlsim.service import output
 from ddlsim.workflows.execute import execute
 from ddlsim.workflows.requests import ExecuteRequest, MeasureSettings, defaults
 
@@ -30,15 +19,17 @@ DEFAULTS = defaults(RunOptions)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    options = request_from(
+    options = output.request_from(
         args,
         RunOptions,
         renames={"timeout_s": "timeout", "budget_s": "measure_budget_s"},
         collective_timeout_s=min(args.timeout, args.collective_timeout),
     )
-    request = request_from(args, ExecuteRequest, strategy=strategy_argument(args), options=options)
+    request = output.request_from(
+        args, ExecuteRequest, strategy=output.strategy_argument(args), options=options
+    )
     try:
-        done = run_on_store(args, execute, request)
+        done = output.run_on_store(args, execute, request)
     except ClusterRunError as exc:
         print(f"ddlsim: error: run failed: {one_line(exc, limit=2000)}", file=sys.stderr)
         return EXIT_RUN_FAILED
@@ -46,7 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     db = mask_url(done.store_url)
     payload: dict[str, Any] = {**result.to_json(), "id": done.measurement_id, "db": db}
     if args.json:
-        emit_json(payload)
+        output.emit_json(payload)
     else:
         _print_summary(result, done.measurement_id, db)
     return 0
@@ -60,11 +51,12 @@ def _print_summary(result: RunResult, measurement_id: int, url: str) -> None:
         f"({applied.get('device', result.options.device)}), "
         f"{result.options.bandwidth or 'loopback'} ({result.network})\n"
         f"  iteration   {times['median']:.1f} ms median, 95 % interval "
-        f"{format_interval(times['ci95_ms'])} (p10 {times['p10']:.1f}, p90 {times['p90']:.1f}) "
+        f"{output.format_interval(times['ci95_ms'])} "
+        f"(p10 {times['p10']:.1f}, p90 {times['p90']:.1f}) "
         f"over {len(result.samples_ms)} iterations, stopped by {result.stopped_by}\n"
         f"  placement   {_placement_line(result.rank_cores)}\n"
         f"  losses      {', '.join(f'{x:.4f}' for x in result.losses)}\n"
-        f"  memory      peak {human_bytes(max(result.peak_memory_bytes))} per rank\n"
+        f"  memory      peak {output.human_bytes(max(result.peak_memory_bytes))} per rank\n"
         f"  applied     plan {_plan_line(applied)}, "
         f"collectives {', '.join(applied.get('collectives', [])) or 'none'}"
     )
@@ -96,8 +88,8 @@ def register(sub: Any) -> None:
     run = sub.add_parser(
         "run", help="train a model with a strategy on real torch.distributed ranks, measure it"
     )
-    add_input_arguments(run)
-    add_launch_arguments(
+    output.add_input_arguments(run)
+    output.add_launch_arguments(
         run,
         DEFAULTS,
         "run on an emulated cluster with this link rate per host (1gbit, 100mbit, 10gbit, none); "
@@ -113,7 +105,7 @@ def register(sub: Any) -> None:
         default=DEFAULTS["backend"],
         help="process-group backend: gloo or nccl (default: nccl on cuda, gloo on cpu)",
     )
-    add_protocol_arguments(
+    output.add_protocol_arguments(
         run,
         defaults=MeasureSettings(
             iters=DEFAULTS["iters"],
@@ -138,5 +130,5 @@ def register(sub: Any) -> None:
         default=DEFAULTS["collective_timeout_s"],
         help="a collective waiting longer fails its rank (a hung rank), seconds",
     )
-    add_store_arguments(run)
+    output.add_store_arguments(run)
     run.set_defaults(handler=cmd_run)

@@ -10,19 +10,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ddlsim.data.store import Store
-from ddlsim.service.output import (
-    add_input_arguments,
-    add_prediction_arguments,
-    add_protocol_arguments,
-    describe,
-    emit_json,
-    format_interval,
-    measure_settings,
-    positive_int,
-    request_from,
-    stderr_progress,
-    verification_lines,
-)
+from ddlsim.service import output
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE
 from ddlsim.workflows.requests import (
     SEARCH_ALGORITHMS,
@@ -37,16 +25,16 @@ DEFAULTS = defaults(SearchRequest)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    request = request_from(
+    request = output.request_from(
         args,
         SearchRequest,
         renames={"time_limit_s": "time_limit"},
-        measure=measure_settings(args),
+        measure=output.measure_settings(args),
     )
     with Store.open(args.db) as store, _bar(request) as progress:
         payload = search(request, store, progress)
     if args.json:
-        emit_json(payload)
+        output.emit_json(payload)
     else:
         _print(payload)
     return 0
@@ -62,7 +50,7 @@ def _bar(request: SearchRequest) -> Iterator[Progress]:
 
     def show(fraction: float | None, message: str) -> None:
         if fraction is None:
-            stderr_progress(fraction, message)
+            output.stderr_progress(fraction, message)
         else:
             bar.update(round(fraction * total) - bar.n)
 
@@ -96,7 +84,7 @@ def _print(payload: dict[str, Any]) -> None:
         f"  baseline (DDP defaults)  {baseline[key]:.1f} ms {kind}, "
         f"{baseline['peak_memory_gib']:.2f} GiB\n"
         f"  best                     {best[key]:.1f} ms {kind}, "
-        f"{best['peak_memory_gib']:.2f} GiB: {describe(best['strategy'])}"
+        f"{best['peak_memory_gib']:.2f} GiB: {output.describe(best['strategy'])}"
     )
     calibration = payload.get("calibration")
     if calibration is not None and kind == "predicted":
@@ -110,22 +98,22 @@ def _print(payload: dict[str, Any]) -> None:
     for row in payload.get("pareto", []):
         print(
             f"  pareto                   {row['predicted_ms']:.1f} ms, "
-            f"{row['peak_memory_gib']:.2f} GiB: {describe(row['strategy'])}"
+            f"{row['peak_memory_gib']:.2f} GiB: {output.describe(row['strategy'])}"
         )
     if "speedup" in payload:
-        for line in verification_lines(payload):
+        for line in output.verification_lines(payload):
             print(f"  measured                 {line}")
     if payload.get("picked_by") == "measurement":
         for row in payload["verified"]:
             print(
                 f"  verified                 {row['measured_ms']:.1f} ms measured "
-                f"({format_interval(row['ci95_ms'])}), "
-                f"{row['predicted_ms']:.1f} ms predicted: {describe(row['strategy'])}"
+                f"({output.format_interval(row['ci95_ms'])}), "
+                f"{row['predicted_ms']:.1f} ms predicted: {output.describe(row['strategy'])}"
             )
         if "scored_best" in payload:
             print(
                 "  the measured fastest replaced the search's pick: "
-                f"{describe(payload['scored_best']['strategy'])}"
+                f"{output.describe(payload['scored_best']['strategy'])}"
             )
     for name, reason in payload.get("not_run", {}).items():
         print(f"  not run                  the {name}: {reason}")
@@ -133,8 +121,8 @@ def _print(payload: dict[str, Any]) -> None:
 
 def register(sub: Any) -> None:
     cmd = sub.add_parser("search", help="find the fastest strategy with the simulator")
-    add_input_arguments(cmd)
-    cmd.add_argument("--world-size", type=positive_int, required=True)
+    output.add_input_arguments(cmd)
+    cmd.add_argument("--world-size", type=output.positive_int, required=True)
     cmd.add_argument("--bandwidth", help="link rate per host (1gbit, 100mbit, none)")
     cmd.add_argument("--algo", choices=SEARCH_ALGORITHMS, default=DEFAULTS["algo"])
     cmd.add_argument(
@@ -145,7 +133,7 @@ def register(sub: Any) -> None:
     )
     cmd.add_argument(
         "--budget",
-        type=positive_int,
+        type=output.positive_int,
         default=DEFAULTS["budget"],
         help=f"strategies to price (autotune: live runs, at most {AUTOTUNE_RUNS})",
     )
@@ -156,7 +144,7 @@ def register(sub: Any) -> None:
         help="memory per device (GiB); plans predicted to need more are pruned "
         "(default: this machine's memory over the ranks)",
     )
-    cmd.add_argument("--top", type=positive_int, default=DEFAULTS["top"])
+    cmd.add_argument("--top", type=output.positive_int, default=DEFAULTS["top"])
     cmd.add_argument(
         "--confidence",
         type=confidence_arg,
@@ -175,24 +163,24 @@ def register(sub: Any) -> None:
     cmd.add_argument("--study-name", help="the study (default: model-ranks-link-algo-space)")
     cmd.add_argument(
         "--workers",
-        type=positive_int,
+        type=output.positive_int,
         default=DEFAULTS["workers"],
         help="Optuna samplers: worker processes on the study (a temporary journal file when "
         "--storage is not given)",
     )
-    add_prediction_arguments(cmd, profile_iters=DEFAULTS["profile_iters"])
+    output.add_prediction_arguments(cmd, profile_iters=DEFAULTS["profile_iters"])
     cmd.add_argument("--verify", action="store_true", help="run the best and the baseline")
-    add_protocol_arguments(cmd, defaults=DEFAULTS["measure"], what="--verify and autotune")
+    output.add_protocol_arguments(cmd, defaults=DEFAULTS["measure"], what="--verify and autotune")
     cmd.add_argument(
         "--verify-rounds",
-        type=positive_int,
+        type=output.positive_int,
         default=DEFAULTS["verify_rounds"],
         help="--verify: the strategies run side by side, taking turns of --iters steps this "
         "many times each",
     )
     cmd.add_argument(
         "--verify-top",
-        type=positive_int,
+        type=output.positive_int,
         default=DEFAULTS["verify_top"],
         help="--verify: also run the next candidates of --top, up to this many in all, and "
         "keep the measured fastest of them and DDP's defaults (default 1: verify the pick only)",

@@ -5,18 +5,7 @@ import argparse
 from typing import Any
 
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.service import cmd_dataset, cmd_train
-from ddlsim.service.output import (
-    add_input_arguments,
-    add_prediction_arguments,
-    add_protocol_arguments,
-    add_store_arguments,
-    emit_json,
-    measure_settings,
-    positive_int,
-    request_from,
-    run_on_store,
-)
+from ddlsim.service import cmd_dataset, cmd_train, output
 from ddlsim.workflows.requests import ValidateRequest, defaults
 from ddlsim.workflows.validate import validate
 
@@ -24,10 +13,10 @@ DEFAULTS = defaults(ValidateRequest)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    request = request_from(args, ValidateRequest, measure=measure_settings(args))
-    payload = run_on_store(args, validate, request)
+    request = output.request_from(args, ValidateRequest, measure=output.measure_settings(args))
+    payload = output.run_on_store(args, validate, request)
     if args.json:
-        emit_json(payload)
+        output.emit_json(payload)
     else:
         _print_table(payload)
     return 0
@@ -57,15 +46,15 @@ def register(sub: Any) -> None:
     validate = commands.add_parser(
         "validate", help="predict and run K strategies of a model, and compare"
     )
-    add_input_arguments(validate)
-    validate.add_argument("--world-size", type=positive_int, default=DEFAULTS["world_size"])
+    output.add_input_arguments(validate)
+    validate.add_argument("--world-size", type=output.positive_int, default=DEFAULTS["world_size"])
     validate.add_argument(
         "--bandwidth", default=DEFAULTS["bandwidth"], help="link rate per host, or none"
     )
-    validate.add_argument("--strategies", type=positive_int, default=DEFAULTS["strategies"])
-    add_protocol_arguments(validate, defaults=DEFAULTS["measure"])
-    add_prediction_arguments(validate, profile_iters=DEFAULTS["profile_iters"])
-    add_store_arguments(validate)
+    validate.add_argument("--strategies", type=output.positive_int, default=DEFAULTS["strategies"])
+    output.add_protocol_arguments(validate, defaults=DEFAULTS["measure"])
+    output.add_prediction_arguments(validate, profile_iters=DEFAULTS["profile_iters"])
+    output.add_store_arguments(validate)
     validate.set_defaults(handler=cmd_validate)
     cmd_dataset.register(commands)
     cmd_train.register(commands)
