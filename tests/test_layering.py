@@ -5,7 +5,7 @@ workflows <- service. Every import counts, also one deferred into a function.
 """
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,8 +34,12 @@ def _modules() -> dict[str, Path]:
     return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
 
 
-def _imports(path: Path, module: str) -> Iterator[str]:
-    """Every module ``module`` (at ``path``) names in an import, absolute or relative."""
+def _imports(path: Path, module: str, known: Collection[str] = ()) -> Iterator[str]:
+    """Every module ``module`` (at ``path``) names in an import, absolute or relative.
+
+    ``from package import name`` names the submodule ``package.name`` when that is one of the
+    ``known`` modules (as ``import package.name`` does), else ``package`` (a name it defines or
+    re-exports)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -46,15 +50,16 @@ def _imports(path: Path, module: str) -> Iterator[str]:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                name = f"{base}.{alias.name}"
+                yield name if name in known else base
 
 
 def _graph() -> dict[str, set[str]]:
     """Module -> the ddlsim modules it imports."""
     modules = _modules()
     return {
-        name: {m for m in _imports(path, name) if m in modules and m != name}
+        name: {m for m in _imports(path, name, modules) if m in modules and m != name}
         for name, path in modules.items()
     }
 
@@ -121,9 +126,18 @@ def test_benchmarks_use_the_workflows_not_the_service() -> None:
         assert not service, f"{path.relative_to(ROOT)} imports {service}"
 
 
-def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
-    """The walk itself: a relative import is resolved and counted."""
+def test_the_checker_reads_every_form_of_import(tmp_path: Path) -> None:
+    """The walk itself: relative imports resolved, submodules told from names."""
     module = tmp_path / "mod.py"
-    module.write_text("from ..service import api\nimport ddlsim.search.algorithm\n")
-    names = set(_imports(module, "ddlsim.data.mod"))
-    assert {"ddlsim.service", "ddlsim.service.api", "ddlsim.search.algorithm"} <= names
+    module.write_text(
+        "from ..service import api, cli_name\nimport ddlsim.search.algorithm\n"
+        "from ddlsim.data.store import writers\n"
+    )
+    known = {"ddlsim.service.api", "ddlsim.data.store.writers"}
+    names = set(_imports(module, "ddlsim.data.mod", known))
+    assert names == {
+        "ddlsim.service.api",  # a submodule
+        "ddlsim.service",  # a name the package defines
+        "ddlsim.search.algorithm",
+        "ddlsim.data.store.writers",
+    }

@@ -185,6 +185,5 @@ def register(sub: Any) -> None:
         help="--verify: also run the next candidates of --top, up to this many in all, and "
         "keep the measured fastest of them and DDP's defaults (default 1: verify the pick only)",
     )
-    cmd.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
-    cmd.add_argument("--json", action="store_true", help="print JSON")
+    output.add_store_arguments(cmd)
     cmd.set_defaults(handler=cmd_search)

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import writers
 from ddlsim.data.store.database import default_url, mask_url, open_engine
 from ddlsim.data.store.errors import StoreError
 from ddlsim.data.store.records import (
@@ -45,17 +46,6 @@ from ddlsim.data.store.schema import (
     PredictionRow,
     StrategyRow,
     utc_now,
-)
-from ddlsim.data.store.writers import (
-    add_collective_profile,
-    add_fusion_profile,
-    add_graph,
-    add_kernel_profile,
-    add_measurement,
-    add_model_spec,
-    add_prediction,
-    add_strategy,
-    dialect_insert,
 )
 
 # The content-addressed rows that are loaded by their key.
@@ -144,7 +134,7 @@ class Store:
 
     def save_graph(self, *, graph: IterationGraph) -> str:
         """Store ``graph`` (once per hash) and its model spec; return its ``graph_hash``."""
-        return self._write(add_graph, graph=graph)
+        return self._write(writers.add_graph, graph=graph)
 
     def load_graph(self, *, graph_hash: str) -> IterationGraph:
         """The stored graph with ``graph_hash``.
@@ -158,7 +148,7 @@ class Store:
 
     def save_model_spec(self, *, spec: ModelSpec) -> str:
         """Store ``spec`` (once per hash); return its hash."""
-        return self._write(add_model_spec, spec=spec)
+        return self._write(writers.add_model_spec, spec=spec)
 
     def model_specs(self, *, label: str | None = None) -> list[tuple[str, ModelSpec]]:
         """Stored model specs as (hash, spec), oldest first; only those labelled ``label``
@@ -172,7 +162,7 @@ class Store:
 
     def save_strategy(self, *, strategy: Strategy) -> str:
         """Store ``strategy`` (once per hash); return :func:`strategy_hash` of it."""
-        return self._write(add_strategy, strategy=strategy)
+        return self._write(writers.add_strategy, strategy=strategy)
 
     def load_strategy(self, *, strategy_hash: str) -> Strategy:
         """The stored strategy with ``strategy_hash``.
@@ -189,7 +179,7 @@ class Store:
 
     def save_kernel_profile(self, *, profile: KernelProfileRecord) -> int:
         """Store a profile of a stored graph; return its id (see :func:`add_kernel_profile`)."""
-        return self._write(add_kernel_profile, profile=profile)
+        return self._write(writers.add_kernel_profile, profile=profile)
 
     def kernel_profiles(self, *, graph_hash: str | None = None) -> list[KernelProfileRecord]:
         """Kernel profiles, oldest first, of one graph or of all."""
@@ -197,7 +187,7 @@ class Store:
 
     def save_fusion_profile(self, *, profile: FusionProfileRecord) -> int:
         """Store a fusion profile of a stored graph; return its id."""
-        return self._write(add_fusion_profile, profile=profile)
+        return self._write(writers.add_fusion_profile, profile=profile)
 
     def fusion_profiles(self, *, graph_hash: str | None = None) -> list[FusionProfileRecord]:
         """Fusion profiles, oldest first, of one graph or of all."""
@@ -205,7 +195,7 @@ class Store:
 
     def save_collective_profile(self, *, profile: CollectiveProfileRecord) -> int:
         """Store a collective profile; return its id."""
-        return self._write(add_collective_profile, profile=profile)
+        return self._write(writers.add_collective_profile, profile=profile)
 
     def collective_profiles(
         self,
@@ -226,7 +216,7 @@ class Store:
 
     def save_measurement(self, *, measurement: MeasurementRecord) -> int:
         """Store an executor measurement; return its id (see :func:`add_measurement`)."""
-        return self._write(add_measurement, measurement=measurement)
+        return self._write(writers.add_measurement, measurement=measurement)
 
     def measurements(
         self, *, graph_hash: str | None = None, strategy_hash: str | None = None
@@ -236,7 +226,7 @@ class Store:
 
     def save_prediction(self, *, prediction: PredictionRecord) -> int:
         """Store a simulator prediction; return its id (see :func:`add_prediction`)."""
-        return self._write(add_prediction, prediction=prediction)
+        return self._write(writers.add_prediction, prediction=prediction)
 
     def predictions(
         self, *, graph_hash: str | None = None, strategy_hash: str | None = None
@@ -264,7 +254,7 @@ class Store:
             "finished_at": None,
         }
         with self.transaction() as session:
-            insert = dialect_insert(session, JobRow).values(**values)
+            insert = writers.dialect_insert(session, JobRow).values(**values)
             session.execute(
                 insert.on_conflict_do_update(
                     index_elements=[JobRow.key],
