@@ -23,18 +23,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.store import writers
+from ddlsim.data.store import records, writers
 from ddlsim.data.store.database import default_url, mask_url, open_engine
 from ddlsim.data.store.errors import StoreError
-from ddlsim.data.store.records import (
-    CollectiveProfileRecord,
-    FusionProfileRecord,
-    JobRecord,
-    JobStatus,
-    KernelProfileRecord,
-    MeasurementRecord,
-    PredictionRecord,
-)
 from ddlsim.data.store.schema import (
     CollectiveProfileRow,
     FusionProfileRow,
@@ -177,23 +168,27 @@ class Store:
 
     # ----- profiles, measurements, predictions ---------------------------------------------------
 
-    def save_kernel_profile(self, *, profile: KernelProfileRecord) -> int:
+    def save_kernel_profile(self, *, profile: records.KernelProfileRecord) -> int:
         """Store a profile of a stored graph; return its id (see :func:`add_kernel_profile`)."""
         return self._write(writers.add_kernel_profile, profile=profile)
 
-    def kernel_profiles(self, *, graph_hash: str | None = None) -> list[KernelProfileRecord]:
+    def kernel_profiles(
+        self, *, graph_hash: str | None = None
+    ) -> list[records.KernelProfileRecord]:
         """Kernel profiles, oldest first, of one graph or of all."""
         return self._records(KernelProfileRow, graph_hash=graph_hash)
 
-    def save_fusion_profile(self, *, profile: FusionProfileRecord) -> int:
+    def save_fusion_profile(self, *, profile: records.FusionProfileRecord) -> int:
         """Store a fusion profile of a stored graph; return its id."""
         return self._write(writers.add_fusion_profile, profile=profile)
 
-    def fusion_profiles(self, *, graph_hash: str | None = None) -> list[FusionProfileRecord]:
+    def fusion_profiles(
+        self, *, graph_hash: str | None = None
+    ) -> list[records.FusionProfileRecord]:
         """Fusion profiles, oldest first, of one graph or of all."""
         return self._records(FusionProfileRow, graph_hash=graph_hash)
 
-    def save_collective_profile(self, *, profile: CollectiveProfileRecord) -> int:
+    def save_collective_profile(self, *, profile: records.CollectiveProfileRecord) -> int:
         """Store a collective profile; return its id."""
         return self._write(writers.add_collective_profile, profile=profile)
 
@@ -204,7 +199,7 @@ class Store:
         backend: str | None = None,
         world_size: int | None = None,
         bandwidth: str | None = None,
-    ) -> list[CollectiveProfileRecord]:
+    ) -> list[records.CollectiveProfileRecord]:
         """Collective profiles, oldest first, matching every filter given."""
         return self._records(
             CollectiveProfileRow,
@@ -214,29 +209,29 @@ class Store:
             bandwidth=bandwidth,
         )
 
-    def save_measurement(self, *, measurement: MeasurementRecord) -> int:
+    def save_measurement(self, *, measurement: records.MeasurementRecord) -> int:
         """Store an executor measurement; return its id (see :func:`add_measurement`)."""
         return self._write(writers.add_measurement, measurement=measurement)
 
     def measurements(
         self, *, graph_hash: str | None = None, strategy_hash: str | None = None
-    ) -> list[MeasurementRecord]:
+    ) -> list[records.MeasurementRecord]:
         """Measurements, oldest first, matching every filter given."""
         return self._records(MeasurementRow, graph_hash=graph_hash, strategy_hash=strategy_hash)
 
-    def save_prediction(self, *, prediction: PredictionRecord) -> int:
+    def save_prediction(self, *, prediction: records.PredictionRecord) -> int:
         """Store a simulator prediction; return its id (see :func:`add_prediction`)."""
         return self._write(writers.add_prediction, prediction=prediction)
 
     def predictions(
         self, *, graph_hash: str | None = None, strategy_hash: str | None = None
-    ) -> list[PredictionRecord]:
+    ) -> list[records.PredictionRecord]:
         """Predictions, oldest first, matching every filter given."""
         return self._records(PredictionRow, graph_hash=graph_hash, strategy_hash=strategy_hash)
 
     # ----- batch jobs ----------------------------------------------------------------------------
 
-    def job_status(self, *, key: str) -> JobStatus | None:
+    def job_status(self, *, key: str) -> records.JobStatus | None:
         """``"done"``, ``"failed"``, ``"running"``, or ``None`` for a job never started."""
         with self.transaction() as session:
             row = session.get(JobRow, key)
@@ -298,7 +293,7 @@ class Store:
             row.error = error
             row.finished_at = utc_now()
 
-    def jobs(self) -> list[JobRecord]:
+    def jobs(self) -> list[records.JobRecord]:
         """Every job, oldest first."""
         query = select(JobRow).order_by(JobRow.created_at, JobRow.key)
         with self.transaction() as session:
