@@ -155,37 +155,42 @@ def add_protocol_arguments(
     that measures training, with the use case's ``defaults``; ``what`` names the part of the
     command they apply to."""
     prefix = f"{what}: " if what else ""
-    iters = defaults.iters
-    parser.add_argument(
-        "--iters",
-        type=positive_int,
-        default=iters,
-        help=f"{prefix}at least this many measured steps (a turn, side by side), more until "
-        f"--ci or --measure-budget",
+    # (flag, the option's name, its type, its default, what it asks for)
+    options: tuple[tuple[str, str, Callable[[str], Any], Any, str], ...] = (
+        (
+            "--iters",
+            "iters",
+            positive_int,
+            defaults.iters,
+            "at least this many measured steps (a turn, side by side), more until --ci or "
+            "--measure-budget",
+        ),
+        (
+            "--warmup",
+            "warmup",
+            int,
+            defaults.warmup,
+            "at least this many warm-up steps, more until the step time is stable",
+        ),
+        (
+            "--ci",
+            "ci_target",
+            fraction,
+            defaults.ci_target,
+            "measure until the median's 95 %% interval is within +- this fraction of it "
+            f"(default {defaults.ci_target:g})",
+        ),
+        (
+            "--measure-budget",
+            "measure_budget_s",
+            nonnegative_float,
+            defaults.budget_s,
+            f"seconds a strategy may measure beyond the minimums (default "
+            f"{defaults.budget_s:g}; 0: exactly --iters and --warmup)",
+        ),
     )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=defaults.warmup,
-        help=f"{prefix}at least this many warm-up steps, more until the step time is stable",
-    )
-    parser.add_argument(
-        "--ci",
-        dest="ci_target",
-        type=fraction,
-        default=defaults.ci_target,
-        help=f"{prefix}measure until the median's 95 %% interval is within +- this fraction "
-        f"of it (default {defaults.ci_target:g})",
-    )
-    parser.add_argument(
-        "--measure-budget",
-        dest="measure_budget_s",
-        type=nonnegative_float,
-        default=defaults.budget_s,
-        help=f"{prefix}seconds a strategy may measure beyond the minimums (default "
-        f"{defaults.budget_s:g}; "
-        "0: exactly --iters and --warmup)",
-    )
+    for flag, dest, kind, default, asks in options:
+        parser.add_argument(flag, dest=dest, type=kind, default=default, help=prefix + asks)
 
 
 def measure_settings(args: argparse.Namespace) -> MeasureSettings:
