@@ -1,8 +1,10 @@
 """Shared fixtures: captured graphs are cached per test session (capture is deterministic)."""
 
 import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +14,8 @@ from ddlsim.data.specs.model import InputSpec, ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import capture_graph
+from ddlsim.service.cli import main
+from tests.batch_files import BatchRun
 from tests.simulator.nodes import collective_node
 
 _CACHE: dict[str, IterationGraph] = {}
@@ -95,3 +99,17 @@ def tiny_graph() -> IterationGraph:
         edges=((0, 1), (1, 2), (2, 3)),
         env={"torch": "test"},
     )
+
+
+@pytest.fixture
+def profile_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> BatchRun:
+    """Runs ``ddlsim profile batch --json`` on a batch file of the given YAML text; its exit
+    status and JSON summary."""
+
+    def run(text: str) -> tuple[int, dict[str, Any]]:
+        path = tmp_path / "batch.yaml"
+        path.write_text(text)
+        code = main(["profile", "batch", str(path), "--json"])
+        return code, json.loads(capsys.readouterr().out)
+
+    return run

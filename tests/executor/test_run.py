@@ -23,6 +23,7 @@ from ddlsim.profiler.capture import capture_graph
 from ddlsim.profiler.cluster import NAMESPACE_PREFIX, ClusterRunError
 from ddlsim.service.cli import main
 from ddlsim.simulator.dataset import export_dataset, load_dataset
+from tests.batch_files import BatchRun
 from tests.executor.harness import assert_losses_match, reference_losses
 
 MLP = ZOO["mlp"].with_inputs(batch_size=16)
@@ -174,9 +175,8 @@ def test_compiled_blocks_match_and_report_compile_time() -> None:
         assert abs(got - want) <= 1e-5 * abs(want)
 
 
-def test_batch_runs_executor_jobs(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    path = tmp_path / "batch.yaml"
-    path.write_text(
+def test_batch_runs_executor_jobs(profile_batch: BatchRun) -> None:
+    code, out = profile_batch(
         "jobs:\n"
         "  - {kind: run, model: mlp, batch_size: 8, world_size: 2, iters: 2, warmup: 0,\n"
         "     measure_budget_s: 0,\n"
@@ -184,8 +184,7 @@ def test_batch_runs_executor_jobs(capsys: pytest.CaptureFixture[str], tmp_path: 
         "  - {kind: run, model: mlp, world_size: 2, strategy: {parallel: {dp: 3}}}\n"
         "  - {kind: run, model: mlp, world_size: 2, device: cpu, backend: nccl}\n"
     )
-    assert main(["profile", "batch", str(path), "--json"]) == 1
-    out = json.loads(capsys.readouterr().out)
+    assert code == 1
     assert len(out["done"]) == 1
     errors = " | ".join(job["error"] for job in out["failed"])
     assert len(out["failed"]) == 2

@@ -9,6 +9,7 @@ import pytest
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.store import Store
 from ddlsim.service.cli import main
+from tests.batch_files import BatchRun
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -208,21 +209,18 @@ def test_profile_kernels_stores_the_profile(
         assert store.load_graph(graph_hash=summary["graph_hash"]).model.label == "mlp"
 
 
-def test_profile_batch_is_resumable(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    path = tmp_path / "batch.yaml"
-    path.write_text(
+def test_profile_batch_is_resumable(profile_batch: BatchRun) -> None:
+    batch = (
         "product:\n"
         "  - {kind: [kernels], model: [mlp], batch_size: [2, 4], iters: [1], warmup: [0]}\n"
         "jobs:\n"
         "  - {kind: kernels, model: nosuch, iters: 1}\n"
     )
-    code, out, _ = run(capsys, "profile", "batch", str(path), "--json")
-    first = json.loads(out)
+    code, first = profile_batch(batch)
     assert code == 1  # one job failed
     assert len(first["done"]) == 2
     assert "'nosuch' is not in the zoo" in first["failed"][0]["error"]
-    code, out, _ = run(capsys, "profile", "batch", str(path), "--json")
-    second = json.loads(out)
+    code, second = profile_batch(batch)
     assert sorted(second["skipped"]) == sorted(first["done"])
     assert second["done"] == []
 
