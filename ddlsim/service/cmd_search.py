@@ -122,6 +122,13 @@ def _print(payload: dict[str, Any]) -> None:
 def register(sub: Any) -> None:
     cmd = sub.add_parser("search", help="find the fastest strategy with the simulator")
     output.add_input_arguments(cmd)
+
+    def count(flag: str, asks: str | None = None) -> None:
+        """An option that counts something (an integer >= 1), its default the request's field
+        of the same name."""
+        field = flag.removeprefix("--").replace("-", "_")
+        cmd.add_argument(flag, type=output.positive_int, default=DEFAULTS[field], help=asks)
+
     cmd.add_argument("--world-size", type=output.positive_int, required=True)
     cmd.add_argument("--bandwidth", help="link rate per host (1gbit, 100mbit, none)")
     cmd.add_argument("--algo", choices=SEARCH_ALGORITHMS, default=DEFAULTS["algo"])
@@ -131,12 +138,7 @@ def register(sub: Any) -> None:
         default=DEFAULTS["space"],
         help="all: parallel plans, tensor and op fusion; fusion: DDP's plan, tensor fusion only",
     )
-    cmd.add_argument(
-        "--budget",
-        type=output.positive_int,
-        default=DEFAULTS["budget"],
-        help=f"strategies to price (autotune: live runs, at most {AUTOTUNE_RUNS})",
-    )
+    count("--budget", f"strategies to price (autotune: live runs, at most {AUTOTUNE_RUNS})")
     cmd.add_argument("--time-limit", type=float, default=DEFAULTS["time_limit_s"], help="seconds")
     cmd.add_argument(
         "--memory-gb",
@@ -144,7 +146,7 @@ def register(sub: Any) -> None:
         help="memory per device (GiB); plans predicted to need more are pruned "
         "(default: this machine's memory over the ranks)",
     )
-    cmd.add_argument("--top", type=output.positive_int, default=DEFAULTS["top"])
+    count("--top")
     cmd.add_argument(
         "--confidence",
         type=confidence_arg,
@@ -161,29 +163,23 @@ def register(sub: Any) -> None:
         "journal file: faster, for processes sharing a file system)",
     )
     cmd.add_argument("--study-name", help="the study (default: model-ranks-link-algo-space)")
-    cmd.add_argument(
+    count(
         "--workers",
-        type=output.positive_int,
-        default=DEFAULTS["workers"],
-        help="Optuna samplers: worker processes on the study (a temporary journal file when "
+        "Optuna samplers: worker processes on the study (a temporary journal file when "
         "--storage is not given)",
     )
     output.add_prediction_arguments(cmd, profile_iters=DEFAULTS["profile_iters"])
     cmd.add_argument("--verify", action="store_true", help="run the best and the baseline")
     output.add_protocol_arguments(cmd, defaults=DEFAULTS["measure"], what="--verify and autotune")
-    cmd.add_argument(
+    count(
         "--verify-rounds",
-        type=output.positive_int,
-        default=DEFAULTS["verify_rounds"],
-        help="--verify: the strategies run side by side, taking turns of --iters steps this "
-        "many times each",
+        "--verify: the strategies run side by side, taking turns of --iters steps this many "
+        "times each",
     )
-    cmd.add_argument(
+    count(
         "--verify-top",
-        type=output.positive_int,
-        default=DEFAULTS["verify_top"],
-        help="--verify: also run the next candidates of --top, up to this many in all, and "
-        "keep the measured fastest of them and DDP's defaults (default 1: verify the pick only)",
+        "--verify: also run the next candidates of --top, up to this many in all, and keep the "
+        "measured fastest of them and DDP's defaults (default 1: verify the pick only)",
     )
     output.add_store_arguments(cmd)
     cmd.set_defaults(handler=cmd_search)

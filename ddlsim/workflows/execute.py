@@ -57,7 +57,6 @@ def execute(request: ExecuteRequest, store: Store, progress: Progress = no_progr
             strategy=request.strategy,
             world_size=options.world_size,
             bandwidth=options.bandwidth,
-            optimizer=options.optimizer,
             simulator=request.simulator,
         ),
         store,
