@@ -58,21 +58,17 @@ def predict(request: PredictRequest, store: Store, progress: Progress = no_progr
         profile_missing=request.profile_missing,
         progress=progress,
     )
+    with store.transaction() as session:
+        add_graph(session, graph=prediction.graph)
+        add_strategy(session, strategy=request.strategy)
+        prediction_id = add_prediction(session, prediction=prediction.record())
     return Predicted(
         prediction=prediction,
         profile=profile,
         profiled_now=profiled_now,
-        prediction_id=store_prediction(store, prediction, request.strategy),
+        prediction_id=prediction_id,
         store_url=store.url,
     )
-
-
-def store_prediction(store: Store, prediction: Prediction, strategy: Strategy) -> int:
-    """Store the prediction with its graph and strategy, in one transaction; its id."""
-    with store.transaction() as session:
-        add_graph(session, graph=prediction.graph)
-        add_strategy(session, strategy=strategy)
-        return add_prediction(session, prediction=prediction.record())
 
 
 def predict_on_store(
