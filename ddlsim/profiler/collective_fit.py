@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddlsim.data.comm_model import LinkFit, bus_factor
+from ddlsim.data.comm_model import LinkFit, bus_factor, fit_cpu_cost
 from ddlsim.data.errors import InvalidOptionError
 
 
@@ -43,6 +43,8 @@ class CollectiveSample:
     busbw_gbps: float
     repeats: int
     times_us: tuple[float, ...] = ()
+    # The compute the collective took from its rank, per CPU repeat (us; empty: not measured)
+    stolen_us: tuple[float, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,7 +91,11 @@ class CollectiveProfile:
                 for fit in self.fits
             ],
             "samples": [
-                {**dataclasses.asdict(sample), "times_us": list(sample.times_us)}
+                {
+                    **dataclasses.asdict(sample),
+                    "times_us": list(sample.times_us),
+                    "stolen_us": list(sample.stolen_us),
+                }
                 for sample in self.samples
             ],
             "network": self.network,
@@ -114,7 +120,13 @@ class CollectiveProfile:
             for fit in raw["fits"]
         )
         samples = tuple(
-            CollectiveSample(**{**sample, "times_us": tuple(sample.get("times_us", ()))})
+            CollectiveSample(
+                **{
+                    **sample,
+                    "times_us": tuple(sample.get("times_us", ())),
+                    "stolen_us": tuple(sample.get("stolen_us", ())),
+                }
+            )
             for sample in raw["samples"]
         )
         return cls(
@@ -135,9 +147,15 @@ def _finite_or_none(value: float) -> float | None:
 
 
 def make_sample(
-    collective: str, size_bytes: int, times_us: Sequence[float], *, world_size: int
+    collective: str,
+    size_bytes: int,
+    times_us: Sequence[float],
+    *,
+    world_size: int,
+    stolen_us: Sequence[float] = (),
 ) -> CollectiveSample:
-    """Statistics of one collective at one size from its per-repeat times (microseconds)."""
+    """Statistics of one collective at one size from its per-repeat times (microseconds) and
+    the compute it took from its rank in each CPU repeat, where measured."""
     times = sorted(float(t) for t in times_us)
     median = statistics.median(times)
     if len(times) >= 2:
@@ -156,6 +174,7 @@ def make_sample(
         busbw_gbps=algbw_gbps * bus_factor(collective, world_size),
         repeats=len(times),
         times_us=tuple(float(t) for t in times_us),
+        stolen_us=tuple(float(t) for t in stolen_us),
     )
 
 
@@ -218,6 +237,9 @@ def fit_latency_bandwidth(
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
     # slope is microseconds per byte: bytes/us * 8 bits / 1e3 = Gbit/s.
     busbw_gbps = 8e-3 / slope if slope > 0 else math.inf
+    cpu_alpha_us, cpu_us_per_byte = fit_cpu_cost(
+        (s.size_bytes, statistics.median(s.stolen_us)) for s in samples if s.stolen_us
+    )
     return CollectiveFit(
         collective=collective,
         backend=backend,
@@ -226,4 +248,6 @@ def fit_latency_bandwidth(
         alpha_us=alpha,
         busbw_gbps=busbw_gbps,
         r2=r2,
+        cpu_alpha_us=cpu_alpha_us,
+        cpu_us_per_byte=cpu_us_per_byte,
     )

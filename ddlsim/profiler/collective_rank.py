@@ -15,9 +15,12 @@ multiple of the world size); the size reported is the one used.
 import argparse
 import json
 import os
+import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from datetime import timedelta
 from pathlib import Path
 
@@ -39,6 +42,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout-s", type=float, default=600.0)
+    parser.add_argument(
+        "--cpu-repeats",
+        type=int,
+        default=0,
+        help="also time, this many times a size, the compute a collective takes from its rank",
+    )
     # Test-only: make a rank exit with a code, or have every rank sleep, after initialization.
     parser.add_argument("--test-crash-rank", type=int, default=-1)
     parser.add_argument("--test-crash-code", type=int, default=3)
@@ -50,32 +59,44 @@ def _operation(
     collective: str, size_bytes: int, rank: int, world_size: int, device: torch.device
 ) -> tuple[int, Callable[[], None]]:
     """The bytes actually used and a function that runs the collective once, to completion."""
+    used, start = _launcher(collective, size_bytes, rank, world_size, device)
+
+    def run() -> None:
+        for request in start():
+            request.wait()
+
+    return used, run
+
+
+def _launcher(
+    collective: str, size_bytes: int, rank: int, world_size: int, device: torch.device
+) -> tuple[int, Callable[[], list[Any]]]:
+    """The bytes actually used and a function that starts the collective once, asynchronously,
+    returning its requests (each has ``wait``)."""
     numel = max(1, size_bytes // _ELEMENT_BYTES)
     if collective == "all_reduce":
         buffer = torch.ones(numel, device=device)
-        return numel * _ELEMENT_BYTES, lambda: dist.all_reduce(buffer)
+        return numel * _ELEMENT_BYTES, lambda: [dist.all_reduce(buffer, async_op=True)]
     if collective in ("reduce_scatter", "all_gather"):
         shard = max(1, numel // world_size)
         full = torch.ones(shard * world_size, device=device)
         part = torch.ones(shard, device=device)
         if collective == "reduce_scatter":
-            return full.nbytes, lambda: dist.reduce_scatter_tensor(part, full)
-        return full.nbytes, lambda: dist.all_gather_into_tensor(full, part)
+            return full.nbytes, lambda: [dist.reduce_scatter_tensor(part, full, async_op=True)]
+        return full.nbytes, lambda: [dist.all_gather_into_tensor(full, part, async_op=True)]
     if collective == "broadcast":
         buffer = torch.ones(numel, device=device)
-        return numel * _ELEMENT_BYTES, lambda: dist.broadcast(buffer, src=0)
+        return numel * _ELEMENT_BYTES, lambda: [dist.broadcast(buffer, src=0, async_op=True)]
     if collective == "sendrecv":
         send = torch.ones(numel, device=device)
         recv = torch.empty(numel, device=device)
         right, left = (rank + 1) % world_size, (rank - 1) % world_size
 
-        def exchange() -> None:
+        def exchange() -> list[Any]:
             # Receive posted first: with send first, gloo serializes the two directions of a
             # pair (2 ranks at 1gbit: 16 MiB took 280 ms instead of 142).
             requests = [dist.irecv(recv, left), dist.isend(send, right)]
-            for request in requests:
-                if request is not None:
-                    request.wait()
+            return [r for r in requests if r is not None]
 
         return numel * _ELEMENT_BYTES, exchange
     raise ValueError(f"unknown collective {collective!r}")
@@ -100,6 +121,66 @@ def _time_repeats(
     slowest = torch.tensor(local, dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return [float(t) for t in slowest.cpu()]
+
+
+# One unit of the compute a rank does while a collective runs: a single-threaded matrix product
+# of about 30 us, small enough that the unit the collective ends in adds little.
+_UNIT_SIDE = 96
+
+
+def _wait_all(requests: list[Any], finished: threading.Event) -> None:
+    for request in requests:
+        request.wait()
+    finished.set()
+
+
+def _stolen_us(
+    start: Callable[[], list[Any]], repeats: int, world_size: int, *, window_s: float = 0.1
+) -> list[float]:
+    """Per repeat, the compute a collective took from its rank (us, the mean over ranks).
+
+    Every rank runs units of compute while the collective is in flight, as a rank's backward
+    does while its gradients are all-reduced; gloo's reductions, copies and socket work run on
+    the rank's cores too. Against the rate of the same units with no collective (measured just
+    before and just after, every rank computing as during), the collective took
+    ``elapsed - units / rate`` of compute time.
+    """
+    a, b = torch.randn(_UNIT_SIDE, _UNIT_SIDE), torch.randn(_UNIT_SIDE, _UNIT_SIDE)
+    out = torch.empty(_UNIT_SIDE, _UNIT_SIDE)
+
+    def unit() -> None:
+        torch.mm(a, b, out=out)
+
+    def rate() -> float:
+        dist.barrier()
+        done, begin = 0, time.perf_counter()
+        while time.perf_counter() - begin < window_s:
+            unit()
+            done += 1
+        return done / ((time.perf_counter() - begin) * 1e6)
+
+    for _ in range(200):
+        unit()
+    local = []
+    for _ in range(repeats):
+        before = rate()
+        dist.barrier()
+        done, begin = 0, time.perf_counter()
+        # A thread waits for the requests (gloo's send/recv never report completion by
+        # polling); it sleeps in ``wait``, so it takes no compute of its own.
+        finished = threading.Event()
+        waiter = threading.Thread(target=_wait_all, args=(start(), finished))
+        waiter.start()
+        while not finished.is_set():
+            unit()
+            done += 1
+        waiter.join()
+        elapsed = (time.perf_counter() - begin) * 1e6
+        alone = (before + rate()) / 2
+        local.append(elapsed - done / alone)
+    total = torch.tensor(local, dtype=torch.float64)
+    dist.all_reduce(total)
+    return [float(t) / world_size for t in total]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,12 +210,20 @@ def main(argv: list[str] | None = None) -> int:
         for size_bytes in sizes:
             used_bytes, run = _operation(collective, size_bytes, rank, world_size, device)
             times_us = _time_repeats(run, args.warmup, args.repeats, device)
-            samples.append(
-                {"collective": collective, "size_bytes": used_bytes, "times_us": times_us}
-            )
+            sample: dict[str, Any] = {
+                "collective": collective,
+                "size_bytes": used_bytes,
+                "times_us": times_us,
+            }
+            line = f"{collective} {used_bytes} B: {statistics.median(times_us) / 1e3:.3f} ms"
+            if args.cpu_repeats > 0 and device.type == "cpu":
+                _, start = _launcher(collective, size_bytes, rank, world_size, device)
+                sample["stolen_us"] = _stolen_us(start, args.cpu_repeats, world_size)
+                line += f", {statistics.median(sample['stolen_us']) / 1e3:.3f} ms of compute"
+                del start
+            samples.append(sample)
             if rank == 0:
-                median_ms = sorted(times_us)[len(times_us) // 2] / 1e3
-                print(f"{collective} {used_bytes} B: {median_ms:.3f} ms", flush=True)
+                print(line, flush=True)
             del run
     placement = report_placement()
     if rank == 0:

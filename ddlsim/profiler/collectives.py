@@ -107,6 +107,7 @@ def _check_options(
     collectives: Sequence[str],
     warmup: int,
     repeats: int,
+    cpu_repeats: int,
     timeout_s: float,
 ) -> None:
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
@@ -142,6 +143,8 @@ def _check_options(
         raise InvalidOptionError(f"warmup({warmup}) must be >= 0")
     if repeats < 1:
         raise InvalidOptionError(f"repeats({repeats}) must be >= 1")
+    if cpu_repeats < 0:
+        raise InvalidOptionError(f"cpu_repeats({cpu_repeats}) must be >= 0")
     if not timeout_s > 0:
         raise InvalidOptionError(f"timeout_s({timeout_s}) must be > 0")
 
@@ -155,6 +158,7 @@ def profile_collectives(
     collectives: Sequence[str] = COLLECTIVES,
     warmup: int = 2,
     repeats: int = 5,
+    cpu_repeats: int = 0,
     timeout_s: float = 600,
     progress: Callable[[str], None] | None = None,
 ) -> CollectiveProfile:
@@ -183,6 +187,7 @@ def profile_collectives(
         collectives=collective_list,
         warmup=warmup,
         repeats=repeats,
+        cpu_repeats=cpu_repeats,
         timeout_s=timeout_s,
     )
     parse_bandwidth_gbps("none" if bandwidth is None else bandwidth)
@@ -207,6 +212,8 @@ def profile_collectives(
             str(repeats),
             "--timeout-s",
             str(timeout_s),
+            "--cpu-repeats",
+            str(cpu_repeats),
         ]
         with EmulatedCluster(world_size, bandwidth) as cluster:
             result = cluster.launch(
@@ -220,7 +227,13 @@ def profile_collectives(
             link = cluster.bandwidth
         raw = json.loads(output.read_text(encoding="utf-8"))
     samples = tuple(
-        make_sample(s["collective"], s["size_bytes"], s["times_us"], world_size=world_size)
+        make_sample(
+            s["collective"],
+            s["size_bytes"],
+            s["times_us"],
+            world_size=world_size,
+            stolen_us=s.get("stolen_us", ()),
+        )
         for s in raw["samples"]
     )
     fits = []

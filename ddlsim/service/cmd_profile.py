@@ -29,6 +29,7 @@ from ddlsim.service.output import (
     add_store_arguments,
     emit_json,
     model_argument,
+    non_negative_int,
     positive_int,
     progress,
 )
@@ -107,6 +108,7 @@ def cmd_collectives(args: argparse.Namespace) -> int:
             collectives=args.collectives,
             warmup=args.warmup,
             repeats=args.repeats,
+            cpu_repeats=args.cpu_repeats,
             progress=progress,
         )
         with store.transaction() as session:
@@ -121,11 +123,11 @@ def cmd_collectives(args: argparse.Namespace) -> int:
         f"{args.world_size} ranks, {args.backend}, link {profile.bandwidth}, "
         f"network {profile.network}"
     )
-    print(f"  {'collective':<16}{'alpha':>12}{'busbw':>14}{'r2':>8}")
+    print(f"  {'collective':<16}{'alpha':>12}{'busbw':>14}{'r2':>8}{'compute taken':>26}")
     for fit in profile.fits:
         print(
             f"  {fit.collective:<16}{fit.alpha_us:>9.0f} us{fit.busbw_gbps:>9.3f} Gb/s"
-            f"{fit.r2:>8.3f}"
+            f"{fit.r2:>8.3f}{fit.cpu_alpha_us:>9.0f} us + {fit.cpu_us_per_byte * 2**20:>5.0f} us/MiB"
         )
     for note in profile.notes:
         print(f"  note: {note}")
@@ -222,6 +224,13 @@ def register(sub: Any) -> None:
     )
     collectives.add_argument("--warmup", type=int, default=2)
     collectives.add_argument("--repeats", type=positive_int, default=5)
+    collectives.add_argument(
+        "--cpu-repeats",
+        type=non_negative_int,
+        default=5,
+        help="times, per size, the compute each collective takes from its rank while in "
+        "flight (what the replay charges to the rank's compute); 0 skips it",
+    )
     add_store_arguments(collectives)
     collectives.set_defaults(handler=cmd_collectives)
 

@@ -36,6 +36,10 @@ class LinkFitLike(Protocol):
     def alpha_us(self) -> float: ...
     @property
     def busbw_gbps(self) -> float: ...
+    @property
+    def cpu_alpha_us(self) -> float: ...
+    @property
+    def cpu_us_per_byte(self) -> float: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,11 +104,16 @@ def comm_models(
             continue
         ring_steps = fitted == "sendrecv" and op != "sendrecv"
         alpha_us = record.alpha_us * (n - 1) if ring_steps else record.alpha_us
+        # A ring's n - 1 steps each send 1 / n of the buffer: (n - 1) / n of it in all.
+        cpu_alpha_us = record.cpu_alpha_us * (n - 1) if ring_steps else record.cpu_alpha_us
+        per_byte = record.cpu_us_per_byte * ((n - 1) / n if ring_steps else 1.0)
         models[op] = AlphaBeta(
             collective=op,
             world_size=n,
             alpha_us=max(0.0, alpha_us),
             busbw_gbps=record.busbw_gbps,
+            cpu_alpha_us=cpu_alpha_us,
+            cpu_us_per_byte=per_byte,
         )
         name = getattr(record, "id", None)
         sources[op] = f"{fitted} profile {name}" if name is not None else f"{fitted} fit"

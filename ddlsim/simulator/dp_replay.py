@@ -24,6 +24,7 @@ from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Bucket, Strategy
 from ddlsim.simulator.replay import (
+    CpuLoad,
     IterationTimes,
     ReplayResult,
     first_forward_use_of_params,
@@ -89,9 +90,7 @@ class DataParallelReplay:
         clock = 0.0
         self.ready_ms: dict[str, float] = {}
         self.ready_position: dict[str, int] = {}
-        # DeAR: the compute node whose end makes each gradient ready, and where each forward
-        # node starts in the micro-batch (updates are inserted before forward nodes).
-        self.ready_node: dict[str, int] = {}
+        # DeAR: where each forward node starts in the micro-batch (updates go before them).
         for node in graph.nodes:
             if node.kind == "compute":
                 begin[node.id] = clock
@@ -102,9 +101,6 @@ class DataParallelReplay:
                 end[node.id] = at
                 self.ready_ms[node.param] = at
                 self.ready_position[node.param] = len(self.ready_position)
-                self.ready_node[node.param] = max(
-                    (p for p in preds[node.id] if p in end), key=lambda p: end[p], default=-1
-                )
         self.begin_ms = begin
         self.first_use = first_forward_use_of_params(graph)
         self.update_ms = {
@@ -130,10 +126,9 @@ class DataParallelReplay:
         self, strategy: Strategy, comm: Mapping[str, AlphaBeta], *, micro_batches: int = 1
     ) -> ReplaySummary:
         """The replayed iteration under ``strategy``."""
-        timings = self._timings(strategy, comm, micro_batches)
+        timings, compute_end = self._timings(strategy, comm, micro_batches)
         if strategy.tensor_fusion.dear:
             return self._dear(strategy, comm, micro_batches, tuple(timings))
-        compute_end = micro_batches * self.microbatch_ms
         comm_end = timings[-1].end_ms if timings else 0.0
         iteration = max(compute_end, comm_end) + self.optimizer_ms
         compute = compute_end + self.optimizer_ms
@@ -168,49 +163,64 @@ class DataParallelReplay:
         leftover = [b.index for b in assigned if uses[b.index] < 0]
         scatter, gather = comm["reduce_scatter"], comm["all_gather"]
         mb_ms = self.microbatch_ms
+        # Where each bucket's reduce-scatter is launched: as its last gradient is ready, at that
+        # offset of the last micro-batch's compute.
+        ready_at = [
+            (max(self.ready_ms[p] for p in bucket.params), bucket.index) for bucket in launched
+        ]
+        load = CpuLoad()
         gathered: dict[int, float] = {}  # the previous iteration's all-gather ends
         comm_free = 0.0
         clock = 0.0
         starts: list[float] = []
         comm_events: list[tuple[float, float]] = []  # (start, end) on the comm stream
-        for _ in range(ITERATIONS):
+        by_index = {b.index: b for b in launched}
+        busy = [0.0] * ITERATIONS  # compute stream's busy time, stretched by the load
+
+        def run(it: int, start: float, work: float) -> float:
+            end = load.finish(start, work)
+            busy[it] += end - start
+            return end
+
+        for it in range(ITERATIONS):
             starts.append(clock)
-            # The first micro-batch: the forward, stretched by the updates it waits for.
-            offset = 0.0
-            shifts: list[tuple[int, float]] = []  # (forward node, delay of nodes from it on)
-            mb_start = clock
-            for node in points if gathered else ():
-                clock += self.begin_ms[node] - offset
-                offset = self.begin_ms[node]
-                for index in at_point[node]:
-                    clock = max(clock, gathered[index]) + update[index]
-                shifts.append((node, clock - mb_start - offset))
-            clock += mb_ms - offset
-            last_start, last_shifts = mb_start, shifts
-            for index in leftover if gathered else ():
-                clock = max(clock, gathered[index]) + update[index]
-            for _ in range(1, micro_batches):
-                last_start, last_shifts = clock, []
-                clock += mb_ms
-            # The last micro-batch's backward launches the reduce-scatters, FIFO.
             scattered: dict[int, float] = {}
-            for bucket in launched:
-                ready = max(
-                    last_start + self.ready_ms[p] + _delay(last_shifts, self.ready_node[p])
-                    for p in bucket.params
-                )
-                start = max(comm_free, ready)
-                comm_free = start + scatter.time_us(bucket.grad_bytes) / 1e3
-                scattered[bucket.index] = comm_free
-                comm_events.append((start, comm_free))
+            for mb in range(micro_batches):
+                # Offsets in this micro-batch's compute where something else happens: the
+                # first waits for last iteration's updates before their forward nodes, the
+                # last launches the reduce-scatters.
+                marks: list[tuple[float, int, int]] = []  # (offset, 0 update / 1 scatter, key)
+                if mb == 0 and gathered:
+                    marks += [(self.begin_ms[node], 0, node) for node in points]
+                if mb == micro_batches - 1:
+                    marks += [(at, 1, index) for at, index in ready_at]
+                done = 0.0
+                for offset, what, key in sorted(marks):
+                    clock = run(it, clock, offset - done)
+                    done = offset
+                    if what == 0:
+                        for index in at_point[key]:
+                            clock = run(it, max(clock, gathered[index]), update[index])
+                        continue
+                    nbytes = by_index[key].grad_bytes
+                    start = max(comm_free, clock)
+                    comm_free = start + scatter.time_us(nbytes) / 1e3
+                    load.add(start, comm_free, scatter.cpu_us(nbytes) / 1e3)
+                    scattered[key] = comm_free
+                    comm_events.append((start, comm_free))
+                clock = run(it, clock, mb_ms - done)
+                if mb == 0:
+                    for index in leftover if gathered else ():
+                        clock = run(it, max(clock, gathered[index]), update[index])
             gathered = {}
             for bucket in reversed(launched):
                 start = max(comm_free, scattered[bucket.index])
                 comm_free = start + gather.time_us(bucket.grad_bytes) / 1e3
+                load.add(start, comm_free, gather.cpu_us(bucket.grad_bytes) / 1e3)
                 gathered[bucket.index] = comm_free
                 comm_events.append((start, comm_free))
         iteration = (starts[-1] - starts[1]) / (ITERATIONS - 2)
-        compute = micro_batches * mb_ms + sum(update.values())
+        compute = busy[1]
         window = (starts[1], starts[2])
         busy = sum(e - b for b, e in comm_events if in_window(b, *window))
         return ReplaySummary(
@@ -223,16 +233,23 @@ class DataParallelReplay:
 
     def _timings(
         self, strategy: Strategy, comm: Mapping[str, AlphaBeta], micro_batches: int
-    ) -> list[BucketTiming]:
+    ) -> tuple[list[BucketTiming], float]:
+        """The buckets' collectives of an iteration whose compute runs back to back from 0,
+        slowed by the collectives in flight (:class:`CpuLoad`), and when that compute ends."""
         op = "reduce_scatter" if strategy.tensor_fusion.dear else "all_reduce"
         model = comm[op]
         offset = (micro_batches - 1) * self.microbatch_ms
-        free = 0.0
+        load = CpuLoad()
+        clock = work = free = 0.0
         out = []
         for bucket in self.buckets(strategy):
-            ready = offset + max(self.ready_ms[p] for p in bucket.params)
+            ready_work = offset + max(self.ready_ms[p] for p in bucket.params)
+            clock = load.finish(clock, ready_work - work)
+            work = ready_work
+            ready = clock
             start = max(free, ready)
             free = start + model.time_us(bucket.grad_bytes) / 1e3
+            load.add(start, free, model.cpu_us(bucket.grad_bytes) / 1e3)
             out.append(
                 BucketTiming(
                     grad_bytes=bucket.grad_bytes,
@@ -242,15 +259,4 @@ class DataParallelReplay:
                     end_ms=free,
                 )
             )
-        return out
-
-
-def _delay(shifts: list[tuple[int, float]], node: int) -> float:
-    """How late compute node ``node`` runs: the delay of the last insertion point before it
-    (updates go before their forward node, so a node at a point is delayed by that point)."""
-    delay = 0.0
-    for point, shift in shifts:
-        if point > node:
-            break
-        delay = shift
-    return delay
+        return out, load.finish(clock, micro_batches * self.microbatch_ms - work)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.simulator.replay import Event, ReplayResult
+from ddlsim.simulator.replay import CpuLoad, Event, ReplayResult
 
 ROOT = -1
 
@@ -78,11 +78,13 @@ def replay_fsdp(
     events: list[Event] = []
     busy = 0.0
     comm_busy = 0.0
+    load = CpuLoad()
 
     def collective(op: AlphaBeta, group: int, issued: float, label: str) -> float:
         nonlocal comm_free, comm_busy
         start = max(comm_free, issued)
         comm_free = start + op.time_us(nbytes.get(group, 0)) / 1e3
+        load.add(start, comm_free, op.cpu_us(nbytes.get(group, 0)) / 1e3)
         comm_busy += comm_free - start
         events.append(Event.span("comm", label, start, comm_free))
         return comm_free
@@ -115,10 +117,10 @@ def replay_fsdp(
                         gathered[(phase, nxt)] = collective(
                             all_gather, nxt, clock, f"all_gather {nxt}"
                         )
-                ms = float(node_ms.get(node.id, 0.0))
-                events.append(Event.span("compute", node.op, clock, clock + ms))
-                clock += ms
-                busy += ms
+                end = load.finish(clock, float(node_ms.get(node.id, 0.0)))
+                events.append(Event.span("compute", node.op, clock, end))
+                busy += end - clock
+                clock = end
                 ends_group = i + 1 == len(nodes) or member[nodes[i + 1].id] != g
                 if phase == "backward" and last and ends_group and g not in scattered | {ROOT}:
                     scattered.add(g)

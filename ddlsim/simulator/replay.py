@@ -144,6 +144,64 @@ class ReplayResult(IterationTimes):
 
 
 EPSILON_MS = 1e-6
+# The most of a rank's core a collective in flight is taken to use: where its measured compute
+# exceeds its own duration the collective is CPU-bound, and the rank's compute still advances
+# between its steps.
+MAX_CPU_SHARE = 0.9
+
+
+class CpuLoad:
+    """The compute a rank loses to its collectives in flight, after their measured CPU cost
+    (:meth:`data.comm_model.AlphaBeta.cpu_us`).
+
+    gloo reduces, copies and moves a collective's bytes on the rank's own cores, beside its
+    compute: while a collective runs from ``start`` to ``end`` and takes ``cpu_ms`` of compute,
+    the rank's compute advances at ``1 - cpu_ms / (end - start)`` of its rate. Collectives on
+    one stream do not overlap, so the load is a sequence of disjoint intervals, added in start
+    order; compute that runs outside them, or a collective no compute overlaps, loses nothing.
+    """
+
+    __slots__ = ("_intervals", "_next")
+
+    def __init__(self) -> None:
+        self._intervals: list[tuple[float, float, float]] = []  # (start, end, share)
+        self._next = 0  # the first interval that may still end after the last query's start
+
+    def add(self, start_ms: float, end_ms: float, cpu_ms: float) -> None:
+        """A collective in flight from ``start_ms`` to ``end_ms`` taking ``cpu_ms`` of compute
+        (starts must not decrease from one call to the next)."""
+        if end_ms > start_ms and cpu_ms > 0:
+            share = min(MAX_CPU_SHARE, cpu_ms / (end_ms - start_ms))
+            self._intervals.append((start_ms, end_ms, share))
+
+    def finish(self, start_ms: float, work_ms: float) -> float:
+        """When ``work_ms`` of compute started at ``start_ms`` ends."""
+        intervals = self._intervals
+        if not intervals or work_ms <= 0:
+            return start_ms + work_ms
+        i = self._next
+        if i > 0 and start_ms < intervals[i - 1][1]:
+            i = 0  # earlier than the last query: search from the first
+        while i < len(intervals) and intervals[i][1] <= start_ms:
+            i += 1
+        self._next = i
+        clock, left = start_ms, work_ms
+        while left > 0:
+            if i == len(intervals):
+                return clock + left
+            begin, end, share = intervals[i]
+            if clock < begin:  # a gap at the full rate
+                if clock + left <= begin:
+                    return clock + left
+                left -= begin - clock
+                clock = begin
+            rate = 1.0 - share
+            if clock + left / rate <= end:
+                return clock + left / rate
+            left -= (end - clock) * rate
+            clock = end
+            i += 1
+        return clock
 
 
 def in_window(start_ms: float, begin_ms: float, end_ms: float) -> bool:
@@ -240,6 +298,7 @@ class _Replayer:
         self.first_use = _first_forward_use(graph) if self.dear else {}
         self.end: dict[tuple[int, int, int], float] = {}  # (iteration, micro-batch, node)
         self.free = {"compute": 0.0, "comm": 0.0}
+        self.load = CpuLoad()
         self.events: list[Event] = []
 
     def run(self) -> ReplayResult:
@@ -276,7 +335,11 @@ class _Replayer:
         """Run ``node`` of (iteration, micro-batch) ``at`` on ``stream`` once it is ready."""
         it, mb = at
         start = max(self.free[stream], ready)
-        end = start + ms
+        if stream == "comm":
+            end = start + ms
+            self.load.add(start, end, self._comm_cpu_ms(node))
+        else:
+            end = self.load.finish(start, ms)
         self.free[stream] = end
         self.end[(it, mb, node.id)] = end
         label = node.op if node.kind != "comm" else f"{node.op} bucket {node.bucket}"
@@ -373,6 +436,9 @@ class _Replayer:
 
     def _comm_ms(self, node: GraphNode) -> float:
         return self.comm[node.op].time_us(node.grad_bytes) / 1e3
+
+    def _comm_cpu_ms(self, node: GraphNode) -> float:
+        return self.comm[node.op].cpu_us(node.grad_bytes) / 1e3
 
 
 def _first_forward_use(graph: IterationGraph) -> dict[int, int]:

@@ -4,13 +4,14 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import subprocess
 from typing import Any
 
 import pytest
 import torch
 
-from ddlsim.data.comm_model import COLLECTIVES, bus_factor
+from ddlsim.data.comm_model import COLLECTIVES, bus_factor, fit_cpu_cost
 from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
 from ddlsim.profiler import collectives
 from ddlsim.profiler.cluster import (
@@ -203,6 +204,41 @@ def test_every_collective_runs_on_loopback(monkeypatch: pytest.MonkeyPatch) -> N
     assert [f.collective for f in profile.fits] == list(COLLECTIVES)
     assert len(lines) == 2 * len(COLLECTIVES)
     assert set(profile.rank_cores) == {0, 1}
+
+
+def test_cpu_repeats_record_the_compute_each_collective_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(FORCE_LOOPBACK_ENV, "1")
+    with pytest.warns(LoopbackFallbackWarning):
+        profile = profile_collectives(
+            world_size=2,
+            bandwidth="1gbit",
+            sizes=[64 * KIB, 1 * MIB],
+            collectives=["all_reduce", "sendrecv"],
+            warmup=0,
+            repeats=1,
+            cpu_repeats=2,
+            timeout_s=120,
+        )
+    assert all(len(s.stolen_us) == 2 for s in profile.samples)
+    for fit in profile.fits:
+        points = [
+            (s.size_bytes, statistics.median(s.stolen_us))
+            for s in profile.samples
+            if s.collective == fit.collective
+        ]
+        assert (fit.cpu_alpha_us, fit.cpu_us_per_byte) == fit_cpu_cost(points)
+        assert fit.cpu_alpha_us >= 0 and fit.cpu_us_per_byte >= 0
+    raw = profile.to_json_dict()
+    assert CollectiveProfile.from_json_dict(raw) == profile
+
+
+def test_cpu_cost_fit_is_least_squares_kept_non_negative() -> None:
+    assert fit_cpu_cost([(0, 100.0), (1000, 300.0), (2000, 500.0)]) == pytest.approx((100, 0.2))
+    assert fit_cpu_cost([(0, 0.0), (1000, 300.0), (2000, 200.0)])[0] >= 0
+    assert fit_cpu_cost([(1000, 50.0), (2000, 10.0)]) == (pytest.approx(30.0), 0.0)
+    assert fit_cpu_cost([(1000, 50.0)]) == (0.0, 0.0)
 
 
 @pytest.mark.timing

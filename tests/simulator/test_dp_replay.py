@@ -23,9 +23,19 @@ def _durations(graph: IterationGraph, seed: int) -> dict[int, float]:
     }
 
 
-def _comm(busbw_gbps: float) -> dict[str, AlphaBeta]:
+def _comm(busbw_gbps: float, *, cpu: bool = False) -> dict[str, AlphaBeta]:
+    """Collectives at ``busbw_gbps``; with ``cpu``, each takes compute from the rank: 200 us a
+    call and a quarter of its wire time a byte."""
+    per_byte = 0.25 * 8e-3 / busbw_gbps if cpu else 0.0
     return {
-        op: AlphaBeta(collective=op, world_size=2, alpha_us=300.0, busbw_gbps=busbw_gbps)
+        op: AlphaBeta(
+            collective=op,
+            world_size=2,
+            alpha_us=300.0,
+            busbw_gbps=busbw_gbps,
+            cpu_alpha_us=200.0 if cpu else 0.0,
+            cpu_us_per_byte=per_byte,
+        )
         for op in ("all_reduce", "reduce_scatter", "all_gather")
     }
 
@@ -45,13 +55,14 @@ STRATEGIES: list[dict[str, Any]] = [
 @pytest.mark.parametrize("name", ["gpt2-tiny", "t5-tiny", "mlp"])
 @pytest.mark.parametrize("busbw_gbps", [0.1, 1.0, 50.0])
 @pytest.mark.parametrize("micro_batches", [1, 2])
+@pytest.mark.parametrize("cpu", [False, True], ids=["wire", "wire+cpu"])
 def test_fast_replay_equals_the_full_replay(
-    name: str, busbw_gbps: float, micro_batches: int, zoo_graph: GraphOf
+    name: str, busbw_gbps: float, micro_batches: int, cpu: bool, zoo_graph: GraphOf
 ) -> None:
     base = zoo_graph(name)
     node_ms = _durations(base, seed=len(name))
     fast = DataParallelReplay(base, node_ms)
-    comm = _comm(busbw_gbps)
+    comm = _comm(busbw_gbps, cpu=cpu)
     order = base.grad_ready_order
     explicit = {"tensor_fusion": {"buckets": [order[1::2], order[0::2]]}}
     explicit_dear = {

@@ -12,6 +12,8 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.simulator.replay import (
+    MAX_CPU_SHARE,
+    CpuLoad,
     ReplayResult,
     UnsupportedPlanError,
     replay,
@@ -192,3 +194,29 @@ def test_profiled_times_move_to_a_graph_of_another_strategy() -> None:
         assert moved[node.id] == float(updates[node.param])
     with pytest.raises(InvalidOptionError, match="not of the same model"):
         transfer_durations(capture_graph(ZOO["gpt2-tiny"]), node_ms, other)
+
+
+def test_cpu_load_slows_only_the_compute_it_overlaps() -> None:
+    load = CpuLoad()
+    assert load.finish(0.0, 5.0) == pytest.approx(5.0)  # no collective: full rate
+    load.add(2.0, 6.0, 2.0)  # half the core from 2 to 6 ms
+    load.add(10.0, 12.0, 0.5)  # a quarter from 10 to 12 ms
+    # 2 ms at full rate, then 4 ms at half (2 of work), then 1 more ms: ends at 7.
+    assert load.finish(0.0, 5.0) == pytest.approx(7.0)
+    # Work inside the first interval only: 1 ms of it takes 2.
+    assert load.finish(3.0, 1.0) == pytest.approx(5.0)
+    # Across the gap and into the second: 3 ms to 6 gives 1.5, 6-10 gives 4 (5.5), then 1.5
+    # more at 3/4 takes 2 ms.
+    assert load.finish(3.0, 7.0) == pytest.approx(12.0)
+    # Compute that starts after both loses nothing; a query earlier than the last still works.
+    assert load.finish(20.0, 1.0) == pytest.approx(21.0)
+    assert load.finish(0.0, 1.0) == pytest.approx(1.0)
+
+
+def test_cpu_load_caps_a_cpu_bound_collective() -> None:
+    load = CpuLoad()
+    load.add(0.0, 1.0, 5.0)  # more compute than its own duration: capped
+    assert load.finish(0.0, 1.0) == pytest.approx(1.0 + (1.0 - (1.0 - MAX_CPU_SHARE)))
+    load.add(2.0, 2.0, 1.0)  # empty intervals and free collectives are ignored
+    load.add(3.0, 4.0, 0.0)
+    assert load.finish(2.0, 2.0) == pytest.approx(4.0)

@@ -5,9 +5,11 @@
 """
 
 import dataclasses
+import statistics
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, get_args
 
+from ddlsim.data.comm_model import fit_cpu_cost
 from ddlsim.data.errors import InvalidOptionError
 
 if TYPE_CHECKING:
@@ -126,11 +128,29 @@ class CollectiveProfileRecord(_Result):
     alpha_us: float
     busbw_gbps: float
     r2: float
-    samples: list[dict[str, float | int | str]]
+    samples: list[dict[str, Any]]
     rank_cores: dict[int, list[int]]
     env: dict[str, str]
     created_at: datetime | None = None
     id: int | None = None
+
+    @property
+    def cpu_cost(self) -> tuple[float, float]:
+        """``(cpu_alpha_us, cpu_us_per_byte)`` fitted to the samples' CPU repeats (0, 0 for a
+        profile taken without them)."""
+        return fit_cpu_cost(
+            (float(s["size_bytes"]), statistics.median(float(t) for t in stolen))
+            for s in self.samples
+            if isinstance(stolen := s.get("stolen_us"), list) and stolen
+        )
+
+    @property
+    def cpu_alpha_us(self) -> float:
+        return self.cpu_cost[0]
+
+    @property
+    def cpu_us_per_byte(self) -> float:
+        return self.cpu_cost[1]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

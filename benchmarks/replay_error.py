@@ -1,0 +1,82 @@
+"""The replay alone against the executor, per plan kind: what each physics term explains.
+
+Every run of the dataset is replayed (no learned correction) from the dataset's own kernel
+profiles and link fits, with the replay's terms added one at a time, and compared with the
+run's measured median. For each plan kind and world size the table gives the median signed
+error (negative: the replay is faster than the run) and the mean absolute error of each
+variant, so that a term's column shows what it explains:
+
+- ``wire``: kernels and collectives' wire time only (the replay before issue 18);
+- ``+cpu``: and the compute each collective takes from its rank while in flight, measured by
+  ``benchmarks/collective_cpu.py`` (the dataset's links carry it).
+
+    .venv/bin/python benchmarks/replay_error.py [--dataset FILE] [--json FILE]
+"""
+
+import argparse
+import dataclasses
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from ddlsim.simulator.dataset import Dataset, load_dataset
+from ddlsim.simulator.default import shipped_dataset
+from ddlsim.simulator.train import build_training_set
+
+
+def without_cpu(dataset: Dataset) -> Dataset:
+    links = tuple(
+        dataclasses.replace(link, cpu_alpha_us=0.0, cpu_us_per_byte=0.0) for link in dataset.links
+    )
+    return dataclasses.replace(dataset, links=links)
+
+
+VARIANTS: dict[str, Callable[[Dataset], Dataset]] = {
+    "wire": without_cpu,
+    "+cpu": lambda dataset: dataset,
+}
+
+
+def errors(dataset: Dataset) -> dict[tuple[str, str], list[float]]:
+    """Signed relative errors of the replay, by (kind, world size), ``*`` pooling."""
+    out: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for sample in build_training_set(dataset).samples:
+        assert sample.measured_ms is not None
+        error = sample.replay_ms / sample.measured_ms - 1
+        world = sample.group.split("|")[1]
+        for key in ((sample.kind, world), (sample.kind, "*"), ("all", "*")):
+            out[key].append(error)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--dataset", type=Path, help="default: the shipped dataset")
+    parser.add_argument("--json", type=Path, help="write every variant's errors here")
+    args = parser.parse_args()
+    dataset = load_dataset(args.dataset or shipped_dataset())
+    results = {name: errors(make(dataset)) for name, make in VARIANTS.items()}
+    keys = sorted(results["wire"], key=lambda k: (k[0] == "all", k[0], k[1]))
+    header = " | ".join(f"{name} median | {name} MAPE" for name in VARIANTS)
+    print(f"| kind | ranks | runs | {header} |")
+    print("|---|---|---|" + "---|" * (2 * len(VARIANTS)))
+    for kind, world in keys:
+        cells = []
+        for name in VARIANTS:
+            values = results[name][(kind, world)]
+            cells.append(f"{statistics.median(values):+.3f}")
+            cells.append(f"{statistics.fmean(abs(v) for v in values):.3f}")
+        count = len(results["wire"][(kind, world)])
+        print(f"| {kind} | {world} | {count} | {' | '.join(cells)} |")
+    if args.json:
+        payload = {
+            name: {f"{kind}|{world}": values for (kind, world), values in table.items()}
+            for name, table in results.items()
+        }
+        args.json.write_text(json.dumps(payload), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
