@@ -20,9 +20,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -127,7 +127,8 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     for fit in profile.fits:
         print(
             f"  {fit.collective:<16}{fit.alpha_us:>9.0f} us{fit.busbw_gbps:>9.3f} Gb/s"
-            f"{fit.r2:>8.3f}{fit.cpu_alpha_us:>9.0f} us + {fit.cpu_us_per_byte * 2**20:>5.0f} us/MiB"
+            f"{fit.r2:>8.3f}{fit.cpu_alpha_us:>9.0f} us + "
+            f"{fit.cpu_us_per_byte * 2**20:>5.0f} us/MiB"
         )
     for note in profile.notes:
         print(f"  note: {note}")

@@ -222,12 +222,12 @@ class DataParallelReplay:
         iteration = (starts[-1] - starts[1]) / (ITERATIONS - 2)
         compute = busy[1]
         window = (starts[1], starts[2])
-        busy = sum(e - b for b, e in comm_events if in_window(b, *window))
+        comm_busy = sum(e - b for b, e in comm_events if in_window(b, *window))
         return ReplaySummary(
             iteration_time_ms=iteration,
             compute_ms=compute,
             exposed_comm_ms=max(0.0, iteration - compute),
-            comm_ms=busy,
+            comm_ms=comm_busy,
             buckets=timings,
         )
 
