@@ -8,7 +8,10 @@ variant, so that a term's column shows what it explains:
 
 - ``wire``: kernels and collectives' wire time only (the replay before issue 18);
 - ``+cpu``: and the compute each collective takes from its rank while in flight, measured by
-  ``benchmarks/collective_cpu.py`` (the dataset's links carry it).
+  ``benchmarks/collective_cpu.py`` (the dataset's links carry it);
+- ``+runtime``: and what the plans' runtimes add to the compute (gradient bucket copies, FSDP2
+  per group, DTensor per split module), measured by ``benchmarks/runtime_costs.py`` (the
+  dataset's meta carries it).
 
     .venv/bin/python benchmarks/replay_error.py [--dataset FILE] [--json FILE]
 """
@@ -33,9 +36,14 @@ def without_cpu(dataset: Dataset) -> Dataset:
     return dataclasses.replace(dataset, links=links)
 
 
+def without_runtime(dataset: Dataset) -> Dataset:
+    return dataclasses.replace(dataset, meta={**dataset.meta, "runtime_costs": {}})
+
+
 VARIANTS: dict[str, Callable[[Dataset], Dataset]] = {
-    "wire": without_cpu,
-    "+cpu": lambda dataset: dataset,
+    "wire": lambda dataset: without_runtime(without_cpu(dataset)),
+    "+cpu": without_runtime,
+    "+runtime": lambda dataset: dataset,
 }
 
 

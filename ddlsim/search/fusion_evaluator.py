@@ -18,6 +18,7 @@ from ddlsim.simulator.cost_model import CostModel, EncodedGraphs, ReplayCostMode
 from ddlsim.simulator.costs import uses_ring
 from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.features import ModelGraph, model_graph, strategy_sample
+from ddlsim.simulator.runtime import shipped_runtime_costs
 from ddlsim.simulator.train import intra_op_threads
 
 
@@ -54,7 +55,9 @@ class FusionEvaluator:
         self.dp = dp
         self.compute_scale = compute_scale
         self.cost_model = cost_model or ReplayCostModel()
-        self.replay = DataParallelReplay(graph, node_ms)
+        self.replay = DataParallelReplay(
+            graph, node_ms, shipped_runtime_costs().scaled(compute_scale)
+        )
         self.memo: dict[str, float] = {}
         # Told how many strategies each call priced anew (a search's progress).
         self.on_priced: Callable[[int], None] | None = None

@@ -39,6 +39,7 @@ from ddlsim.simulator.holdout import (
     metrics_by_kind,
 )
 from ddlsim.simulator.replay import comm_models_for_link
+from ddlsim.simulator.runtime import shipped_runtime_costs
 from ddlsim.simulator.train import (
     TrainOptions,
     build_training_set,
@@ -218,17 +219,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     comm = comm_models_for_link(2, 1.0, alpha_us=300.0)
     model = load_cost_model(args.simulator).network
     rates: dict[str, list[float]] = {"replay": [], "cost_model": []}
+    runtime = shipped_runtime_costs()
     with intra_op_threads(1):
         for _ in range(args.repeats):
             start = time.perf_counter()
-            fast = DataParallelReplay(graph, node_ms)
+            fast = DataParallelReplay(graph, node_ms, runtime)
             for strategy in strategies:
                 fast.summary(strategy, comm)
             rates["replay"].append(len(strategies) / (time.perf_counter() - start))
             if model is None:
                 continue
             start = time.perf_counter()
-            fast = DataParallelReplay(graph, node_ms)
+            fast = DataParallelReplay(graph, node_ms, runtime)
             encoded = model_graph(graph, node_ms)
             with torch.no_grad():
                 h, _ = model.encode(torch_batch := _single_batch(encoded))

@@ -30,6 +30,7 @@ from ddlsim.simulator.replay import (
     first_forward_use_of_params,
     in_window,
 )
+from ddlsim.simulator.runtime import RuntimeCosts
 
 ITERATIONS = 4  # as simulator.replay.replay unrolls: the steady state is read from 2nd to last
 
@@ -81,9 +82,15 @@ class DataParallelReplay:
     Thread safety: read-only after construction.
     """
 
-    def __init__(self, graph: IterationGraph, node_ms: Mapping[int, float]) -> None:
+    def __init__(
+        self,
+        graph: IterationGraph,
+        node_ms: Mapping[int, float],
+        runtime: RuntimeCosts | None = None,
+    ) -> None:
         self.graph = graph
         self.node_ms = dict(node_ms)
+        self.runtime = runtime or RuntimeCosts()
         preds = graph.predecessors()
         end: dict[int, float] = {}
         begin: dict[int, float] = {}
@@ -130,8 +137,11 @@ class DataParallelReplay:
         if strategy.tensor_fusion.dear:
             return self._dear(strategy, comm, micro_batches, tuple(timings))
         comm_end = timings[-1].end_ms if timings else 0.0
-        iteration = max(compute_end, comm_end) + self.optimizer_ms
-        compute = compute_end + self.optimizer_ms
+        fusion = strategy.tensor_fusion
+        # Every bucket's gradients are copied back once all have landed, then one step.
+        after = sum(self.runtime.land_ms(fusion, t.grad_bytes) for t in timings)
+        iteration = max(compute_end, comm_end) + after + self.optimizer_ms
+        compute = compute_end + after + self.optimizer_ms
         return ReplaySummary(
             iteration_time_ms=iteration,
             compute_ms=compute,
@@ -151,7 +161,13 @@ class DataParallelReplay:
         schedules it node by node (see the module's docstring)."""
         assigned = strategy.tensor_fusion.assign(self.grads)
         launched = self.buckets(strategy)
-        update = {b.index: sum(self.update_ms.get(p, 0.0) for p in b.params) for b in assigned}
+        fusion = strategy.tensor_fusion
+        # A bucket's update starts with copying its gathered buffer back into the gradients.
+        update = {
+            b.index: sum(self.update_ms.get(p, 0.0) for p in b.params)
+            + self.runtime.land_ms(fusion, b.grad_bytes)
+            for b in assigned
+        }
         # Each bucket's update goes before its first forward use, at that node's offset in the
         # micro-batch; buckets nothing in the forward uses update after the first micro-batch.
         uses = {
@@ -203,6 +219,7 @@ class DataParallelReplay:
                             clock = run(it, max(clock, gathered[index]), update[index])
                         continue
                     nbytes = by_index[key].grad_bytes
+                    clock = run(it, clock, self.runtime.launch_ms(fusion, nbytes))
                     start = max(comm_free, clock)
                     comm_free = start + scatter.time_us(nbytes) / 1e3
                     load.add(start, comm_free, scatter.cpu_us(nbytes) / 1e3)
@@ -236,7 +253,8 @@ class DataParallelReplay:
     ) -> tuple[list[BucketTiming], float]:
         """The buckets' collectives of an iteration whose compute runs back to back from 0,
         slowed by the collectives in flight (:class:`CpuLoad`), and when that compute ends."""
-        op = "reduce_scatter" if strategy.tensor_fusion.dear else "all_reduce"
+        fusion = strategy.tensor_fusion
+        op = "reduce_scatter" if fusion.dear else "all_reduce"
         model = comm[op]
         offset = (micro_batches - 1) * self.microbatch_ms
         load = CpuLoad()
@@ -246,6 +264,8 @@ class DataParallelReplay:
             ready_work = offset + max(self.ready_ms[p] for p in bucket.params)
             clock = load.finish(clock, ready_work - work)
             work = ready_work
+            # The runtime copies the bucket's gradients before launching its collective.
+            clock = load.finish(clock, self.runtime.launch_ms(fusion, bucket.grad_bytes))
             ready = clock
             start = max(free, ready)
             free = start + model.time_us(bucket.grad_bytes) / 1e3

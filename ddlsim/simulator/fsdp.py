@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.simulator.replay import CpuLoad, Event, ReplayResult
+from ddlsim.simulator.runtime import RuntimeCosts
 
 ROOT = -1
 
@@ -68,8 +69,12 @@ def replay_fsdp(
     reduce_scatter: AlphaBeta,
     dp: int,
     micro_batches: int = 1,
+    runtime: RuntimeCosts | None = None,
 ) -> ReplayResult:
-    """One FSDP iteration of ``graph`` (the rank's micro-batch) on ``dp`` ranks."""
+    """One FSDP iteration of ``graph`` (the rank's micro-batch) on ``dp`` ranks; ``runtime``'s
+    FSDP costs (per group and per byte of its parameters) are charged half as each group
+    starts its forward, half as it starts its backward, and per parameter to the optimizer."""
+    costs = runtime or RuntimeCosts()
     member = group_of_nodes(graph, groups)
     nbytes = _group_bytes(graph, groups)
     compute = [n for n in graph.nodes if n.kind == "compute"]
@@ -111,6 +116,15 @@ def replay_fsdp(
                     current = g
                     if (phase, g) in gathered:
                         clock = max(clock, gathered[(phase, g)])
+                    # FSDP's hooks, copies and reshard for this group: half each phase
+                    group_ms = (
+                        costs.fsdp_us_per_group + costs.fsdp_us_per_byte * nbytes.get(g, 0)
+                    ) / 2e3
+                    if group_ms > 0:
+                        end = load.finish(clock, group_ms)
+                        events.append(Event.span("compute", f"fsdp group {g}", clock, end))
+                        busy += end - clock
+                        clock = end
                     # prefetch the next group as this one starts
                     if pending:
                         nxt = pending.pop(0)
@@ -128,9 +142,11 @@ def replay_fsdp(
         if last:
             scatter_end = collective(reduce_scatter, ROOT, clock, "reduce_scatter root")
     step = max(clock, scatter_end)
-    optimizer_ms = sum(
-        float(node_ms.get(n.id, 0.0)) for n in graph.nodes if n.kind == "optimizer"
-    ) / max(dp, 1)
+    optimizer_ms = (
+        sum(float(node_ms.get(n.id, 0.0)) for n in graph.nodes if n.kind == "optimizer")
+        / max(dp, 1)
+        + costs.fsdp_step_us_per_param * len(graph.params) / 1e3
+    )
     events.append(Event.span("compute", "optimizer (shard)", step, step + optimizer_ms))
     iteration = step + optimizer_ms
     compute_ms = busy + optimizer_ms

@@ -18,6 +18,7 @@ from ddlsim.simulator.costs import LinkFitLike, comm_models
 from ddlsim.simulator.fsdp import replay_fsdp
 from ddlsim.simulator.pipeline import replay_pipeline, stage_costs
 from ddlsim.simulator.replay import ReplayResult, UnsupportedPlanError
+from ddlsim.simulator.runtime import RuntimeCosts
 from ddlsim.simulator.tensor_parallel import replay_tensor_parallel
 
 
@@ -34,18 +35,23 @@ def replay_parallel_plan(
     *,
     world_size: int,
     bandwidth: str,
+    runtime: RuntimeCosts | None = None,
 ) -> ReplayResult:
     """Replay ``graph``'s FSDP, tensor-parallel or pipeline plan.
 
     Args:
         fits: the collective fits of the cluster's backend (any world size and link).
         models: collective models over the data-parallel ranks (:func:`comm_models`).
+        runtime: what the plans' runtimes add to the rank's compute, at its compute scale
+            (none by default).
 
     Raises:
         UnsupportedPlanError: a combination the replay does not schedule, or a model the plan
             cannot split.
     """
-    replay = _PlanReplay(graph, durations, fits, models, world_size, bandwidth)
+    replay = _PlanReplay(
+        graph, durations, fits, models, world_size, bandwidth, runtime or RuntimeCosts()
+    )
     plan = graph.strategy.parallel
     if plan.pp > 1:
         return replay.pipeline()
@@ -66,6 +72,7 @@ class _PlanReplay:
     models: Mapping[str, AlphaBeta]
     world_size: int
     bandwidth: str
+    runtime: RuntimeCosts
 
     def pipeline(self) -> ReplayResult:
         """A pipeline plan: stages from the model's block stack, p2p from the send/recv fit of
@@ -119,6 +126,7 @@ class _PlanReplay:
             reduce_scatter=self.models["reduce_scatter"],
             dp=plan.resolve_dp(self.world_size),
             micro_batches=plan.micro_batches,
+            runtime=self.runtime,
         )
 
     def tensor_parallel(self) -> ReplayResult:
@@ -142,6 +150,7 @@ class _PlanReplay:
             tp_all_gather=tp_models["all_gather"],
             dp_all_reduce=self.models["all_reduce"],
             micro_batches=plan.micro_batches,
+            runtime=self.runtime,
         )
 
     def _link_models(self, ranks: int) -> dict[str, AlphaBeta]:

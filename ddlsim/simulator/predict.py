@@ -19,6 +19,7 @@ from ddlsim.simulator.dp_replay import DataParallelReplay, ReplaySummary
 from ddlsim.simulator.features import block_sample, model_graph, strategy_sample
 from ddlsim.simulator.plans import is_data_parallel, replay_parallel_plan
 from ddlsim.simulator.replay import ReplayResult, replay, transfer_durations
+from ddlsim.simulator.runtime import shipped_runtime_costs
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,11 +134,18 @@ def predict(
         ring=uses_ring(graph.strategy, backend),
     )
     durations = transfer_durations(profiled, node_ms, graph)
+    runtime = shipped_runtime_costs().scaled(compute_scale)
     if is_data_parallel(graph.strategy.parallel):
-        result = replay(graph, durations, models.models)
+        result = replay(graph, durations, models.models, runtime=runtime)
     else:
         result = replay_parallel_plan(
-            graph, durations, fits, models.models, world_size=world_size, bandwidth=bandwidth
+            graph,
+            durations,
+            fits,
+            models.models,
+            world_size=world_size,
+            bandwidth=bandwidth,
+            runtime=runtime,
         )
     prediction = Prediction(
         graph=graph,
@@ -153,7 +161,7 @@ def predict(
         return prediction
     data_parallel = is_data_parallel(graph.strategy.parallel)
     summary = (
-        DataParallelReplay(profiled, node_ms).summary(
+        DataParallelReplay(profiled, node_ms, runtime).summary(
             graph.strategy, models.models, micro_batches=graph.strategy.parallel.micro_batches
         )
         if data_parallel

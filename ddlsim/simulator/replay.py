@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.errors import DdlsimError, InvalidOptionError
 from ddlsim.data.graph.format import GraphNode, IterationGraph
+from ddlsim.simulator.runtime import RuntimeCosts
 
 
 class UnsupportedPlanError(DdlsimError, ValueError):
@@ -244,6 +245,7 @@ def replay(
     comm: Mapping[str, AlphaBeta],
     *,
     iterations: int = 4,
+    runtime: RuntimeCosts | None = None,
 ) -> ReplayResult:
     """Replay ``iterations`` training iterations of ``graph`` and read the steady state.
 
@@ -254,6 +256,7 @@ def replay(
         comm: the model of each collective the graph uses, over the data-parallel ranks.
         iterations: how many to unroll (>= 3: the first fills the pipeline of overlaps, the
             last may end early; the iteration time is read between the second and the last).
+        runtime: the cost of the runtime's gradient copies (none charged by default).
 
     Raises:
         UnsupportedPlanError: FSDP, tensor or pipeline parallelism.
@@ -272,7 +275,7 @@ def replay(
         raise InvalidOptionError(
             f"no collective model for {', '.join(missing)}; given: {', '.join(sorted(comm))}"
         )
-    return _Replayer(graph, node_ms, comm, iterations).run()
+    return _Replayer(graph, node_ms, comm, iterations, runtime or RuntimeCosts()).run()
 
 
 class _Replayer:
@@ -282,8 +285,11 @@ class _Replayer:
         node_ms: Mapping[int, float],
         comm: Mapping[str, AlphaBeta],
         iterations: int,
+        runtime: RuntimeCosts,
     ) -> None:
         self.graph = graph
+        self.runtime = runtime
+        self.fusion = graph.strategy.tensor_fusion
         self.node_ms = node_ms
         self.comm = comm
         self.iterations = iterations
@@ -299,6 +305,8 @@ class _Replayer:
         self.end: dict[tuple[int, int, int], float] = {}  # (iteration, micro-batch, node)
         self.free = {"compute": 0.0, "comm": 0.0}
         self.load = CpuLoad()
+        # DeAR: the copy each bucket's first update waits for, by (iteration, bucket)
+        self._land_ms: dict[tuple[int, int | None], float] = {}
         self.events: list[Event] = []
 
     def run(self) -> ReplayResult:
@@ -312,6 +320,11 @@ class _Replayer:
             if self.dear:
                 self._all_gathers(it)
                 deferred = list(self.optimizer)
+                self._land_ms = {
+                    (it + 1, n.bucket): self.runtime.land_ms(self.fusion, n.grad_bytes)
+                    for n in self.collectives
+                    if n.op == "all_gather"
+                }
             else:
                 self._optimizer_after_all_reduces(it)
         begin, end = starts[1], starts[-1]
@@ -376,6 +389,11 @@ class _Replayer:
             if node.id in comm_of_ready:
                 for collective in comm_of_ready[node.id]:
                     ready = self._deps_end(it, mb, collective)
+                    copy_ms = self.runtime.launch_ms(self.fusion, collective.grad_bytes)
+                    if copy_ms > 0:  # the runtime copies the bucket's gradients first
+                        ready = self._span(
+                            (it, mb), f"copy bucket {collective.bucket}", ready, copy_ms
+                        )
                     self._run(
                         "comm", (it, mb), collective, ms=self._comm_ms(collective), ready=ready
                     )
@@ -406,9 +424,13 @@ class _Replayer:
         return left
 
     def _update(self, it: int, update: GraphNode) -> None:
-        # The update of iteration it-1's gradients, waiting for its bucket's all-gather.
+        # The update of iteration it-1's gradients, waiting for its bucket's all-gather; the
+        # bucket's first update copies the gathered buffer back into its gradients.
         mb = self.micro_batches - 1
         ready = max(self.end.get((it - 1, mb, p), 0.0) for p in self.preds[update.id])
+        bucket_ms = self._land_ms.pop((it, update.bucket), 0.0)
+        if bucket_ms > 0:
+            ready = self._span((it - 1, mb), f"copy bucket {update.bucket}", ready, bucket_ms)
         self._run("compute", (it - 1, mb), update, ms=self._ms(update), ready=ready)
 
     def _all_gathers(self, it: int) -> None:
@@ -423,13 +445,36 @@ class _Replayer:
 
     def _optimizer_after_all_reduces(self, it: int) -> None:
         mb = self.micro_batches - 1
-        # One optimizer step after every bucket's collective (DDP and the hooks alike).
+        # One optimizer step after every bucket's collective (DDP and the hooks alike), once
+        # the runtime has copied every bucket back into the gradients.
         barrier = max((self.end[(it, mb, n.id)] for n in self.collectives), default=0.0)
+        copy_ms = sum(self.runtime.land_ms(self.fusion, n.grad_bytes) for n in self.collectives)
+        if copy_ms > 0:
+            barrier = self._span((it, mb), "copy buckets back", barrier, copy_ms)
         for node in self.optimizer:
             ready = max(barrier, self._deps_end(it, mb, node))
             self._run("compute", (it, mb), node, ms=self._ms(node), ready=ready)
 
     # -- costs -------------------------------------------------------------------------------
+
+    def _span(self, at: tuple[int, int], name: str, ready: float, ms: float) -> float:
+        """Run ``ms`` of the runtime's own compute (no graph node) once ``ready``; its end."""
+        it, mb = at
+        start = max(self.free["compute"], ready)
+        end = self.load.finish(start, ms)
+        self.free["compute"] = end
+        self.events.append(
+            Event(
+                node=-1,
+                iteration=it,
+                micro_batch=mb,
+                stream="compute",
+                name=name,
+                start_ms=start,
+                end_ms=end,
+            )
+        )
+        return end
 
     def _ms(self, node: GraphNode) -> float:
         return float(self.node_ms.get(node.id, 0.0))

@@ -20,6 +20,7 @@ from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import GraphNode, IterationGraph
 from ddlsim.data.tp_plans import TensorParallelPlan, matches
 from ddlsim.simulator.replay import Event, ReplayResult
+from ddlsim.simulator.runtime import RuntimeCosts
 
 
 def _style(plan: TensorParallelPlan, module: str) -> tuple[str, str] | None:
@@ -71,8 +72,13 @@ def replay_tensor_parallel(
     tp_all_gather: AlphaBeta,
     dp_all_reduce: AlphaBeta,
     micro_batches: int = 1,
+    runtime: RuntimeCosts | None = None,
 ) -> ReplayResult:
-    """One iteration of ``graph`` (the rank's micro-batch, unsplit) split ``tp`` ways."""
+    """One iteration of ``graph`` (the rank's micro-batch, unsplit) split ``tp`` ways;
+    ``runtime``'s DTensor costs are charged per split module each micro-batch (half as its
+    forward ends, half as its backward does) and per split parameter to the optimizer."""
+    costs = runtime or RuntimeCosts()
+    module_ms = costs.tp_us_per_module / 2 / 1e3
     sharded = sharded_nodes(graph, plan)
     module_of: dict[int, tuple[str, str]] = {}
     for node in graph.nodes:
@@ -110,6 +116,7 @@ def replay_tensor_parallel(
             after.setdefault(node_id, []).append(
                 (f"all_reduce grad {path}", tp_all_reduce.time_us(hidden) / 1e3)
             )
+    ends_module = {n.id for n in last_forward.values()} | set(last_backward.values())
     events: list[Event] = []
     clock = compute = comm = 0.0
     for _ in range(micro_batches):
@@ -117,6 +124,8 @@ def replay_tensor_parallel(
             if node.kind != "compute":
                 continue
             ms = float(node_ms.get(node.id, 0.0)) / (tp if node.id in sharded else 1)
+            if node.id in ends_module:
+                ms += module_ms
             events.append(Event.span("compute", node.op, clock, clock + ms))
             clock += ms
             compute += ms
@@ -128,8 +137,10 @@ def replay_tensor_parallel(
     if sync:
         events.append(Event.span("comm", "data-parallel all_reduce", clock, clock + sync))
     clock += sync
+    split_params = sum(1 for p in graph.params if p.module in style_of)
     optimizer = (
         sum(float(node_ms.get(n.id, 0.0)) for n in graph.nodes if n.kind == "optimizer") / tp
+        + costs.tp_step_us_per_param * split_params / 1e3
     )
     events.append(Event.span("compute", "optimizer (shard)", clock, clock + optimizer))
     return ReplayResult(

@@ -46,6 +46,7 @@ from ddlsim.simulator.features import (
 from ddlsim.simulator.gnn import CostModelConfig, IterationCostModel, network_from_checkpoint
 from ddlsim.simulator.plans import is_data_parallel, replay_parallel_plan
 from ddlsim.simulator.replay import UnsupportedPlanError, transfer_durations
+from ddlsim.simulator.runtime import RuntimeCosts, runtime_costs_of
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -100,6 +101,7 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
     samples: list[StrategySample] = []
     skipped: list[str] = []
     selected = list(dataset.runs if runs is None else runs)
+    runtime = runtime_costs_of(dataset.meta)
     for run in selected:
         rank = rank_spec(run.model, run.strategy, run.world_size)
         entry = dataset.kernel_for(rank)
@@ -112,7 +114,7 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
         if key not in graphs:
             node_ms = scaled(entry.node_ms, scale)
             graphs[key] = model_graph(entry.graph, node_ms)
-            replays[key] = DataParallelReplay(entry.graph, node_ms)
+            replays[key] = DataParallelReplay(entry.graph, node_ms, runtime.scaled(scale))
         dp = run.strategy.parallel.resolve_dp(run.world_size)
         models = comm_models(
             list(dataset.links),
@@ -127,7 +129,14 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
             )
         else:
             try:
-                summary = _plan_summary(dataset, run, entry.graph, replays[key].node_ms, models)
+                summary = _plan_summary(
+                    dataset,
+                    run=run,
+                    profiled=entry.graph,
+                    node_ms=replays[key].node_ms,
+                    models=models,
+                    runtime=replays[key].runtime,
+                )
             except (UnsupportedPlanError, InvalidStrategyError) as exc:
                 skipped.append(f"{key} {run.strategy.to_json()}: {exc}")
                 continue
@@ -186,10 +195,12 @@ def _fused_blocks(
 
 def _plan_summary(
     dataset: Dataset,
+    *,
     run: RunEntry,
     profiled: IterationGraph,
     node_ms: Mapping[int, float],
     models: Mapping[str, AlphaBeta],
+    runtime: RuntimeCosts,
 ) -> ReplaySummary:
     """The full replay of a run's FSDP, tensor or pipeline plan."""
     graph = with_strategy(profiled, run.strategy)
@@ -200,6 +211,7 @@ def _plan_summary(
         models,
         world_size=run.world_size,
         bandwidth=run.bandwidth,
+        runtime=runtime,
     )
     return ReplaySummary.of(result)
 

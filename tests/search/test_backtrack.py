@@ -45,7 +45,7 @@ def test_backtracking_beats_the_baseline_and_random_search(zoo_graph: GraphOf) -
     assert result.best_ms == min(ms for _, ms in result.top)
     assert list(result.curve) == sorted(result.curve, reverse=True)  # best so far only falls
     # the prices are the replay's, recomputed independently
-    replay = DataParallelReplay(graph, node_ms)
+    replay = DataParallelReplay(graph, node_ms, evaluator.replay.runtime)
     assert result.best_ms == pytest.approx(replay.summary(result.best, comm).iteration_time_ms)
     # random contiguous partitions, same budget
     rng = random.Random(0)

@@ -108,8 +108,10 @@ def test_fsdp_gathers_and_scatters(capsys: pytest.CaptureFixture[str]) -> None:
     assert fsdp["iteration_time_ms"] == pytest.approx(
         parts["compute_ms"] + parts["exposed_comm_ms"]
     )
-    # each rank steps only its shard: the optimizer's share of compute halves
-    assert parts["compute_ms"] < ddp["breakdown"]["compute_ms"]
+    # each rank steps only its shard, but FSDP2's runtime (copies, hooks, DTensor parameters in
+    # the optimizer, simulator.runtime) costs more than that saves: on this machine FSDP runs
+    # measure slower than DDP's (BENCHMARKS.md, the noise floor's table), and so are predicted
+    assert fsdp["iteration_time_ms"] > ddp["iteration_time_ms"]
 
 
 def test_validate_runs_predicts_and_scores(capsys: pytest.CaptureFixture[str]) -> None:

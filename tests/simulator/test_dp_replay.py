@@ -12,6 +12,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.replay import replay, transfer_durations
+from ddlsim.simulator.runtime import RuntimeCosts
 
 GraphOf = Callable[[str], IterationGraph]
 
@@ -55,13 +56,15 @@ STRATEGIES: list[dict[str, Any]] = [
 @pytest.mark.parametrize("name", ["gpt2-tiny", "t5-tiny", "mlp"])
 @pytest.mark.parametrize("busbw_gbps", [0.1, 1.0, 50.0])
 @pytest.mark.parametrize("micro_batches", [1, 2])
-@pytest.mark.parametrize("cpu", [False, True], ids=["wire", "wire+cpu"])
+@pytest.mark.parametrize("cpu", [False, True], ids=["wire", "wire+cpu+copies"])
 def test_fast_replay_equals_the_full_replay(
     name: str, busbw_gbps: float, micro_batches: int, cpu: bool, zoo_graph: GraphOf
 ) -> None:
     base = zoo_graph(name)
     node_ms = _durations(base, seed=len(name))
-    fast = DataParallelReplay(base, node_ms)
+    # With cpu, the runtime's gradient copies cost 50 us a pass and 0.1 ms a MiB.
+    runtime = RuntimeCosts(copy_alpha_us=50.0, copy_us_per_byte=1e-4) if cpu else RuntimeCosts()
+    fast = DataParallelReplay(base, node_ms, runtime)
     comm = _comm(busbw_gbps, cpu=cpu)
     order = base.grad_ready_order
     explicit = {"tensor_fusion": {"buckets": [order[1::2], order[0::2]]}}
@@ -73,7 +76,7 @@ def test_fast_replay_equals_the_full_replay(
             {**raw, "parallel": {"micro_batches": micro_batches}} if micro_batches > 1 else raw
         )
         graph = with_strategy(base, strategy)
-        full = replay(graph, transfer_durations(base, node_ms, graph), comm)
+        full = replay(graph, transfer_durations(base, node_ms, graph), comm, runtime=runtime)
         got = fast.summary(strategy, comm, micro_batches=micro_batches)
         assert got.iteration_time_ms == pytest.approx(full.iteration_time_ms, rel=1e-9)
         assert got.compute_ms == pytest.approx(full.compute_ms, rel=1e-9)

@@ -12,6 +12,7 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.stages import default_groups
 from ddlsim.data.zoo import ZOO
 from ddlsim.simulator.fsdp import ROOT, group_of_nodes, replay_fsdp
+from ddlsim.simulator.runtime import RuntimeCosts
 from tests.simulator.nodes import compute_node, update_node
 
 GraphOf = Callable[[str], IterationGraph]
@@ -89,3 +90,24 @@ def test_groups_of_a_captured_model(zoo_graph: GraphOf) -> None:
     optimizer = sum(0.1 for n in graph.nodes if n.kind == "optimizer") / 2
     assert fast == pytest.approx(compute + optimizer, rel=1e-6)
     assert slow > fast + 50  # 6 MB of parameters gathered twice at 0.1 Gb/s
+
+
+def test_runtime_costs_charge_each_group_start_and_the_optimizer() -> None:
+    graph = _two_layers()
+    node_ms = {0: 1.0, 1: 1.0, 2: 2.0, 3: 2.0, 4: 0.5, 5: 0.5}
+
+    def run(runtime: RuntimeCosts | None) -> float:
+        return replay_fsdp(
+            graph,
+            node_ms,
+            [["a"], ["b"]],
+            all_gather=_latency_only("all_gather", 0.0),
+            reduce_scatter=_latency_only("reduce_scatter", 0.0),
+            dp=2,
+            runtime=runtime,
+        ).iteration_time_ms
+
+    costs = RuntimeCosts(fsdp_us_per_group=400.0, fsdp_step_us_per_param=100.0)
+    # Two groups, each starting its forward and its backward (0.2 ms each time), and 2
+    # parameters at 0.1 ms in the optimizer; free collectives leave nothing to overlap.
+    assert run(costs) - run(None) == pytest.approx(4 * 0.2 + 2 * 0.1)

@@ -8,6 +8,7 @@ import pytest
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.tp_plans import PLANS
+from ddlsim.simulator.runtime import RuntimeCosts
 from ddlsim.simulator.tensor_parallel import replay_tensor_parallel, sharded_nodes
 
 GraphOf = Callable[[str], IterationGraph]
@@ -58,3 +59,26 @@ def test_gpt2_collectives_and_halved_compute(zoo_graph: GraphOf) -> None:
     assert result.iteration_time_ms == pytest.approx(compute + optimizer + 11.0)
     with_dp = tp2(dp=2, dp_all_reduce=_latency("all_reduce", 5.0))
     assert with_dp.iteration_time_ms == pytest.approx(result.iteration_time_ms + 5.0)
+
+
+def test_runtime_costs_charge_each_split_module_and_parameter(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    node_ms = {n.id: 0.1 for n in graph.nodes if n.kind in ("compute", "optimizer")}
+    tp2 = functools.partial(
+        replay_tensor_parallel,
+        graph,
+        node_ms,
+        PLANS["gpt2"],
+        tp=2,
+        dp=1,
+        tp_all_reduce=_latency("all_reduce", 1.0),
+        tp_all_gather=_latency("all_gather", 1.0),
+        dp_all_reduce=_latency("all_reduce", 1.0, world_size=1),
+    )
+    costs = RuntimeCosts(tp_us_per_module=300.0, tp_step_us_per_param=20.0)
+    # Ten split modules (four a block, the embedding and the LM head), each charged as its
+    # forward and its backward end; the split parameters are those of the split modules.
+    split = {"wte", "c_attn", "attn.c_proj", "c_fc", "mlp.c_proj", "lm_head"}
+    params = sum(1 for p in graph.params if any(p.module.endswith(s) for s in split))
+    extra = tp2(runtime=costs).iteration_time_ms - tp2().iteration_time_ms
+    assert extra == pytest.approx(10 * 0.3 + params * 0.02)
