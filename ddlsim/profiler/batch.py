@@ -116,6 +116,7 @@ KINDS: dict[str, frozenset[str]] = {
             "collectives",
             "warmup",
             "repeats",
+            "cpu_repeats",
         }
     ),
     # Executor runs: the runners come from the executor's side (``service.cmd_run``).
@@ -392,6 +393,8 @@ def run_collective_job(job: Job) -> Callable[[Any], None]:
         "sizes": sizes,
         "warmup": int(settings.pop("warmup", 2)),
         "repeats": int(settings.pop("repeats", 5)),
+        # the compute each collective takes from its rank, which the replay charges
+        "cpu_repeats": int(settings.pop("cpu_repeats", 3)),
     }
     if "collectives" in settings:
         kwargs["collectives"] = list(settings.pop("collectives"))

@@ -128,10 +128,14 @@ def _time_repeats(
 _UNIT_SIDE = 96
 
 
-def _wait_all(requests: list[Any], finished: threading.Event) -> None:
-    for request in requests:
-        request.wait()
-    finished.set()
+def _wait_all(requests: list[Any], finished: threading.Event, failed: list[BaseException]) -> None:
+    try:
+        for request in requests:
+            request.wait()
+    except BaseException as exc:  # handed to the computing thread, which raises it
+        failed.append(exc)
+    finally:  # a failed wait must not leave the computing thread computing forever
+        finished.set()
 
 
 def _stolen_us(
@@ -169,12 +173,15 @@ def _stolen_us(
         # A thread waits for the requests (gloo's send/recv never report completion by
         # polling); it sleeps in ``wait``, so it takes no compute of its own.
         finished = threading.Event()
-        waiter = threading.Thread(target=_wait_all, args=(start(), finished))
+        failed: list[BaseException] = []
+        waiter = threading.Thread(target=_wait_all, args=(start(), finished, failed))
         waiter.start()
         while not finished.is_set():
             unit()
             done += 1
         waiter.join()
+        if failed:
+            raise failed[0]
         elapsed = (time.perf_counter() - begin) * 1e6
         alone = (before + rate()) / 2
         local.append(elapsed - done / alone)

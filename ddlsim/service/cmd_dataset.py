@@ -179,5 +179,5 @@ def _version_argument(parser: argparse.ArgumentParser) -> None:
         choices=DATASET_VERSIONS,
         default=DATASET_VERSIONS[-1],
         help="which dataset's models and settings (default: the newest, "
-        f"{DATASET_VERSIONS[-1]}); cpu-v2 is the one the shipped simulator was trained on",
+        f"{DATASET_VERSIONS[-1]}, the one the shipped simulator was trained on)",
     )

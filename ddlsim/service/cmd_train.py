@@ -17,6 +17,7 @@ import torch
 from torch_geometric.data import Batch
 from tqdm import tqdm
 
+from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
@@ -26,6 +27,7 @@ from ddlsim.profiler.capture import capture_graph
 from ddlsim.service.output import add_simulator_argument, emit_json, positive_int, progress
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, Calibration, calibrate
 from ddlsim.simulator.cost_model import PREDICTORS, load_cost_model
+from ddlsim.simulator.costs import comm_models
 from ddlsim.simulator.dataset import Dataset, export_dataset, load_dataset
 from ddlsim.simulator.default import shipped_dataset, user_checkpoint
 from ddlsim.simulator.dp_replay import DataParallelReplay
@@ -190,6 +192,18 @@ def _bench_graph(dataset: Dataset | None) -> tuple[IterationGraph, dict[int, flo
     return graph, node_ms, "gpt2-tiny@4 (FLOP-proportional durations)"
 
 
+def _bench_comm(dataset: Dataset | None) -> dict[str, AlphaBeta]:
+    """2 ranks at 1 Gbit/s: the dataset's fits (their CPU work included) if it has them, else
+    the line rate with 300 us a call."""
+    if dataset is not None:
+        fits = comm_models(
+            list(dataset.links), world_size=2, bandwidth="1gbit", bandwidth_gbps=1.0, ring=False
+        )
+        if all("line rate" not in source for source in fits.sources.values()):
+            return fits.models
+    return comm_models_for_link(2, 1.0, alpha_us=300.0)
+
+
 def _random_partitions(
     order: list[str], count: int, seed: int, *, dear: bool = False
 ) -> list[Strategy]:
@@ -216,7 +230,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     strategies = _random_partitions(
         graph.grad_ready_order, args.strategies, seed=0, dear=args.dear
     )
-    comm = comm_models_for_link(2, 1.0, alpha_us=300.0)
+    comm = _bench_comm(dataset)
     model = load_cost_model(args.simulator).network
     rates: dict[str, list[float]] = {"replay": [], "cost_model": []}
     runtime = shipped_runtime_costs()

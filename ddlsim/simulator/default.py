@@ -13,7 +13,7 @@ from pathlib import Path
 
 import platformdirs
 
-SHIPPED_DATASET = "cpu-v2.json.gz"
+SHIPPED_DATASET = "cpu-v3.json.gz"
 
 
 def shipped_checkpoint() -> Path:

@@ -133,14 +133,19 @@ class DataParallelReplay:
         self, strategy: Strategy, comm: Mapping[str, AlphaBeta], *, micro_batches: int = 1
     ) -> ReplaySummary:
         """The replayed iteration under ``strategy``."""
-        timings, compute_end = self._timings(strategy, comm, micro_batches)
+        timings, compute_end, load = self._timings(strategy, comm, micro_batches)
         if strategy.tensor_fusion.dear:
             return self._dear(strategy, comm, micro_batches, tuple(timings))
         comm_end = timings[-1].end_ms if timings else 0.0
         fusion = strategy.tensor_fusion
-        # Every bucket's gradients are copied back once all have landed, then one step.
-        after = sum(self.runtime.land_ms(fusion, t.grad_bytes) for t in timings)
-        iteration = max(compute_end, comm_end) + after + self.optimizer_ms
+        # After backward, each bucket is waited for in launch order and copied back into the
+        # gradients as it lands (overlapping the later buckets' collectives); then one step.
+        clock, after = compute_end, 0.0
+        for timing in timings:
+            start = max(clock, timing.end_ms)
+            clock = load.finish(start, self.runtime.land_ms(fusion, timing.grad_bytes))
+            after += clock - start
+        iteration = max(clock, comm_end) + self.optimizer_ms
         compute = compute_end + after + self.optimizer_ms
         return ReplaySummary(
             iteration_time_ms=iteration,
@@ -250,9 +255,10 @@ class DataParallelReplay:
 
     def _timings(
         self, strategy: Strategy, comm: Mapping[str, AlphaBeta], micro_batches: int
-    ) -> tuple[list[BucketTiming], float]:
+    ) -> tuple[list[BucketTiming], float, CpuLoad]:
         """The buckets' collectives of an iteration whose compute runs back to back from 0,
-        slowed by the collectives in flight (:class:`CpuLoad`), and when that compute ends."""
+        slowed by the collectives in flight (:class:`CpuLoad`), when that compute ends, and
+        the load."""
         fusion = strategy.tensor_fusion
         op = "reduce_scatter" if fusion.dear else "all_reduce"
         model = comm[op]
@@ -262,8 +268,8 @@ class DataParallelReplay:
         out = []
         for bucket in self.buckets(strategy):
             ready_work = offset + max(self.ready_ms[p] for p in bucket.params)
-            clock = load.finish(clock, ready_work - work)
-            work = ready_work
+            clock = load.finish(clock, max(0.0, ready_work - work))
+            work = max(work, ready_work)
             # The runtime copies the bucket's gradients before launching its collective.
             clock = load.finish(clock, self.runtime.launch_ms(fusion, bucket.grad_bytes))
             ready = clock
@@ -279,4 +285,4 @@ class DataParallelReplay:
                     end_ms=free,
                 )
             )
-        return out, load.finish(clock, micro_batches * self.microbatch_ms - work)
+        return out, load.finish(clock, micro_batches * self.microbatch_ms - work), load

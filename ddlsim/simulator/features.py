@@ -243,8 +243,10 @@ def strategy_sample(
             tuple(graph.grad_rows[p] for p in bucket.params if p in graph.grad_rows)
         )
     blocks = strategy.op_fusion.compiled
-    compiled_rows = tuple(
-        i for i, module in enumerate(graph.module_of_row) if blocks and _is_inside(module, blocks)
+    compiled_rows = (
+        tuple(i for i, module in enumerate(graph.module_of_row) if _is_inside(module, blocks))
+        if blocks
+        else ()
     )
     total_compute = sum(graph.compute_ms_of_row) or 1.0
     compiled_share = sum(graph.compute_ms_of_row[i] for i in compiled_rows) / total_compute

@@ -110,16 +110,21 @@ def replay_fsdp(
                 g = pending.pop(0)
                 gathered[(phase, g)] = collective(all_gather, g, issued, f"all_gather {g}")
             current = None
+            charged: set[int] = set()  # the groups whose FSDP cost this phase has paid
             for i, node in enumerate(nodes):
                 g = member[node.id]
                 if g != current:
                     current = g
                     if (phase, g) in gathered:
                         clock = max(clock, gathered[(phase, g)])
-                    # FSDP's hooks, copies and reshard for this group: half each phase
+                    # FSDP's hooks, copies and reshard for this group: half each phase, once
+                    # (the root's nodes come in several runs: around the blocks, before and after)
                     group_ms = (
-                        costs.fsdp_us_per_group + costs.fsdp_us_per_byte * nbytes.get(g, 0)
-                    ) / 2e3
+                        (costs.fsdp_us_per_group + costs.fsdp_us_per_byte * nbytes.get(g, 0)) / 2e3
+                        if g not in charged
+                        else 0.0
+                    )
+                    charged.add(g)
                     if group_ms > 0:
                         end = load.finish(clock, group_ms)
                         events.append(Event.span("compute", f"fsdp group {g}", clock, end))

@@ -445,12 +445,14 @@ class _Replayer:
 
     def _optimizer_after_all_reduces(self, it: int) -> None:
         mb = self.micro_batches - 1
-        # One optimizer step after every bucket's collective (DDP and the hooks alike), once
-        # the runtime has copied every bucket back into the gradients.
+        # One optimizer step after every bucket's collective (DDP and the hooks alike); the
+        # runtime waits for each in launch order and copies it back into the gradients.
         barrier = max((self.end[(it, mb, n.id)] for n in self.collectives), default=0.0)
-        copy_ms = sum(self.runtime.land_ms(self.fusion, n.grad_bytes) for n in self.collectives)
-        if copy_ms > 0:
-            barrier = self._span((it, mb), "copy buckets back", barrier, copy_ms)
+        for node in self.collectives:
+            copy_ms = self.runtime.land_ms(self.fusion, node.grad_bytes)
+            if copy_ms > 0:
+                ready = self.end[(it, mb, node.id)]
+                self._span((it, mb), f"copy bucket {node.bucket} back", ready, copy_ms)
         for node in self.optimizer:
             ready = max(barrier, self._deps_end(it, mb, node))
             self._run("compute", (it, mb), node, ms=self._ms(node), ready=ready)

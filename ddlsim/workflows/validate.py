@@ -47,6 +47,8 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
 # Collective sizes for the link profile: 4 KiB to 64 MiB in powers of 4.
 LINK_SIZES = [4096 * 4**i for i in range(9)]
 LINK_COLLECTIVES = ("all_reduce", "sendrecv")
+# The compute each collective takes from its rank, which the replay charges (3 repeats a size).
+CPU_REPEATS = 3
 # FSDP and tensor parallelism also gather and reduce-scatter.
 PLAN_COLLECTIVES = ("all_gather", "reduce_scatter")
 
@@ -182,6 +184,7 @@ def _link_profiles(
         bandwidth=bandwidth,
         sizes=LINK_SIZES,
         collectives=sorted(needed),
+        cpu_repeats=CPU_REPEATS,
         progress=lambda message: progress(None, message),
     )
     with store.transaction() as session:

@@ -97,3 +97,19 @@ def test_bucket_timings_follow_the_fifo_stream(zoo_graph: GraphOf) -> None:
         assert bucket.end_ms > bucket.start_ms
         previous_end = bucket.end_ms
     assert sum(b.grad_bytes for b in summary.buckets) == base.grad_bytes
+
+
+def test_collectives_cpu_work_and_copies_slow_the_replay(zoo_graph: GraphOf) -> None:
+    base = zoo_graph("gpt2-tiny")
+    node_ms = _durations(base, seed=3)
+    runtime = RuntimeCosts(copy_us_per_byte=1e-4)
+    for raw in ({}, {"tensor_fusion": {"bucket_cap_mb": 1, "dear": True}}):
+        strategy = Strategy.from_dict(raw)
+        graph = with_strategy(base, strategy)
+        durations = transfer_durations(base, node_ms, graph)
+        wire = replay(graph, durations, _comm(1.0)).iteration_time_ms
+        cpu = replay(graph, durations, _comm(1.0, cpu=True)).iteration_time_ms
+        both = replay(graph, durations, _comm(1.0, cpu=True), runtime=runtime)
+        assert wire < cpu < both.iteration_time_ms
+        copies = [e for e in both.timeline if e.name.startswith("copy bucket")]
+        assert copies and all(e.end_ms > e.start_ms for e in copies)

@@ -111,3 +111,30 @@ def test_runtime_costs_charge_each_group_start_and_the_optimizer() -> None:
     # Two groups, each starting its forward and its backward (0.2 ms each time), and 2
     # parameters at 0.1 ms in the optimizer; free collectives leave nothing to overlap.
     assert run(costs) - run(None) == pytest.approx(4 * 0.2 + 2 * 0.1)
+
+
+def test_each_group_pays_once_a_phase_though_the_root_runs_in_pieces(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    groups = [["transformer.h.0"], ["transformer.h.1"]]
+    member = group_of_nodes(graph, groups)
+    forward = [member[n.id] for n in graph.nodes if n.kind == "compute" and n.phase == "forward"]
+    runs = [g for i, g in enumerate(forward) if i == 0 or forward[i - 1] != g]
+    assert runs.count(ROOT) > 1  # embeddings before the blocks, the head after them
+    free = {
+        op: AlphaBeta(collective=op, world_size=2, alpha_us=0, busbw_gbps=1e12)
+        for op in ("all_gather", "reduce_scatter")
+    }
+    node_ms = {n.id: 0.1 for n in graph.nodes if n.kind in ("compute", "optimizer")}
+    result = replay_fsdp(
+        graph,
+        node_ms,
+        groups,
+        all_gather=free["all_gather"],
+        reduce_scatter=free["reduce_scatter"],
+        dp=2,
+        runtime=RuntimeCosts(fsdp_us_per_group=1000.0),
+    )
+    charged = [e for e in result.timeline if e.name.startswith("fsdp group")]
+    # the two blocks and the root, each as its forward and as its backward starts
+    assert len(charged) == 2 * 3
+    assert sum(e.end_ms - e.start_ms for e in charged) == pytest.approx(6 * 0.5)
