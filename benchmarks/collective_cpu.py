@@ -35,6 +35,11 @@ SIZES = [64 * 1024, 256 * 1024, MIB, 4 * MIB, 16 * MIB]
 def measure(repeats: int, cpu_repeats: int) -> dict[str, Any]:
     profiles = {}
     for world_size, bandwidth in SETTINGS:
+        prefix = f"{world_size} x {bandwidth}"
+
+        def report(line: str, prefix: str = prefix) -> None:
+            print(f"{prefix}: {line}")
+
         profile = profile_collectives(
             world_size=world_size,
             bandwidth=bandwidth,
@@ -42,7 +47,7 @@ def measure(repeats: int, cpu_repeats: int) -> dict[str, Any]:
             sizes=SIZES,
             repeats=repeats,
             cpu_repeats=cpu_repeats,
-            progress=lambda line, w=world_size, b=bandwidth: print(f"{w} x {b}: {line}"),
+            progress=report,
         )
         profiles[f"{world_size}|{bandwidth}"] = profile.to_json_dict()
     return profiles
