@@ -17,26 +17,24 @@ Request = TypeVar("Request")
 Outcome = TypeVar("Outcome")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
+def _integer_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= {low}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    return _integer_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+    return _integer_at_least(text, 0)
 
 
 def emit_json(payload: Any) -> None:

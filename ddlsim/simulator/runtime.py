@@ -20,6 +20,7 @@ sharing a core.
 """
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from importlib import resources
@@ -94,6 +95,7 @@ def _costs(raw: Mapping[str, Any]) -> RuntimeCosts:
     return RuntimeCosts(**{key: float(value) for key, value in raw.items() if key in names})
 
 
+@functools.cache
 def shipped_runtime_costs() -> RuntimeCosts:
     """The copy cost measured on the machine the shipped dataset was measured on."""
     path = resources.files("ddlsim.data") / "simulator" / "runtime_costs.json"

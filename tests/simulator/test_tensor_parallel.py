@@ -8,6 +8,7 @@ import pytest
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.tp_plans import PLANS
+from ddlsim.simulator.replay import ReplayResult
 from ddlsim.simulator.runtime import RuntimeCosts
 from ddlsim.simulator.tensor_parallel import replay_tensor_parallel, sharded_nodes
 
@@ -35,13 +36,11 @@ def test_the_split_covers_attention_and_mlp_not_norms(zoo_graph: GraphOf) -> Non
     assert any(n.id in sharded for n in backward)
 
 
-def test_gpt2_collectives_and_halved_compute(zoo_graph: GraphOf) -> None:
-    graph = zoo_graph("gpt2-tiny")
+def _gpt2_split_in_two(graph: IterationGraph) -> "functools.partial[ReplayResult]":
+    """The tensor-parallel replay of ``graph`` (GPT-2) on 2 ranks, every op 0.1 ms and every
+    tensor-parallel collective 1 ms; the caller gives ``dp`` and its all-reduce."""
     node_ms = {n.id: 0.1 for n in graph.nodes if n.kind in ("compute", "optimizer")}
-    sharded = sharded_nodes(graph, PLANS["gpt2"])
-    compute = sum(0.1 / (2 if n.id in sharded else 1) for n in graph.nodes if n.kind == "compute")
-    optimizer = 0.1 * len(graph.nodes_of("optimizer")) / 2
-    tp2 = functools.partial(
+    return functools.partial(
         replay_tensor_parallel,
         graph,
         node_ms,
@@ -50,6 +49,14 @@ def test_gpt2_collectives_and_halved_compute(zoo_graph: GraphOf) -> None:
         tp_all_reduce=_latency("all_reduce", 1.0),
         tp_all_gather=_latency("all_gather", 1.0),
     )
+
+
+def test_gpt2_collectives_and_halved_compute(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    sharded = sharded_nodes(graph, PLANS["gpt2"])
+    compute = sum(0.1 / (2 if n.id in sharded else 1) for n in graph.nodes if n.kind == "compute")
+    optimizer = 0.1 * len(graph.nodes_of("optimizer")) / 2
+    tp2 = _gpt2_split_in_two(graph)
     result = tp2(dp=1, dp_all_reduce=_latency("all_reduce", 1.0, world_size=1))
     # two blocks: forward all-reduces after attn.c_proj and mlp.c_proj, backward ones after
     # c_attn and c_fc; the vocabulary-split embedding all-reduces its output, the LM head
@@ -63,17 +70,8 @@ def test_gpt2_collectives_and_halved_compute(zoo_graph: GraphOf) -> None:
 
 def test_runtime_costs_charge_each_split_module_and_parameter(zoo_graph: GraphOf) -> None:
     graph = zoo_graph("gpt2-tiny")
-    node_ms = {n.id: 0.1 for n in graph.nodes if n.kind in ("compute", "optimizer")}
     tp2 = functools.partial(
-        replay_tensor_parallel,
-        graph,
-        node_ms,
-        PLANS["gpt2"],
-        tp=2,
-        dp=1,
-        tp_all_reduce=_latency("all_reduce", 1.0),
-        tp_all_gather=_latency("all_gather", 1.0),
-        dp_all_reduce=_latency("all_reduce", 1.0, world_size=1),
+        _gpt2_split_in_two(graph), dp=1, dp_all_reduce=_latency("all_reduce", 1.0, world_size=1)
     )
     costs = RuntimeCosts(tp_us_per_module=300.0, tp_step_us_per_param=20.0)
     # Ten split modules (four a block, the embedding and the LM head), each charged as its
