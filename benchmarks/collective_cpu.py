@@ -1,13 +1,15 @@
 """The compute a gloo collective takes from its rank while in flight, on the emulated cluster.
 
 For each cluster setting of the dataset (2 and 4 ranks, links of 1 and 4 Gbit/s) and each
-collective the replay meets (all-reduce, reduce-scatter, all-gather, send/recv), every rank runs
+collective the replay meets (all-reduce, reduce-scatter, all-gather, send/recv, and DeAR's ring
+reduce-scatter and all-gather on their own thread, as the executor runs them), every rank runs
 units of compute while the collective is in flight, as a rank's backward does while its buckets
 are all-reduced, and the compute it lost against the same units with no collective is the
 collective's CPU cost (``ddlsim profile collectives --cpu-repeats``). The fits
 ``cpu_alpha_us + cpu_us_per_byte * bytes`` are printed beside the wire time, and with
-``--dataset`` written into that dataset's link fits (its wire fits kept), which is what the
-replay then charges to the compute stream (:class:`simulator.replay.CpuLoad`).
+``--dataset`` written into that dataset's link fits (its wire fits kept; the ring's fits,
+which the collection did not measure, added whole), which is what the replay then charges to
+the compute stream (:class:`simulator.replay.CpuLoad`).
 
     .venv/bin/python benchmarks/collective_cpu.py [--out FILE.json] [--dataset FILE.json.gz]
         [--from FILE.json]    # --from: reuse a run's measurements instead of measuring again
@@ -22,12 +24,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddlsim.data.comm_model import LinkFit
 from ddlsim.profiler.collective_fit import CollectiveProfile
 from ddlsim.profiler.collectives import profile_collectives
 from ddlsim.simulator.dataset import load_dataset, save_dataset
 
 SETTINGS = ((2, "1gbit"), (4, "1gbit"), (2, "4gbit"), (4, "4gbit"))
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "sendrecv")
+COLLECTIVES = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "sendrecv",
+    "ring_reduce_scatter",
+    "ring_all_gather",
+)
 MIB = 1024 * 1024
 SIZES = [64 * 1024, 256 * 1024, MIB, 4 * MIB, 16 * MIB]
 
@@ -87,7 +97,7 @@ def write_into(dataset_path: Path, profiles: dict[str, Any], when: str) -> None:
     }
     links = []
     for link in dataset.links:
-        fit = fits.get((link.collective, link.world_size, link.bandwidth))
+        fit = fits.pop((link.collective, link.world_size, link.bandwidth), None)
         if fit is None:
             links.append(link)
             continue
@@ -96,9 +106,15 @@ def write_into(dataset_path: Path, profiles: dict[str, Any], when: str) -> None:
                 link, cpu_alpha_us=fit.cpu_alpha_us, cpu_us_per_byte=fit.cpu_us_per_byte
             )
         )
+    # Fits of collectives the dataset had none of (the ring), wire and CPU both.
+    links += [
+        LinkFit(**{f.name: getattr(fit, f.name) for f in dataclasses.fields(LinkFit)})
+        for fit in fits.values()
+        if fit.collective.startswith("ring_")
+    ]
     meta = {**dataset.meta, "collective_cpu": f"benchmarks/collective_cpu.py, {when}"}
     save_dataset(dataclasses.replace(dataset, links=tuple(links), meta=meta), dataset_path)
-    print(f"wrote the CPU costs of {len(fits)} fits into {dataset_path}")
+    print(f"wrote the CPU costs and the ring's fits into {dataset_path}")
 
 
 def main() -> None:

@@ -18,6 +18,8 @@ COLLECTIVES: tuple[str, ...] = (
     "all_gather",
     "broadcast",
     "sendrecv",
+    "ring_reduce_scatter",
+    "ring_all_gather",
 )
 
 
@@ -34,6 +36,8 @@ def bus_factor(collective: str, world_size: int) -> float:
         "all_gather": (n - 1) / n,
         "broadcast": 1.0,
         "sendrecv": 1.0,
+        "ring_reduce_scatter": (n - 1) / n,
+        "ring_all_gather": (n - 1) / n,
     }
     if collective not in factors:
         raise InvalidOptionError(

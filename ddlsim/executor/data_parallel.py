@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlsim.data.specs.strategy import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_CAP_MB, Bucket
 from ddlsim.executor.context import RankContext, SynchronousTrainer, local_loss, split_batch
-from ddlsim.executor.ring import (
+from ddlsim.profiler.ring import (
     CommThread,
     default_implementation,
     native_all_gather,

@@ -10,9 +10,14 @@ all-reduced buffer, the full (gathered) buffer for reduce-scatter and all-gather
 buffer and, for send/recv, what each rank sends (ring: rank r sends to r+1 and receives from
 r-1). Sizes are rounded down to whole elements (and, for reduce-scatter and all-gather, to a
 multiple of the world size); the size reported is the one used.
+
+``ring_reduce_scatter`` and ``ring_all_gather`` are the executor's own ring over send/recv
+(:mod:`.ring`, what DeAR runs on gloo), run as DeAR runs them: on a thread and process group of
+their own (:class:`.ring.CommThread`), so that what the thread costs is measured with them.
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -20,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,7 @@ import torch.distributed as dist
 
 from ddlsim.profiler.cluster.placement import report_placement
 from ddlsim.profiler.cluster.processes import die_with_parent
+from ddlsim.profiler.ring import CommThread, ring_all_gather, ring_reduce_scatter
 
 _ELEMENT_BYTES = 4
 
@@ -68,12 +75,43 @@ def _operation(
     return used, run
 
 
+class _Pending:
+    """A job on the communication thread, waited on as a request is."""
+
+    def __init__(self, future: "Future[torch.Tensor]") -> None:
+        self.future = future
+
+    def wait(self) -> None:
+        self.future.result()
+
+
+# The ring collectives' thread: one a process, created by every rank at its first ring
+# collective (the collectives run in the same order on every rank), closed at the end.
+_comm: list[CommThread] = []
+
+
+def _comm_thread(device: torch.device) -> CommThread:
+    if not _comm:
+        _comm.append(CommThread(list(range(dist.get_world_size())), device=device))
+    return _comm[0]
+
+
 def _launcher(
     collective: str, size_bytes: int, rank: int, world_size: int, device: torch.device
 ) -> tuple[int, Callable[[], list[Any]]]:
     """The bytes actually used and a function that starts the collective once, asynchronously,
     returning its requests (each has ``wait``)."""
     numel = max(1, size_bytes // _ELEMENT_BYTES)
+    if collective in ("ring_reduce_scatter", "ring_all_gather"):
+        comm = _comm_thread(device)
+        shard = max(1, numel // world_size)
+        full = torch.ones(shard * world_size, device=device)
+        part = torch.ones(shard, device=device)
+        if collective == "ring_reduce_scatter":
+            job = functools.partial(ring_reduce_scatter, full, comm.group)
+        else:
+            job = functools.partial(ring_all_gather, part, comm.group)
+        return full.nbytes, lambda: [_Pending(comm.submit(job))]
     if collective == "all_reduce":
         buffer = torch.ones(numel, device=device)
         return numel * _ELEMENT_BYTES, lambda: [dist.all_reduce(buffer, async_op=True)]
@@ -232,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 print(line, flush=True)
             del run
+    for comm in _comm:
+        comm.close()
     placement = report_placement()
     if rank == 0:
         result = {

@@ -82,9 +82,10 @@ def comm_models(
     """Collective models over ``world_size`` ranks on a link of ``bandwidth``.
 
     ``profiles`` are stored fits; the newest matching one of each collective wins. With
-    ``ring`` (DeAR on gloo), reduce-scatter and all-gather are the executor's ring of
-    ``world_size - 1`` send/recv steps, each of ``1 / world_size`` of the buffer, so they are
-    modelled from the send/recv fit. Collectives without a fit run at the link's nominal rate
+    ``ring`` (DeAR on gloo), reduce-scatter and all-gather are the executor's ring: its own
+    fits (``ring_reduce_scatter``, ``ring_all_gather``: the ring measured on its thread) where
+    there are, else ``world_size - 1`` send/recv steps, each of ``1 / world_size`` of the
+    buffer, from the send/recv fit. Collectives without a fit run at the link's nominal rate
     (``UNSHAPED_GBPS`` for an unshaped link) with no latency.
     """
     newest: dict[str, LinkFitLike] = {}
@@ -96,7 +97,9 @@ def comm_models(
     sources: dict[str, str] = {}
     n = world_size
     for op in REPLAY_OPS:
-        fitted = "sendrecv" if ring and op in ("reduce_scatter", "all_gather") else op
+        fitted = op
+        if ring and op in ("reduce_scatter", "all_gather"):
+            fitted = f"ring_{op}" if f"ring_{op}" in newest else "sendrecv"
         record = newest.get(fitted)
         if record is None or not record.busbw_gbps > 0:
             models[op] = AlphaBeta(collective=op, world_size=n, alpha_us=0.0, busbw_gbps=line_gbps)

@@ -65,6 +65,26 @@ def test_dear_ring_is_modelled_from_send_recv() -> None:
     assert models.sources["all_reduce"].startswith("line rate")
 
 
+def test_dear_ring_uses_its_own_fits_where_measured() -> None:
+    send_recv = _fit("sendrecv", 200.0, 0.95)
+    ring = _fit("ring_reduce_scatter", 900.0, 0.5, id=9)
+    models = comm_models(
+        [send_recv, ring], world_size=4, bandwidth="1gbit", bandwidth_gbps=1.0, ring=True
+    )
+    scatter = models.models["reduce_scatter"]
+    # The ring's own fit, whole: (n - 1) / n of the buffer at its bus bandwidth, its latency
+    # not multiplied by the steps.
+    assert scatter.time_us(MIB) == pytest.approx(900.0 + 0.75 * MIB * 8 / 0.5e3)
+    assert models.sources["reduce_scatter"] == "ring_reduce_scatter profile 9"
+    # The all-gather has no ring fit of its own: send/recv steps still.
+    assert models.sources["all_gather"] == "sendrecv profile 7"
+    # Without DeAR's ring, the ring's fits are not used for the backend's reduce-scatter.
+    plain = comm_models(
+        [send_recv, ring], world_size=4, bandwidth="1gbit", bandwidth_gbps=1.0, ring=False
+    )
+    assert plain.sources["reduce_scatter"].startswith("line rate")
+
+
 def test_ring_follows_the_strategy_and_backend() -> None:
     dear = Strategy.from_dict({"tensor_fusion": {"dear": True}})
     native = Strategy.from_dict({"tensor_fusion": {"dear": True, "reduce_scatter": "native"}})

@@ -19,6 +19,26 @@ import torch.distributed as dist
 Implementation = Literal["native", "ring"]
 
 
+def _exchange(
+    send: torch.Tensor,
+    recv: torch.Tensor,
+    right: int,
+    left: int,
+    group: dist.ProcessGroup,
+) -> None:
+    """Send ``send`` to ``right`` while receiving ``recv`` from ``left``.
+
+    The receive is posted first: with the send first, gloo moves the two directions one after
+    the other (2 ranks at 1 Gbit/s: a 16 MiB all-gather took 140 ms instead of 75).
+    """
+    ops = [
+        dist.P2POp(dist.irecv, recv, left, group),
+        dist.P2POp(dist.isend, send, right, group),
+    ]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
 def ring_reduce_scatter(buffer: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     """Sum ``buffer`` over the group's ranks and return this rank's shard (a new tensor).
 
@@ -27,25 +47,22 @@ def ring_reduce_scatter(buffer: torch.Tensor, group: dist.ProcessGroup) -> torch
     """
     n = dist.get_world_size(group)
     me = dist.get_rank(group)
-    chunks = list(buffer.clone().chunk(n))
+    chunks = buffer.chunk(n)
     if n == 1:
-        return chunks[0]
+        return chunks[0].clone()
     right = dist.get_global_rank(group, (me + 1) % n)
     left = dist.get_global_rank(group, (me - 1) % n)
     incoming = torch.empty_like(chunks[0])
-    # Step s: send the partial sum of chunk (me - s - 1), receive chunk (me - s - 2) and add.
-    # After n - 1 steps chunk ``me`` holds the sum over all ranks.
+    # Step s: send the partial sum of chunk (me - s - 1), receive chunk (me - s - 2) and add it
+    # to this rank's own part of that chunk. The sums are out of place, so ``buffer`` is left as
+    # it was without a copy of it (a copy made the ranks start apart: a 16 MiB reduce-scatter on
+    # 2 ranks then took 75 or 155 ms by turns). After n - 1 steps the partial sum of chunk
+    # ``me`` is the sum over all ranks.
+    partial = chunks[(me - 1) % n]
     for s in range(n - 1):
-        send_index = (me - s - 1) % n
-        recv_index = (me - s - 2) % n
-        ops = [
-            dist.P2POp(dist.isend, chunks[send_index], right, group),
-            dist.P2POp(dist.irecv, incoming, left, group),
-        ]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-        chunks[recv_index] += incoming
-    return chunks[me]
+        _exchange(partial, incoming, right, left, group)
+        partial = chunks[(me - s - 2) % n] + incoming
+    return partial
 
 
 def ring_all_gather(shard: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -57,7 +74,7 @@ def ring_all_gather(shard: torch.Tensor, group: dist.ProcessGroup) -> torch.Tens
     n = dist.get_world_size(group)
     me = dist.get_rank(group)
     out = torch.empty(n * shard.numel(), dtype=shard.dtype, device=shard.device)
-    chunks = list(out.chunk(n))
+    chunks = out.chunk(n)
     chunks[me].copy_(shard)
     if n == 1:
         return out
@@ -65,14 +82,7 @@ def ring_all_gather(shard: torch.Tensor, group: dist.ProcessGroup) -> torch.Tens
     left = dist.get_global_rank(group, (me - 1) % n)
     # Step s: pass on the chunk received last (first our own), receive the one from further left.
     for s in range(n - 1):
-        send_index = (me - s) % n
-        recv_index = (me - s - 1) % n
-        ops = [
-            dist.P2POp(dist.isend, chunks[send_index], right, group),
-            dist.P2POp(dist.irecv, chunks[recv_index], left, group),
-        ]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        _exchange(chunks[(me - s) % n], chunks[(me - s - 1) % n], right, left, group)
     return out
 
 
