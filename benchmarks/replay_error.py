@@ -13,6 +13,9 @@ variant, so that a term's column shows what it explains:
   per group, DTensor per split module), measured by ``benchmarks/runtime_costs.py`` (the
   dataset's meta carries it).
 
+The runs of a later session (``Dataset.sessions``), replayed from that session's own profiles,
+also get rows of their own, their kind followed by the session's name.
+
     .venv/bin/python benchmarks/replay_error.py [--dataset FILE] [--json FILE]
 """
 
@@ -33,11 +36,15 @@ def without_cpu(dataset: Dataset) -> Dataset:
     links = tuple(
         dataclasses.replace(link, cpu_alpha_us=0.0, cpu_us_per_byte=0.0) for link in dataset.links
     )
-    return dataclasses.replace(dataset, links=links)
+    sessions = {name: without_cpu(session) for name, session in dataset.sessions.items()}
+    return dataclasses.replace(dataset, links=links, sessions=sessions)
 
 
 def without_runtime(dataset: Dataset) -> Dataset:
-    return dataclasses.replace(dataset, meta={**dataset.meta, "runtime_costs": {}})
+    sessions = {name: without_runtime(session) for name, session in dataset.sessions.items()}
+    return dataclasses.replace(
+        dataset, meta={**dataset.meta, "runtime_costs": {}}, sessions=sessions
+    )
 
 
 VARIANTS: dict[str, Callable[[Dataset], Dataset]] = {
@@ -54,7 +61,12 @@ def errors(dataset: Dataset) -> dict[tuple[str, str], list[float]]:
         assert sample.measured_ms is not None
         error = sample.replay_ms / sample.measured_ms - 1
         world = sample.group.split("|")[1]
-        for key in ((sample.kind, world), (sample.kind, "*"), ("all", "*")):
+        # A later session's runs (``session/model|...``) get rows of their own as well.
+        session = sample.group.split("/")[0] if "/" in sample.group else ""
+        keys = [(sample.kind, world), (sample.kind, "*"), ("all", "*")]
+        if session:
+            keys += [(f"{sample.kind} ({session})", world), (f"{sample.kind} ({session})", "*")]
+        for key in keys:
             out[key].append(error)
     return out
 

@@ -3,7 +3,7 @@
 For each family: the cost model is trained on the other families' runs and evaluated on the held
 out one; the tables give, for the replay, the GNN and their blend, the mean and 90th-percentile
 absolute percentage error, Kendall's tau within each (model, cluster) group and the share of
-strategy pairs (measured more than 5 % apart) ordered right; a last row pools every fold's runs,
+strategy pairs (measured more than 3 % apart) ordered right; a last row pools every fold's runs,
 and a second table splits the pooled runs by strategy kind (buckets, DeAR, compiled blocks, FSDP,
 tensor parallel, pipelines).
 Also the duration head's median error on the held-out family's ops (durations hidden), the

@@ -1,5 +1,5 @@
-"""``ddlsim simulator dataset plan|export``: the batch that measures the simulator's dataset,
-and the dataset file made from a store."""
+"""``ddlsim simulator dataset plan|export|add-session``: the batch that measures the simulator's
+dataset, the dataset file made from a store, and a later session added apart."""
 
 import argparse
 import platform
@@ -18,11 +18,14 @@ from ddlsim.profiler.capture import capture_graph
 from ddlsim.service.output import add_store_arguments, emit_json, positive_int, progress
 from ddlsim.simulator.dataset import (
     DATASET_VERSIONS,
+    FEATURES,
     LINK_COLLECTIVES,
     PARALLEL_COLLECTIVES,
     SETTINGS,
     SETTINGS_V3,
     PlanOptions,
+    RunEntry,
+    add_session,
     drop_done,
     export_dataset,
     interleaved_pool,
@@ -31,6 +34,7 @@ from ddlsim.simulator.dataset import (
     models_of,
     parallel_pool,
     plan_jobs,
+    save_dataset,
     strategy_pool,
 )
 
@@ -125,6 +129,33 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_add_session(args: argparse.Namespace) -> int:
+    base = load_dataset(Path(args.to))
+    later = load_dataset(Path(args.source))
+    replaced = [FEATURES[name] for name in args.replace]
+
+    def replaces(run: RunEntry) -> bool:
+        return any(uses(run.strategy) for uses in replaced)
+
+    combined = add_session(base, later, args.name, replaces=replaces)
+    save_dataset(combined, Path(args.to))
+    payload = {
+        "out": args.to,
+        "session": args.name,
+        "runs_added": len(later.runs),
+        "runs_replaced": len(base.runs) + len(later.runs) - len(combined.runs),
+        "runs": len(combined.runs),
+    }
+    if args.json:
+        emit_json(payload)
+    else:
+        print(
+            f"session {args.name}: {payload['runs_added']} runs added, "
+            f"{payload['runs_replaced']} replaced; {payload['runs']} runs in {args.to}"
+        )
+    return 0
+
+
 def register(commands: Any) -> None:
     dataset = commands.add_parser("dataset", help="plan and export the simulator's dataset")
     kinds = dataset.add_subparsers(dest="dataset_command", required=True)
@@ -171,6 +202,24 @@ def register(commands: Any) -> None:
     )
     add_store_arguments(export)
     export.set_defaults(handler=cmd_export)
+    session = kinds.add_parser(
+        "add-session",
+        help="add a later session's dataset file apart: its runs replay from its own profiles",
+    )
+    session.add_argument("--to", required=True, help="the dataset file to add to (rewritten)")
+    session.add_argument(
+        "--from", dest="source", required=True, help="the later session's exported file"
+    )
+    session.add_argument("--name", required=True, help="the session's name (new in --to)")
+    session.add_argument(
+        "--replace",
+        nargs="*",
+        default=[],
+        choices=sorted(FEATURES),
+        help="drop --to's runs of strategies that use these (measured again by the session)",
+    )
+    session.add_argument("--json", action="store_true", help="print JSON")
+    session.set_defaults(handler=cmd_add_session)
 
 
 def _version_argument(parser: argparse.ArgumentParser) -> None:

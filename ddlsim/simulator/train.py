@@ -101,23 +101,26 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
     samples: list[StrategySample] = []
     skipped: list[str] = []
     selected = list(dataset.runs if runs is None else runs)
-    runtime = runtime_costs_of(dataset.meta)
     for run in selected:
+        # A later session's runs replay from that session's own profiles and fits.
+        source = dataset.source_of(run)
+        session = run.extra.get("session")
         rank = rank_spec(run.model, run.strategy, run.world_size)
-        entry = dataset.kernel_for(rank)
+        entry = source.kernel_for(rank)
         key = model_key(rank.label, rank.inputs.batch_size)
         if entry is None:
             skipped.append(f"{key}: no kernel profile")
             continue
         scale = compute_scale(run.world_size, _cores(run))
-        key = f"{key}x{scale:g}"
+        key = f"{session}/{key}x{scale:g}" if session else f"{key}x{scale:g}"
         if key not in graphs:
             node_ms = scaled(entry.node_ms, scale)
             graphs[key] = model_graph(entry.graph, node_ms)
-            replays[key] = DataParallelReplay(entry.graph, node_ms, runtime.scaled(scale))
+            runtime = runtime_costs_of(source.meta).scaled(scale)
+            replays[key] = DataParallelReplay(entry.graph, node_ms, runtime)
         dp = run.strategy.parallel.resolve_dp(run.world_size)
         models = comm_models(
-            list(dataset.links),
+            list(source.links),
             world_size=dp,
             bandwidth=run.bandwidth,
             bandwidth_gbps=parse_bandwidth_gbps(run.bandwidth),
@@ -130,7 +133,7 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
         else:
             try:
                 summary = _plan_summary(
-                    dataset,
+                    source,
                     run=run,
                     profiled=entry.graph,
                     node_ms=replays[key].node_ms,
@@ -149,28 +152,34 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
                 comm=models,
                 dp=dp,
                 measured_ms=run.measured_ms,
-                group=f"{run.model.label}|{run.world_size}|{run.bandwidth}",
+                group=f"{session + '/' if session else ''}{run.model.label}|{run.world_size}|"
+                f"{run.bandwidth}",
                 family=run.family,
                 compute_scale=scale,
                 label_noise=run.ci_half_width,
                 reference=run.strategy == Strategy(),
             )
         )
-    blocks = _fused_blocks(dataset, {r.model.label: r.family for r in selected}, graphs)
+    blocks = []
+    for session, source in [("", dataset), *sorted(dataset.sessions.items())]:
+        families = {
+            r.model.label: r.family for r in selected if r.extra.get("session", "") == session
+        }
+        blocks += _fused_blocks(source, families, graphs, f"{session}/" if session else "")
     return TrainingSet(graphs=graphs, samples=samples, skipped=skipped, blocks=blocks)
 
 
 def _fused_blocks(
-    dataset: Dataset, families: Mapping[str, str], graphs: dict[str, ModelGraph]
+    dataset: Dataset, families: Mapping[str, str], graphs: dict[str, ModelGraph], session: str
 ) -> list[BlockSample]:
     """The fusion profiles of the models in ``families`` (label to family) as block samples,
-    on a graph of the same model and batch already in ``graphs`` (any compute scale), or on
-    one added at the profile's own times."""
+    on a graph of the same model and batch already in ``graphs`` (any compute scale; keys
+    begin with ``session``), or on one added at the profile's own times."""
     blocks = []
     for (label, batch), entry in sorted(dataset.fusion.items()):
         if label not in families:
             continue
-        prefix = f"{model_key(label, batch)}x"
+        prefix = f"{session}{model_key(label, batch)}x"
         key = next((k for k in sorted(graphs) if k.startswith(prefix)), None)
         if key is None:
             kernel = dataset.kernels.get((label, batch))

@@ -19,6 +19,7 @@ from ddlsim.profiler.batch import collective_records
 from ddlsim.profiler.cluster import ClusterRunError, remove_stale_namespaces
 from ddlsim.profiler.collectives import profile_collectives
 from ddlsim.simulator.cost_model import load_cost_model
+from ddlsim.simulator.costs import uses_ring
 from ddlsim.simulator.evaluate import accuracy
 from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.predict import predict_on_store
@@ -51,6 +52,8 @@ LINK_COLLECTIVES = ("all_reduce", "sendrecv")
 CPU_REPEATS = 3
 # FSDP and tensor parallelism also gather and reduce-scatter.
 PLAN_COLLECTIVES = ("all_gather", "reduce_scatter")
+# DeAR on gloo runs the executor's ring.
+RING_COLLECTIVES = ("ring_reduce_scatter", "ring_all_gather")
 
 
 def validate(
@@ -176,6 +179,8 @@ def _link_profiles(
     needed = set(LINK_COLLECTIVES)
     if any(s.parallel.fsdp or s.parallel.tp > 1 for s in strategies):
         needed |= set(PLAN_COLLECTIVES)
+    if any(uses_ring(s, "gloo") for s in strategies):
+        needed |= set(RING_COLLECTIVES)
     if needed <= have:
         return
     progress(None, f"no collective profile of {world_size} ranks at {bandwidth} yet: profiling it")

@@ -30,6 +30,7 @@ from ddlsim.simulator.dataset import (
     LinkFit,
     PlanOptions,
     RunEntry,
+    add_session,
     dataset_models,
     drop_done,
     export_dataset,
@@ -39,9 +40,11 @@ from ddlsim.simulator.dataset import (
     models_of,
     parallel_pool,
     plan_jobs,
+    save_dataset,
     strategy_pool,
     with_references,
 )
+from ddlsim.simulator.train import build_training_set
 from tests.data.records import collective_profile, kernel_profile, measurement
 from tests.simulator.loaders import assert_refuses_other_files
 
@@ -346,3 +349,52 @@ def test_plan_profiles_the_compiled_blocks_at_their_micro_batches() -> None:
     fusion = [(j["batch_size"], j["blocks"]) for j in jobs if j["kind"] == "fusion"]
     # the first setting's rank batch (8 / 2) first, then that of the 4-rank runs (8 / 4)
     assert fusion == [(4, ["body.0", "body.1"]), (2, ["body.0", "body.1"])]
+
+
+def test_a_later_session_replays_from_its_own_profiles(tmp_path: Path, zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("mlp")
+    timed = [n.id for n in graph.nodes if n.kind in ("compute", "optimizer")]
+    key = (graph.model.label, graph.model.inputs.batch_size)
+
+    def collection(node_ms: float, launch: str, busbw_gbps: float) -> Dataset:
+        kernel = KernelEntry(
+            graph=graph, node_ms=dict.fromkeys(timed, node_ms), iteration_time_ms=1.0
+        )
+        bucket = Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 4}})
+        runs = tuple(
+            dataclasses.replace(_run(s, (10.0, 11.0), launch), world_size=1)
+            for s in (Strategy(), bucket)
+        )
+        return Dataset(
+            runs=runs,
+            kernels={key: kernel},
+            links=(_link(1, busbw_gbps),),
+            meta={"note": launch},
+        )
+
+    base = collection(0.1, "a", 0.9)
+    # The same runs measured again on a machine twice as slow: their own profiles say so.
+    later = collection(0.2, "b", 0.5)
+    combined = add_session(base, later, "slow", replaces=lambda run: run.strategy != Strategy())
+    assert len(combined.runs) == 3  # base's bucket run replaced by the session's runs
+    assert combined.source_of(combined.runs[-1]) is combined.sessions["slow"]
+    assert combined.source_of(combined.runs[0]) is combined
+    out = tmp_path / "s.json.gz"
+    save_dataset(combined, out)
+    loaded = load_dataset(out)
+    assert loaded.sessions["slow"].kernels[key].node_ms == later.kernels[key].node_ms
+    assert loaded.sessions["slow"].runs == () and loaded.sessions["slow"].meta == later.meta
+    samples = build_training_set(loaded).samples
+    by_group: dict[str, list[float]] = {}
+    for sample in samples:
+        by_group.setdefault(sample.group, []).append(sample.replay_ms)
+    (slow,) = (group for group in by_group if group.startswith("slow/"))
+    (fast,) = (group for group in by_group if not group.startswith("slow/"))
+    assert len(by_group[slow]) == 2 and len(by_group[fast]) == 1
+    # DDP's defaults, replayed from each session's own kernel times (twice as long) and link.
+    assert by_group[slow][0] > 1.3 * by_group[fast][0]
+    with pytest.raises(InvalidOptionError, match="session name 'slow' must be new"):
+        add_session(combined, later, "slow", replaces=lambda run: False)
+    stray = dataclasses.replace(base.runs[0], extra={"session": "gone"})
+    with pytest.raises(InvalidOptionError, match="names session 'gone'; the dataset holds: none"):
+        base.source_of(stray)

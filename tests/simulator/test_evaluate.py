@@ -24,10 +24,13 @@ def test_errors_and_a_swapped_pair() -> None:
 
 
 def test_close_pairs_are_not_counted() -> None:
-    # 100 and 103 differ by 3 %: within noise, so the swap does not count against the ranking.
-    result = accuracy([103.0, 100.0, 200.0], [100.0, 103.0, 200.0])
+    # 100 and 102 differ by 2 %: within noise, so the swap does not count against the ranking.
+    result = accuracy([102.0, 100.0, 200.0], [100.0, 102.0, 200.0])
     assert result.pairs_counted == 2 and result.pair_accuracy == 1.0
     assert accuracy([1.0, 1.0], [100.0, 101.0]).pair_accuracy is None
+    # 100 and 104 differ by more than the margin of 3 %: that swap counts.
+    swapped = accuracy([104.0, 100.0], [100.0, 104.0])
+    assert swapped.pairs_counted == 1 and swapped.pair_accuracy == 0.0
 
 
 def test_bad_input_is_named() -> None:

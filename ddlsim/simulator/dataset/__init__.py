@@ -8,7 +8,12 @@ a :class:`Dataset` (:mod:`.entries`). :func:`load_dataset` reads it back.
 
 from ddlsim.data.comm_model import LinkFit
 from ddlsim.simulator.dataset.entries import Dataset, FusionEntry, KernelEntry, RunEntry, spec_key
-from ddlsim.simulator.dataset.export import export_dataset, merge_datasets, with_references
+from ddlsim.simulator.dataset.export import (
+    add_session,
+    export_dataset,
+    merge_datasets,
+    with_references,
+)
 from ddlsim.simulator.dataset.json_file import DATASET_FORMAT, load_dataset, save_dataset
 from ddlsim.simulator.dataset.models import (
     DATASET_VERSIONS,
@@ -27,6 +32,7 @@ from ddlsim.simulator.dataset.plan import (
     plan_jobs,
 )
 from ddlsim.simulator.dataset.pools import (
+    FEATURES,
     interleaved_pool,
     mixed_pool,
     parallel_pool,
@@ -37,6 +43,7 @@ from ddlsim.simulator.dataset.pools import (
 __all__ = [
     "DATASET_FORMAT",
     "DATASET_VERSIONS",
+    "FEATURES",
     "LINK_COLLECTIVES",
     "LINK_SIZES",
     "PARALLEL_COLLECTIVES",
@@ -48,6 +55,7 @@ __all__ = [
     "LinkFit",
     "PlanOptions",
     "RunEntry",
+    "add_session",
     "dataset_models",
     "dataset_models_v3",
     "drop_done",

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ddlsim.data.comm_model import LinkFit
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
@@ -88,13 +89,38 @@ class RunEntry:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Dataset:
-    """Runs and everything needed to replay and featurize them."""
+    """Runs and everything needed to replay and featurize them.
+
+    ``sessions`` are later collections kept apart: each a dataset of its own profiles, fits
+    and meta (runtime costs) with no runs, whose runs are among ``runs``, marked
+    ``extra["session"]``. A session measured on another day may have run at another speed
+    (this VM's compute varied by 1.3-1.7x between sessions of one day), so its runs replay
+    only from its own profiles (:meth:`source_of`, :func:`.export.add_session`).
+    """
 
     runs: tuple[RunEntry, ...]
     kernels: dict[tuple[str, int], KernelEntry]  # (model label, rank batch size)
     links: tuple[LinkFit, ...]
     meta: dict[str, Any]
     fusion: dict[tuple[str, int], FusionEntry] = dataclasses.field(default_factory=dict)
+    sessions: dict[str, "Dataset"] = dataclasses.field(default_factory=dict)
+
+    def source_of(self, run: RunEntry) -> "Dataset":
+        """Where ``run``'s kernel and fusion profiles, link fits and runtime costs are: its
+        session's, else this dataset's.
+
+        Raises:
+            InvalidOptionError: the run names a session the dataset does not hold.
+        """
+        name = run.extra.get("session")
+        if not name:
+            return self
+        if name not in self.sessions:
+            raise InvalidOptionError(
+                f"run of {run.model.label} names session {name!r}; the dataset holds: "
+                f"{', '.join(sorted(self.sessions)) or 'none'}"
+            )
+        return self.sessions[name]
 
     @property
     def families(self) -> list[str]:

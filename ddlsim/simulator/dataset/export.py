@@ -3,16 +3,18 @@
 :func:`export_dataset` reads what a store holds into one compressed JSON file, self-contained:
 the graphs the kernel profiles timed, their per-node times, the fusion profiles, the collective
 fits, and every run (model, strategy, world size, link, iteration samples). A collection that
-spans several sessions merges each one's export into the same file (:func:`merge_datasets`).
+spans several sessions merges each one's export into the same file (:func:`merge_datasets`);
+a later session measured at another machine speed is added apart (:func:`add_session`).
 """
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ddlsim.data.comm_model import LinkFit
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store.records import record_of
@@ -163,4 +165,32 @@ def merge_datasets(older: Dataset, newer: Dataset) -> Dataset:
         links=tuple(links.values()),
         meta={**newer.meta, "parts": parts},
         fusion={**older.fusion, **newer.fusion},
+        sessions={**older.sessions, **newer.sessions},
     )
+
+
+def add_session(
+    base: Dataset, later: Dataset, name: str, *, replaces: Callable[[RunEntry], bool]
+) -> Dataset:
+    """``base`` with ``later``'s runs, which replay from ``later``'s own profiles, fits and
+    runtime costs (session ``name``), and without ``base``'s runs that ``replaces`` picks
+    (runs of code the later session measured again).
+
+    :func:`merge_datasets` pools profiles, which is right within one session; across sessions
+    the machine may have run at another speed, and a run replayed from another session's
+    profiles would be priced at that speed.
+
+    Raises:
+        InvalidOptionError: ``name`` is empty or already a session of ``base``.
+    """
+    if not name or name in base.sessions:
+        raise InvalidOptionError(
+            f"session name {name!r} must be new and not empty; taken: "
+            f"{', '.join(sorted(base.sessions)) or 'none'}"
+        )
+    kept = tuple(r for r in base.runs if not replaces(r))
+    added = tuple(
+        dataclasses.replace(run, extra={**run.extra, "session": name}) for run in later.runs
+    )
+    session = dataclasses.replace(later, runs=(), sessions={})
+    return dataclasses.replace(base, runs=kept + added, sessions={**base.sessions, name: session})

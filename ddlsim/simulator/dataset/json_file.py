@@ -1,14 +1,15 @@
 """The dataset's file: one gzip JSON document, written atomically and read back.
 
-The document holds ``format`` (``DATASET_FORMAT``), ``meta``, and lists of ``kernels`` (graph,
+The document holds ``format`` (``DATASET_FORMAT``), ``meta``, lists of ``kernels`` (graph,
 per-node ms), ``links``, ``fusion`` and ``runs`` (a run's fields beside what its measurement
-recorded with it).
+recorded with it), and ``sessions``: by name, documents of the same shape without runs.
 """
 
 import dataclasses
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
@@ -21,7 +22,16 @@ DATASET_FORMAT = 1
 
 def save_dataset(dataset: Dataset, out: Path) -> None:
     """Write ``dataset`` to ``out`` (gzip JSON), atomically."""
-    payload = {
+    payload = _payload(dataset)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        json.dump(payload, f, separators=(",", ":"))
+    tmp.replace(out)
+
+
+def _payload(dataset: Dataset) -> dict[str, Any]:
+    return {
         "format": DATASET_FORMAT,
         "meta": dataset.meta,
         "kernels": [
@@ -50,12 +60,8 @@ def save_dataset(dataset: Dataset, out: Path) -> None:
             }
             for run in dataset.runs
         ],
+        "sessions": {name: _payload(session) for name, session in dataset.sessions.items()},
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
-        json.dump(payload, f, separators=(",", ":"))
-    tmp.replace(out)
 
 
 _RUN_KEYS = frozenset(
@@ -77,6 +83,10 @@ def load_dataset(path: Path) -> Dataset:
     if not isinstance(raw, dict) or raw.get("format") != DATASET_FORMAT:
         found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
         raise InvalidOptionError(f"dataset {path} has format {found!r}; allowed: {DATASET_FORMAT}")
+    return _from_payload(raw)
+
+
+def _from_payload(raw: dict[str, Any]) -> Dataset:
     kernels: dict[tuple[str, int], KernelEntry] = {}
     for entry in raw["kernels"]:
         graph = IterationGraph.from_dict(entry["graph"])
@@ -109,5 +119,11 @@ def load_dataset(path: Path) -> Dataset:
         for r in raw["runs"]
     )
     return Dataset(
-        runs=runs, kernels=kernels, links=links, meta=dict(raw.get("meta", {})), fusion=fusion
+        runs=runs,
+        kernels=kernels,
+        links=links,
+        meta=dict(raw.get("meta", {})),
+        fusion=fusion,
+        # absent from files written before sessions
+        sessions={name: _from_payload(part) for name, part in raw.get("sessions", {}).items()},
     )

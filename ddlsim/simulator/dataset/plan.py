@@ -30,7 +30,13 @@ SETTINGS_V3: tuple[tuple[int, str], ...] = (
     (4, "4gbit"),
 )
 LINK_SIZES: tuple[int, ...] = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
-LINK_COLLECTIVES: tuple[str, ...] = ("all_reduce", "sendrecv")
+# DeAR's strategies run the executor's ring on gloo, measured as it runs.
+LINK_COLLECTIVES: tuple[str, ...] = (
+    "all_reduce",
+    "sendrecv",
+    "ring_reduce_scatter",
+    "ring_all_gather",
+)
 # FSDP and tensor parallelism also gather and reduce-scatter.
 PARALLEL_COLLECTIVES: tuple[str, ...] = (*LINK_COLLECTIVES, "all_gather", "reduce_scatter")
 

@@ -5,7 +5,7 @@ names the kind of plan a strategy is, so that a plan can cover every kind some p
 """
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ddlsim.data.specs.strategy import Strategy
@@ -109,3 +109,17 @@ def plan_kind(strategy: Strategy) -> str:
     if kind == "pipeline":
         return f"pipeline:{plan.pp_schedule}"
     return f"{kind}:accumulation" if plan.micro_batches > 1 else kind
+
+
+# What a strategy uses, by name: a later session that measured one of these again replaces the
+# runs that use it (``ddlsim simulator dataset add-session --replace``).
+FEATURES: dict[str, Callable[[Strategy], bool]] = {
+    "dear": lambda s: s.tensor_fusion.dear,
+    "hooks": lambda s: (
+        s.tensor_fusion.buckets is not None or s.tensor_fusion.implementation == "hooks"
+    ),
+    "compiled": lambda s: bool(s.op_fusion.compiled),
+    "fsdp": lambda s: s.parallel.fsdp,
+    "tensor": lambda s: s.parallel.tp > 1,
+    "pipeline": lambda s: s.parallel.pp > 1,
+}
