@@ -7,6 +7,7 @@ a ring algorithm moves per rank relative to ``size``. The profiler fits
 """
 
 import dataclasses
+import functools
 import statistics
 from collections.abc import Iterable
 
@@ -23,6 +24,7 @@ COLLECTIVES: tuple[str, ...] = (
 )
 
 
+@functools.cache
 def bus_factor(collective: str, world_size: int) -> float:
     """nccl-tests' busbw factor of ``collective`` on ``world_size`` ranks.
 
@@ -78,6 +80,22 @@ class AlphaBeta:
         factor = bus_factor(self.collective, self.world_size)
         # Gbit/s -> bytes/us: 1e9 / 8 / 1e6 = 125.
         return self.alpha_us + factor * nbytes / (self.busbw_gbps * 125.0)
+
+    def terms(self) -> tuple[float, float, float, float, float]:
+        """``(alpha_us, factor, bytes_per_us, cpu_alpha_us, cpu_us_per_byte)``, from which a
+        caller pricing many sizes in a loop computes :meth:`time_us` (``alpha_us + factor *
+        nbytes / bytes_per_us``) and :meth:`cpu_us` itself, for ``nbytes > 0``: all zero on
+        one rank."""
+        if self.world_size == 1:
+            return 0.0, 0.0, 1.0, 0.0, 0.0
+        factor = bus_factor(self.collective, self.world_size)
+        return (
+            self.alpha_us,
+            factor,
+            self.busbw_gbps * 125.0,
+            self.cpu_alpha_us,
+            self.cpu_us_per_byte,
+        )
 
     def cpu_us(self, nbytes: int) -> float:
         """The compute one collective over ``nbytes`` takes from each rank (0 on one rank)."""

@@ -19,10 +19,11 @@ steady state as the full replay in O(iterations x buckets).
 
 import dataclasses
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.data.specs.strategy import Bucket, Strategy
+from ddlsim.data.specs.strategy import Bucket, Strategy, TensorFusionPlan
 from ddlsim.simulator.replay import (
     CpuLoad,
     IterationTimes,
@@ -30,15 +31,18 @@ from ddlsim.simulator.replay import (
     first_forward_use_of_params,
     in_window,
 )
-from ddlsim.simulator.runtime import RuntimeCosts
+from ddlsim.simulator.runtime import RuntimeCosts, copy_passes
 
+# the most bucket groups a replay remembers (a search over contiguous buckets of 300 gradients
+# meets 45,150)
+MAX_KNOWN_GROUPS = 65_536
 ITERATIONS = 4  # as simulator.replay.replay unrolls: the steady state is read from 2nd to last
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class BucketTiming:
+class BucketTiming(NamedTuple):
     """One bucket in launch order: its bytes and, in ms from the iteration's start, when its
-    last gradient is ready and when its (first) collective starts and ends."""
+    last gradient is ready and when its (first) collective starts and ends (a named tuple: a
+    search builds millions)."""
 
     grad_bytes: int
     params: tuple[str, ...]
@@ -79,7 +83,8 @@ class DataParallelReplay:
             ready and optimizer nodes are read).
         node_ms: the duration of each compute and optimizer node of ``graph`` (ms).
 
-    Thread safety: read-only after construction.
+    Thread safety: may be shared; all it changes after construction is a cache of the bucket
+    groups it has priced, whose entries do not depend on which thread fills them.
     """
 
     def __init__(
@@ -121,13 +126,68 @@ class DataParallelReplay:
         )
         sizes = {p.name: p.nbytes for p in graph.params}
         self.grads = [(name, sizes[name]) for name in graph.grad_ready_order]
+        # what a search's buckets have in common: each group of gradients it has priced
+        self._groups: dict[tuple[str, ...], tuple[int, tuple[tuple[str, ...], int, float]]] = {}
+        # name -> (ready position, ready ms, name, bytes): sorts into ready order
+        self._grad = {
+            name: (self.ready_position[name], self.ready_ms[name], name, nbytes)
+            for name, nbytes in self.grads
+        }
 
     def buckets(self, strategy: Strategy) -> list[Bucket]:
-        """The strategy's buckets in launch order (as capture places their collectives)."""
-        buckets = strategy.tensor_fusion.assign(self.grads)
+        """The strategy's buckets in launch order (as capture places their collectives), each
+        indexed by its place in that order."""
+        return [
+            Bucket(index=i, params=params, grad_bytes=nbytes)
+            for i, (params, nbytes, _) in enumerate(self._launched(strategy.tensor_fusion))
+        ]
+
+    def _launched(self, fusion: TensorFusionPlan) -> list[tuple[tuple[str, ...], int, float]]:
+        """The buckets in launch order: each one's parameters in ready order, bytes, and when
+        its last gradient is ready in the micro-batch (ms).
+
+        Explicit buckets that name every gradient once are ordered here in one pass over their
+        names (what a search prices by the thousand); anything else goes through
+        :meth:`TensorFusionPlan.assign`, which orders the same way and names what is wrong.
+        """
+        groups = fusion.buckets
+        if groups is not None and sum(map(len, groups)) == len(self.grads):
+            known = self._groups
+            keyed = []
+            try:
+                for group in groups:
+                    facts = known.get(group)
+                    if facts is None:
+                        facts = known[group] = self._group(group)
+                    keyed.append(facts)
+            except KeyError:
+                pass  # a name that is not a gradient: assign says which
+            else:
+                # the plan's groups are not empty and share no name (TensorFusionPlan checks),
+                # so as many names as gradients, all known, are a partition of them
+                keyed.sort()
+                return [facts[1] for facts in keyed]
+            finally:
+                if len(known) > MAX_KNOWN_GROUPS:
+                    known.clear()
+        buckets = fusion.assign(self.grads)
         last = {b.index: max(self.ready_position[p] for p in b.params) for b in buckets}
         order = sorted(range(len(buckets)), key=lambda i: (last[buckets[i].index], i))
-        return [buckets[i] for i in order]
+        return [
+            (
+                buckets[i].params,
+                buckets[i].grad_bytes,
+                max(self.ready_ms[p] for p in buckets[i].params),
+            )
+            for i in order
+        ]
+
+    def _group(self, group: tuple[str, ...]) -> tuple[int, tuple[tuple[str, ...], int, float]]:
+        """A bucket's last ready position, and its parameters in ready order, bytes and last
+        ready ms (KeyError for a name that is not a gradient)."""
+        entries = sorted([self._grad[name] for name in group])
+        positions, ready, params, sizes = zip(*entries, strict=True)
+        return positions[-1], (params, sum(sizes), max(ready))
 
     def summary(
         self, strategy: Strategy, comm: Mapping[str, AlphaBeta], *, micro_batches: int = 1
@@ -141,9 +201,16 @@ class DataParallelReplay:
         # After backward, each bucket is waited for in launch order and copied back into the
         # gradients as it lands (overlapping the later buckets' collectives); then one step.
         clock, after = compute_end, 0.0
+        _, passes = copy_passes(fusion)
+        alpha_us, us_per_byte = self.runtime.copy_alpha_us, self.runtime.copy_us_per_byte
         for timing in timings:
             start = max(clock, timing.end_ms)
-            clock = load.finish(start, self.runtime.land_ms(fusion, timing.grad_bytes))
+            if passes > 0 and timing.grad_bytes > 0:
+                clock = load.finish(
+                    start, passes * (alpha_us + us_per_byte * timing.grad_bytes) / 1e3
+                )
+            else:
+                clock = start
             after += clock - start
         iteration = max(clock, comm_end) + self.optimizer_ms
         compute = compute_end + after + self.optimizer_ms
@@ -164,8 +231,8 @@ class DataParallelReplay:
     ) -> ReplaySummary:
         """DeAR's steady state, scheduled bucket by bucket as :func:`simulator.replay.replay`
         schedules it node by node (see the module's docstring)."""
-        assigned = strategy.tensor_fusion.assign(self.grads)
-        launched = self.buckets(strategy)
+        # launch order is the order in which the buckets are assigned (their indices)
+        launched = assigned = self.buckets(strategy)
         fusion = strategy.tensor_fusion
         # A bucket's update starts with copying its gathered buffer back into the gradients.
         update = {
@@ -266,23 +333,23 @@ class DataParallelReplay:
         load = CpuLoad()
         clock = work = free = 0.0
         out = []
-        for bucket in self.buckets(strategy):
-            ready_work = offset + max(self.ready_ms[p] for p in bucket.params)
-            clock = load.finish(clock, max(0.0, ready_work - work))
-            work = max(work, ready_work)
-            # The runtime copies the bucket's gradients before launching its collective.
-            clock = load.finish(clock, self.runtime.launch_ms(fusion, bucket.grad_bytes))
-            ready = clock
-            start = max(free, ready)
-            free = start + model.time_us(bucket.grad_bytes) / 1e3
-            load.add(start, free, model.cpu_us(bucket.grad_bytes) / 1e3)
-            out.append(
-                BucketTiming(
-                    grad_bytes=bucket.grad_bytes,
-                    params=bucket.params,
-                    ready_ms=ready,
-                    start_ms=start,
-                    end_ms=free,
-                )
-            )
+        # The runtime copies a bucket's gradients before launching its collective.
+        passes, _ = copy_passes(fusion)
+        alpha_us, us_per_byte = self.runtime.copy_alpha_us, self.runtime.copy_us_per_byte
+        # model.time_us and model.cpu_us, term by term
+        alpha, factor, bytes_per_us, cpu_alpha, cpu_per_byte = model.terms()
+        for params, nbytes, last_ready in self._launched(fusion):
+            ready_work = offset + last_ready
+            if ready_work > work:
+                clock = load.finish(clock, ready_work - work)
+                work = ready_work
+            if nbytes > 0:
+                if passes > 0:
+                    clock = load.finish(clock, passes * (alpha_us + us_per_byte * nbytes) / 1e3)
+                start = max(free, clock)
+                free = start + (alpha + factor * nbytes / bytes_per_us) / 1e3
+                load.add(start, free, (cpu_alpha + cpu_per_byte * nbytes) / 1e3)
+            else:
+                start = free = max(free, clock)
+            out.append(BucketTiming(nbytes, params, clock, start, free))
         return out, load.finish(clock, micro_batches * self.microbatch_ms - work), load

@@ -15,6 +15,7 @@ bucket tokens; their replay's breakdown and the plan say what the head needs.
 """
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
@@ -63,6 +64,10 @@ GLOBAL_FEATURES: tuple[str, ...] = (
 )
 
 
+# the most buckets a ModelGraph remembers the rows of
+MAX_KNOWN_BUCKETS = 65_536
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelGraph:
     """One rank's compute graph as the encoder reads it.
@@ -80,21 +85,45 @@ class ModelGraph:
     compute_ms_of_row: tuple[float, ...]
     compute_rows: frozenset[int] = frozenset()
 
+    def rows_of(self, params: tuple[str, ...]) -> tuple[int, ...]:
+        """The rows of ``params``' gradient-ready nodes (those the graph has), remembered: a
+        search prices the same buckets many times."""
+        rows = self._rows_of_params.get(params)
+        if rows is None:
+            rows = tuple(self.grad_rows[p] for p in params if p in self.grad_rows)
+            if len(self._rows_of_params) < MAX_KNOWN_BUCKETS:
+                self._rows_of_params[params] = rows
+        return rows
+
+    @functools.cached_property
+    def _rows_of_params(self) -> dict[tuple[str, ...], tuple[int, ...]]:
+        return {}
+
+    @functools.cached_property
+    def total_compute_ms(self) -> float:
+        """The compute of all rows (1 where there is none: it divides)."""
+        return sum(self.compute_ms_of_row) or 1.0
+
 
 def model_graph(graph: IterationGraph, node_ms: Mapping[int, float] | None) -> ModelGraph:
     """``graph`` without its collectives, with ``node_ms`` (ms) as features where given."""
     nodes = [n for n in graph.nodes if n.kind != "comm"]
     row = {n.id: i for i, n in enumerate(nodes)}
     x = node_features(nodes)
-    durations = torch.zeros(len(nodes))
-    timed = torch.zeros(len(nodes), dtype=torch.bool)
+    duration_of: list[float] = []
+    timed_of: list[bool] = []
     compute_ms = []
-    for i, node in enumerate(nodes):
+    for node in nodes:
         ms = node_ms.get(node.id) if node_ms is not None else None
         compute_ms.append(float(ms or 0.0) if node.kind == "compute" else 0.0)
         if ms is not None and node.kind in ("compute", "optimizer"):
-            durations[i] = math.log1p(max(ms, 0.0) * 1e3)
-            timed[i] = True
+            duration_of.append(math.log1p(max(ms, 0.0) * 1e3))
+            timed_of.append(True)
+        else:
+            duration_of.append(0.0)
+            timed_of.append(False)
+    durations = torch.tensor(duration_of, dtype=torch.float32)
+    timed = torch.tensor(timed_of, dtype=torch.bool)
     extra = torch.stack([durations, timed.float()], dim=1)
     src, dst, kinds = [], [], []
     for a, b in graph.edges:
@@ -132,15 +161,17 @@ def model_graph(graph: IterationGraph, node_ms: Mapping[int, float] | None) -> M
 class StrategySample:
     """One (model, strategy, cluster) for the strategy head.
 
-    Shapes:
-        buckets: ``[num_buckets, len(BUCKET_FEATURES)]``; globals: ``[len(GLOBAL_FEATURES)]``.
+    Rows of plain floats (the model stacks a batch's into one tensor; one tensor a sample
+    would cost a search more than the replay does):
+        buckets: ``num_buckets`` rows of ``len(BUCKET_FEATURES)``; globals:
+        ``len(GLOBAL_FEATURES)`` values.
     """
 
     model_key: str
-    buckets: torch.Tensor
+    buckets: tuple[tuple[float, ...], ...]
     bucket_rows: tuple[tuple[int, ...], ...]
     compiled_rows: tuple[int, ...]
-    globals: torch.Tensor
+    globals: tuple[float, ...]
     replay_ms: float
     measured_ms: float | None = None
     group: str = ""
@@ -230,31 +261,32 @@ def strategy_sample(
     count = max(len(summary.buckets), 1)
     for position, bucket in enumerate(summary.buckets):
         rows.append(
-            [
+            (
                 math.log1p(bucket.grad_bytes / 2**20),
                 bucket.ready_ms / iteration,
                 bucket.start_ms / iteration,
                 bucket.end_ms / iteration,
                 (bucket.end_ms - bucket.start_ms) / iteration,
                 position / count,
-            ]
+            )
         )
-        bucket_rows.append(
-            tuple(graph.grad_rows[p] for p in bucket.params if p in graph.grad_rows)
-        )
+        bucket_rows.append(graph.rows_of(bucket.params))
     blocks = strategy.op_fusion.compiled
     compiled_rows = (
         tuple(i for i, module in enumerate(graph.module_of_row) if _is_inside(module, blocks))
         if blocks
         else ()
     )
-    total_compute = sum(graph.compute_ms_of_row) or 1.0
-    compiled_share = sum(graph.compute_ms_of_row[i] for i in compiled_rows) / total_compute
+    compiled_share = (
+        sum(graph.compute_ms_of_row[i] for i in compiled_rows) / graph.total_compute_ms
+        if compiled_rows
+        else 0.0
+    )
     fusion = strategy.tensor_fusion
     plan = strategy.parallel
     hooks = fusion.buckets is not None or fusion.dear or fusion.implementation == "hooks"
     all_reduce = comm["all_reduce"]
-    globals_ = [
+    globals_ = (
         math.log(iteration),
         summary.compute_ms / iteration,
         summary.exposed_comm_ms / iteration,
@@ -275,13 +307,13 @@ def strategy_sample(
         float(plan.fsdp),
         float(plan.pp > 1 and plan.pp_schedule == "1f1b"),
         float(plan.pp > 1 and plan.pp_schedule == "interleaved_1f1b"),
-    ]
+    )
     return StrategySample(
         model_key=model_key,
-        buckets=torch.tensor(rows, dtype=torch.float32).reshape(-1, len(BUCKET_FEATURES)),
+        buckets=tuple(rows),
         bucket_rows=tuple(bucket_rows),
         compiled_rows=compiled_rows,
-        globals=torch.tensor(globals_, dtype=torch.float32),
+        globals=globals_,
         replay_ms=summary.iteration_time_ms,
         measured_ms=measured_ms,
         group=group,

@@ -18,9 +18,11 @@ which is what makes batched evaluation fast.
 """
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch_geometric.data import Batch
@@ -122,7 +124,7 @@ class IterationCostModel(nn.Module):
         Shapes:
             h: ``[num_nodes, hidden]``; returns ``[num_samples]``.
         """
-        ptr = graphs.ptr
+        offsets = graphs.ptr.tolist()
         pooled_graph = scatter(h, graphs.batch, dim=0, dim_size=graphs.num_graphs, reduce="mean")
         token_rows: list[int] = []
         token_of_row: list[int] = []
@@ -130,17 +132,17 @@ class IterationCostModel(nn.Module):
         compiled_rows: list[int] = []
         compiled_of: list[int] = []
         which = []
-        tokens = []
+        tokens: list[tuple[float, ...]] = []
         for s, sample in enumerate(samples):
             m = model_index[sample.model_key]
             which.append(m)
-            offset = int(ptr[m])
+            offset = offsets[m]
             base = len(bucket_of_sample)
             for b, rows in enumerate(sample.bucket_rows):
-                token_rows += [offset + r for r in rows]
+                token_rows += [offset + r for r in rows] if offset else rows
                 token_of_row += [base + b] * len(rows)
-            bucket_of_sample += [s] * sample.buckets.shape[0]
-            tokens.append(sample.buckets)
+            bucket_of_sample += [s] * len(sample.buckets)
+            tokens += sample.buckets
             compiled_rows += [offset + r for r in sample.compiled_rows]
             compiled_of += [s] * len(sample.compiled_rows)
         n = len(samples)
@@ -148,8 +150,8 @@ class IterationCostModel(nn.Module):
         num_tokens = len(bucket_of_sample)
         token_h = (
             scatter(
-                h[torch.tensor(token_rows, dtype=torch.long)],
-                torch.tensor(token_of_row, dtype=torch.long),
+                h[_indices(token_rows)],
+                _indices(token_of_row),
                 dim=0,
                 dim_size=num_tokens,
                 reduce="mean",
@@ -157,24 +159,32 @@ class IterationCostModel(nn.Module):
             if token_rows
             else h.new_zeros(num_tokens, hidden)
         )
-        token_in = torch.cat(
-            [torch.cat(tokens) if tokens else h.new_zeros(0, len(BUCKET_FEATURES)), token_h], dim=1
+        width = len(BUCKET_FEATURES)
+        token_features = torch.from_numpy(
+            np.fromiter(
+                itertools.chain.from_iterable(tokens), dtype=np.float32, count=num_tokens * width
+            ).reshape(num_tokens, width)
         )
+        token_in = torch.cat([token_features, token_h], dim=1)
         token_out = self.bucket_in(token_in)
-        owner = torch.tensor(bucket_of_sample, dtype=torch.long)
+        owner = _indices(bucket_of_sample)
         bucket_sum = scatter(token_out, owner, dim=0, dim_size=n, reduce="sum") / 16.0
         bucket_mean = scatter(token_out, owner, dim=0, dim_size=n, reduce="mean")
         if compiled_rows:
             compiled = scatter(
-                h[torch.tensor(compiled_rows, dtype=torch.long)],
-                torch.tensor(compiled_of, dtype=torch.long),
+                h[_indices(compiled_rows)],
+                _indices(compiled_of),
                 dim=0,
                 dim_size=n,
                 reduce="mean",
             )
         else:
             compiled = h.new_zeros(n, hidden)
-        raw_globals = torch.stack([s.globals for s in samples])
+        raw_globals = torch.from_numpy(
+            np.array([s.globals for s in samples], dtype=np.float32).reshape(
+                n, len(GLOBAL_FEATURES)
+            )
+        )
         features = torch.cat(
             [
                 bucket_sum,
@@ -246,3 +256,9 @@ def network_from_checkpoint(raw: dict[str, Any]) -> tuple[IterationCostModel, di
         raise InvalidOptionError(f"cost model checkpoint does not fit the model: {exc}") from None
     model.eval()
     return model, dict(raw.get("meta", {}))
+
+
+def _indices(values: list[int]) -> torch.Tensor:
+    """``values`` as a long tensor (through numpy: a few times faster than ``torch.tensor``
+    on the long index lists a batch of strategies makes)."""
+    return torch.from_numpy(np.fromiter(values, dtype=np.int64, count=len(values)))

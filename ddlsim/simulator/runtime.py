@@ -65,20 +65,22 @@ class RuntimeCosts:
 
     def launch_ms(self, fusion: TensorFusionPlan, nbytes: int) -> float:
         """The copies a bucket of ``nbytes`` takes on the compute stream before its collective."""
-        return self._passes_ms(_PASSES[_runtime(fusion)][0], nbytes)
+        return self._passes_ms(copy_passes(fusion)[0], nbytes)
 
     def land_ms(self, fusion: TensorFusionPlan, nbytes: int) -> float:
         """The copies a bucket takes after its (last) collective, before its update."""
-        return self._passes_ms(_PASSES[_runtime(fusion)][1], nbytes)
+        return self._passes_ms(copy_passes(fusion)[1], nbytes)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-def _runtime(fusion: TensorFusionPlan) -> str:
+def copy_passes(fusion: TensorFusionPlan) -> tuple[float, float]:
+    """How many copy passes over a bucket ``fusion``'s runtime makes before its collective and
+    after it lands."""
     if fusion.dear:
-        return "dear"
-    return "ddp" if fusion.uses_ddp else "hooks"
+        return _PASSES["dear"]
+    return _PASSES["ddp" if fusion.uses_ddp else "hooks"]
 
 
 def runtime_costs_of(meta: Mapping[str, Any]) -> RuntimeCosts:

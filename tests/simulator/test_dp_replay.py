@@ -9,6 +9,7 @@ import pytest
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.annotate import with_strategy
 from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.replay import replay, transfer_durations
@@ -113,3 +114,26 @@ def test_collectives_cpu_work_and_copies_slow_the_replay(zoo_graph: GraphOf) -> 
         assert wire < cpu < both.iteration_time_ms
         copies = [e for e in both.timeline if e.name.startswith("copy bucket")]
         assert copies and all(e.end_ms > e.start_ms for e in copies)
+
+
+def test_explicit_buckets_are_checked_and_priced_alike_when_seen_again(
+    zoo_graph: GraphOf,
+) -> None:
+    base = zoo_graph("gpt2-tiny")
+    fast = DataParallelReplay(base, _durations(base, seed=2))
+    comm = _comm(1.0, cpu=True)
+    order = base.grad_ready_order
+    halves = Strategy.from_dict({"tensor_fusion": {"buckets": [order[1::2], order[0::2]]}})
+    first = fast.summary(halves, comm)
+    # other strategies sharing its groups, then the same one again: the same figures
+    fast.summary(
+        Strategy.from_dict({"tensor_fusion": {"buckets": [order[0::2], order[1::2]]}}), comm
+    )
+    assert fast.summary(halves, comm) == first
+    # as many names as gradients, one of them unknown
+    unknown = Strategy.from_dict({"tensor_fusion": {"buckets": [["not.a.weight"], order[1:]]}})
+    with pytest.raises(InvalidStrategyError, match="not.a.weight"):
+        fast.summary(unknown, comm)
+    missing = Strategy.from_dict({"tensor_fusion": {"buckets": [order[1:]]}})
+    with pytest.raises(InvalidStrategyError, match="miss 1 gradient"):
+        fast.summary(missing, comm)

@@ -31,19 +31,19 @@ def node_features(nodes: list[GraphNode] | tuple[GraphNode, ...]) -> torch.Tenso
     Shapes:
         return: ``[num_nodes, len(FEATURE_NAMES)]``, float32.
     """
-    x = torch.zeros(len(nodes), len(FEATURE_NAMES), dtype=torch.float32)
-    kind_base = 0
-    phase_base = kind_base + len(NODE_KINDS)
+    width = len(FEATURE_NAMES)
+    phase_base = len(NODE_KINDS)
     category_base = phase_base + len(PHASES)
-    scalar_base = category_base + len(OP_CATEGORIES)
-    for row, node in enumerate(nodes):
-        x[row, kind_base + _KIND_INDEX[node.kind]] = 1.0
-        x[row, phase_base + _PHASE_INDEX[node.phase]] = 1.0
-        x[row, category_base + _CATEGORY_INDEX[op_category(node.op)]] = 1.0
-        for offset, name in enumerate(_SCALARS):
-            x[row, scalar_base + offset] = math.log1p(float(getattr(node, name)))
-        x[row, scalar_base + len(_SCALARS)] = float(node.is_view)
-    return x
+    rows = []
+    for node in nodes:
+        row = [0.0] * (category_base + len(OP_CATEGORIES))
+        row[_KIND_INDEX[node.kind]] = 1.0
+        row[phase_base + _PHASE_INDEX[node.phase]] = 1.0
+        row[category_base + _CATEGORY_INDEX[op_category(node.op)]] = 1.0
+        row += [math.log1p(float(getattr(node, name))) for name in _SCALARS]
+        row.append(float(node.is_view))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(nodes), width)
 
 
 def to_pyg(graph: IterationGraph) -> Data:
