@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.graph.annotate import with_strategy
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.replay import replay, transfer_durations
