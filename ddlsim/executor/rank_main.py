@@ -43,6 +43,7 @@ from ddlsim.executor.plan import build_trainer
 from ddlsim.executor.protocol import StoppingRule, relative_half_width, turn_steps
 from ddlsim.profiler.cluster.placement import report_placement
 from ddlsim.profiler.cluster.processes import die_with_parent
+from ddlsim.profiler.speed import probe_ms
 
 
 def rank_context(
@@ -259,6 +260,9 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
     sampling_s = 0.0
     round_index = 0
     stopped_by = "minimum"
+    # Rank 0 times the machine's speed probe after each round while the others wait for it:
+    # the replay scales a run's kernel profile by the two probes' ratio (profiler.speed).
+    probes: list[float] = []
     while True:
         began = time.perf_counter()
         kept: list[tuple[int, float]] = []
@@ -270,6 +274,8 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
             if count > 1:
                 trainers[index].drain()
         gc.collect()
+        if rank == 0:
+            probes.append(probe_ms(repeats=3))
         agreed, sampling_s = agree(
             [ms for _, ms in kept], sampling_s + time.perf_counter() - began
         )
@@ -347,6 +353,7 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
             "trace": trace,
             "rounds": round_index,
             "stopped_by": stopped_by,
+            "probe_ms": probes,
         }
         tmp = output.with_suffix(".tmp")
         tmp.write_text(json.dumps(result), encoding="utf-8")

@@ -176,6 +176,8 @@ class RunResult:
     stopped_by: str = "minimum"
     # Shared by every result of one launch: which measurements were taken side by side.
     launch_id: str = ""
+    # The machine's speed probe after each round (profiler.speed), rank 0's, in ms.
+    probe_ms: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def median_ms(self) -> float:
@@ -225,6 +227,7 @@ class RunResult:
             "ci95_ms": list(self.ci95_ms),
             "ci_target": self.options.ci_target,
             "budget_s": self.options.budget_s,
+            "probe_ms": statistics.median(self.probe_ms) if self.probe_ms else None,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -419,6 +422,7 @@ def _launch(
             sample_rounds=[int(x) for x in mine["sample_rounds"]],
             stopped_by=str(raw["stopped_by"]),
             launch_id=launch_id,
+            probe_ms=[float(x) for x in raw.get("probe_ms", [])],
         )
         for strategy, mine in zip(strategies, raw["variants"], strict=True)
     ]

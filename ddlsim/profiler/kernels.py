@@ -42,6 +42,7 @@ from ddlsim.data.models import build_model, make_batch, training_loss
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.store.records import KernelTimes
 from ddlsim.profiler.capture import CaptureOptions, OpMode, Optimizer, capture_graph
+from ddlsim.profiler.speed import probe_ms
 
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -292,6 +293,9 @@ def _profile(
             opt.step()
         _synchronize(device)
 
+    # The machine's speed as the timing begins and ends (profiler.speed): a run replayed from
+    # this profile is scaled by its own probe over this one.
+    probes = [probe_ms()]
     # Unprofiled and profiled iterations alternate, so that both see the same machine state.
     say(f"timing {iters} iterations, alternately with the profiler off and on")
     samples_ms = []
@@ -312,6 +316,7 @@ def _profile(
             trace_path = str(trace_dir / f"{spec.label}-{graph.graph_hash[:12]}.trace.json")
             prof.export_chrome_trace(trace_path)
 
+    probes.append(probe_ms())
     node_of_op = _graph_node_of_op(graph, marker.ops)
     per_node, profiled_ms, matched = _attribute(
         mapping_prof.events(), profiled_events, node_of_op, graph, device
@@ -338,6 +343,7 @@ def _profile(
             "torch": torch.__version__,
             "threads": str(torch.get_num_threads()),
             "python": platform.python_version(),
+            "probe_ms": f"{statistics.mean(probes):.4f}",
         },
     )
 

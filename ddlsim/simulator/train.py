@@ -111,7 +111,8 @@ def build_training_set(dataset: Dataset, runs: Iterable[RunEntry] | None = None)
         if entry is None:
             skipped.append(f"{key}: no kernel profile")
             continue
-        scale = compute_scale(run.world_size, _cores(run))
+        # shared cores, and the machine's own speed then against the profile's
+        scale = compute_scale(run.world_size, _cores(run)) * run.speed_ratio(entry)
         key = f"{session}/{key}x{scale:g}" if session else f"{key}x{scale:g}"
         if key not in graphs:
             node_ms = scaled(entry.node_ms, scale)

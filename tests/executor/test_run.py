@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -229,6 +230,8 @@ def test_batch_compare_job_stores_each_strategy_beside_its_reference(
     assert hooks.speedup == pytest.approx(reference.measured_ms / hooks.measured_ms)
     assert reference.speedup == 1.0
     assert hooks.extra["ci95_ms"] is not None and hooks.extra["stopped_by"] == "minimum"
+    # the machine's speed probe, after each of the 2 rounds, goes with the runs
+    assert hooks.extra["probe_ms"] > 0 and hooks.extra["probe_ms"] == reference.extra["probe_ms"]
 
 
 def test_side_by_side_strategies_train_apart_and_take_turns() -> None:
@@ -304,6 +307,9 @@ def test_the_protocol_stops_on_its_budget_when_the_interval_is_out_of_reach() ->
     assert len(result.samples_ms) > 3  # went on past the minimum
     assert len(result.warmup_ms) >= 1
     assert result.env()["stopped_by"] == "budget"
+    # one speed probe a round
+    assert len(result.probe_ms) == result.rounds and min(result.probe_ms) > 0
+    assert result.env()["probe_ms"] == statistics.median(result.probe_ms)
 
 
 def test_ranks_are_pinned_to_distinct_cores_and_recorded() -> None:

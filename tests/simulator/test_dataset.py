@@ -268,7 +268,9 @@ def test_export_and_load_round_trip(tmp_path: Path, zoo_graph: GraphOf) -> None:
     node_ms = {i: 0.1 for i in compute}
     label = graph.model.label
     store.save_kernel_profile(
-        profile=kernel_profile(graph.graph_hash, model=label, node_ms=node_ms)
+        profile=kernel_profile(
+            graph.graph_hash, model=label, node_ms=node_ms, env={"probe_ms": "4.5000"}
+        )
     )
     store.save_collective_profile(profile=collective_profile(world_size=2, busbw_gbps=0.9))
     store.save_measurement(
@@ -277,7 +279,7 @@ def test_export_and_load_round_trip(tmp_path: Path, zoo_graph: GraphOf) -> None:
             strategy_hash(strategy),
             model=label,
             iteration_time_ms=[12.0, 11.0, 13.0],
-            env={"seed": 1, "rank_cores": {"0": [0], "1": [1]}},
+            env={"seed": 1, "rank_cores": {"0": [0], "1": [1]}, "probe_ms": 5.4},
         )
     )
     timing = {"block": "body.0", "eager_ms": 2.0, "compiled_ms": 1.5, "compile_s": 3.0}
@@ -306,6 +308,8 @@ def test_export_and_load_round_trip(tmp_path: Path, zoo_graph: GraphOf) -> None:
     entry = dataset.kernel_for(graph.model)
     assert entry is not None and entry.graph.graph_hash == graph.graph_hash
     assert entry.node_ms == {i: 0.1 for i in compute}
+    # the speed probes: the run's compute is replayed 1.2x its profile's
+    assert entry.probe_ms == 4.5 and run.speed_ratio(entry) == pytest.approx(1.2)
     assert dataset.links[0].busbw_gbps == 0.9
     assert dataset.meta == {"note": "test"}
     fused = dataset.fusion[(graph.model.label, graph.model.inputs.batch_size)]
@@ -398,3 +402,30 @@ def test_a_later_session_replays_from_its_own_profiles(tmp_path: Path, zoo_graph
     stray = dataclasses.replace(base.runs[0], extra={"session": "gone"})
     with pytest.raises(InvalidOptionError, match="names session 'gone'; the dataset holds: none"):
         base.source_of(stray)
+
+
+def test_a_run_replays_at_the_speed_its_probe_measured(tmp_path: Path, zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("mlp")
+    timed = [n.id for n in graph.nodes if n.kind in ("compute", "optimizer")]
+    key = (graph.model.label, graph.model.inputs.batch_size)
+    kernel = KernelEntry(
+        graph=graph, node_ms=dict.fromkeys(timed, 0.1), iteration_time_ms=1.0, probe_ms=4.0
+    )
+    plain = dataclasses.replace(_run(Strategy(), (10.0, 11.0), "a"), world_size=1)
+    # the same launch on a machine that probed 1.5x slower, and one from before the probe
+    slow = dataclasses.replace(plain, extra={**plain.extra, "probe_ms": 6.0})
+    assert slow.speed_ratio(kernel) == pytest.approx(1.5)
+    assert plain.speed_ratio(kernel) == 1.0
+    assert slow.speed_ratio(dataclasses.replace(kernel, probe_ms=None)) == 1.0
+    # rounded to SPEED_STEP: probes within a step replay one graph
+    near = dataclasses.replace(plain, extra={**plain.extra, "probe_ms": 4.03})
+    assert near.speed_ratio(kernel) == pytest.approx(1.0)
+    dataset = Dataset(runs=(plain, slow), kernels={key: kernel}, links=(_link(1, 1.0),), meta={})
+    out = tmp_path / "p.json.gz"
+    save_dataset(dataset, out)
+    loaded = load_dataset(out)
+    assert loaded.kernels[key].probe_ms == 4.0
+    assert loaded.runs[1].extra["probe_ms"] == 6.0
+    fast_sample, slow_sample = build_training_set(loaded).samples
+    assert slow_sample.replay_ms == pytest.approx(1.5 * fast_sample.replay_ms, rel=1e-6)
+    assert fast_sample.model_key != slow_sample.model_key

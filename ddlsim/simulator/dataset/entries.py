@@ -17,6 +17,10 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 
+# the steps a run's speed ratio is rounded to: runs within a step replay one graph (below the
+# probe's own repeatability, about 2 %)
+SPEED_STEP = 0.02
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class KernelEntry:
@@ -26,6 +30,8 @@ class KernelEntry:
     graph: IterationGraph
     node_ms: dict[int, float]
     iteration_time_ms: float
+    # the machine's speed probe as it was profiled (profiler.speed; None before it existed)
+    probe_ms: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,6 +74,15 @@ class RunEntry:
     def family(self) -> str:
         """The model's family (its label when it has none): what holdout splits keep apart."""
         return self.model.family or self.model.label
+
+    def speed_ratio(self, kernel: KernelEntry) -> float:
+        """How much slower the machine computed during this run than while ``kernel`` was
+        profiled: the run's speed probe over the profile's (``profiler.speed``), to the nearest
+        ``SPEED_STEP``; 1 where either has none (runs and profiles before the probe)."""
+        probe = self.extra.get("probe_ms")
+        if kernel.probe_ms is None or not isinstance(probe, int | float) or probe <= 0:
+            return 1.0
+        return max(SPEED_STEP, round(float(probe) / kernel.probe_ms / SPEED_STEP) * SPEED_STEP)
 
     @property
     def ci_half_width(self) -> float | None:

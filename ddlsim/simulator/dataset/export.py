@@ -48,6 +48,7 @@ def export_dataset(
             graph=graph,
             node_ms=dict(profile.node_ms),
             iteration_time_ms=profile.iteration_time_ms,
+            probe_ms=_probe(profile.env.get("probe_ms")),
         )
     links = tuple(record_of(LinkFit, p) for p in store.collective_profiles())
     fusion: dict[tuple[str, int], FusionEntry] = {}
@@ -103,6 +104,15 @@ def export_dataset(
     }
 
 
+def _probe(raw: Any) -> float | None:
+    """A recorded speed probe (ms), None where there is none or it is not a positive number."""
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 and value != float("inf") else None
+
+
 # What the measurement protocol records with a run (executor.run.RunResult.env) and the file
 # keeps: the median's interval, why sampling stopped, the launch it shared with others, the
 # round of each sample (for ratio intervals) and the rank-to-core placement.
@@ -114,6 +124,7 @@ _PROTOCOL_KEYS: tuple[str, ...] = (
     "sample_rounds",
     "ranks_per_core",
     "pinned",
+    "probe_ms",
 )
 
 

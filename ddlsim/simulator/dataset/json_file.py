@@ -39,6 +39,7 @@ def _payload(dataset: Dataset) -> dict[str, Any]:
                 "graph": entry.graph.to_dict(),
                 "node_ms": {str(k): v for k, v in sorted(entry.node_ms.items())},
                 "iteration_time_ms": entry.iteration_time_ms,
+                **({"probe_ms": entry.probe_ms} if entry.probe_ms is not None else {}),
             }
             for entry in dataset.kernels.values()
         ],
@@ -95,6 +96,7 @@ def _from_payload(raw: dict[str, Any]) -> Dataset:
             graph=graph,
             node_ms={int(k): float(v) for k, v in entry["node_ms"].items()},
             iteration_time_ms=float(entry["iteration_time_ms"]),
+            probe_ms=None if entry.get("probe_ms") is None else float(entry["probe_ms"]),
         )
     links = tuple(LinkFit(**entry) for entry in raw["links"])
     fusion = {
