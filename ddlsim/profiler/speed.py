@@ -8,7 +8,10 @@ the two into the factor by which a run's compute ran slower than its profile's.
 
 The unit is what a small model's step is made of, single-threaded as a rank computes: a
 matrix product (256 x 256 by 256 x 1024, float32), GELU and layer norm over its output, and a
-softmax over rows; ``repeats`` units, the median kept.
+softmax over rows, about 4 ms. A sample runs ``units`` of them back to back (about 30 ms, longer
+than the slices a scheduler shares a core in: a single unit mostly fits between another
+process's slices and sees the full core, where a model's step sees its share of it); the
+probe is the median sample's time a unit.
 """
 
 import statistics
@@ -22,14 +25,15 @@ from ddlsim.data.errors import InvalidOptionError
 _ROWS, _INNER, _COLS = 256, 256, 1024
 
 
-def probe_ms(repeats: int = 7) -> float:
-    """The median time of one unit of work on one thread (ms).
+def probe_ms(repeats: int = 5, units: int = 8) -> float:
+    """One unit of work's time on one thread (ms): the median of ``repeats`` samples of
+    ``units`` units each.
 
     Raises:
-        InvalidOptionError: ``repeats < 1``.
+        InvalidOptionError: ``repeats`` or ``units`` below 1.
     """
-    if repeats < 1:
-        raise InvalidOptionError(f"repeats({repeats}) must be >= 1")
+    if repeats < 1 or units < 1:
+        raise InvalidOptionError(f"repeats({repeats}) and units({units}) must be >= 1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -41,8 +45,9 @@ def probe_ms(repeats: int = 7) -> float:
             times = []
             for _ in range(repeats):
                 begin = time.perf_counter()
-                _unit(a, b)
-                times.append((time.perf_counter() - begin) * 1e3)
+                for _ in range(units):
+                    _unit(a, b)
+                times.append((time.perf_counter() - begin) * 1e3 / units)
     finally:
         torch.set_num_threads(threads)
     return statistics.median(times)
