@@ -178,17 +178,19 @@ class CpuLoad:
     def finish(self, start_ms: float, work_ms: float) -> float:
         """When ``work_ms`` of compute started at ``start_ms`` ends."""
         intervals = self._intervals
-        if not intervals or work_ms <= 0:
+        # no load, no work, or every collective over before it starts
+        if not intervals or work_ms <= 0 or intervals[-1][1] <= start_ms:
             return start_ms + work_ms
+        count = len(intervals)
         i = self._next
         if i > 0 and start_ms < intervals[i - 1][1]:
             i = 0  # earlier than the last query: search from the first
-        while i < len(intervals) and intervals[i][1] <= start_ms:
+        while i < count and intervals[i][1] <= start_ms:
             i += 1
         self._next = i
         clock, left = start_ms, work_ms
         while left > 0:
-            if i == len(intervals):
+            if i == count:
                 return clock + left
             begin, end, share = intervals[i]
             if clock < begin:  # a gap at the full rate
