@@ -3,7 +3,8 @@
 import pytest
 
 from ddlsim.data.errors import InvalidOptionError
-from ddlsim.simulator.evaluate import accuracy, grouped_accuracy
+from ddlsim.simulator.evaluate import Accuracy, accuracy, grouped_accuracy
+from ddlsim.simulator.holdout import MAPE_TIE, best_predictor
 
 
 def test_perfect_prediction() -> None:
@@ -50,3 +51,22 @@ def test_grouped_accuracy_ranks_within_groups_only() -> None:
     assert accuracy(predicted, measured).kendall_tau < 1.0
     with pytest.raises(InvalidOptionError, match="3 groups for 4 rows"):
         grouped_accuracy(predicted, measured, ["a", "a", "b"])
+
+
+def test_the_best_predictor_breaks_a_tie_on_error_by_its_order() -> None:
+    def metrics(mape: float, pairs: float | None) -> Accuracy:
+        return Accuracy(
+            mape=mape, p90_ape=2 * mape, kendall_tau=0.5, pair_accuracy=pairs, pairs_counted=9
+        )
+
+    # the held-out figures of 2026-11-26: errors within MAPE_TIE, the blend orders more pairs
+    tied = {
+        "replay": metrics(0.0886, 0.882),
+        "gnn": metrics(0.1206, 0.920),
+        "blend": metrics(0.0911, 0.932),
+    }
+    assert best_predictor(tied) == "blend"
+    # outside the tie the lowest error wins, whatever its order
+    apart = {**tied, "replay": metrics(0.0911 - MAPE_TIE - 0.001, 0.5)}
+    assert best_predictor(apart) == "replay"
+    assert best_predictor({"gnn": metrics(0.1, None), "blend": metrics(0.1, None)}) == "gnn"
