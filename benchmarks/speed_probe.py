@@ -1,104 +1,130 @@
-"""Does the speed probe follow what the machine's speed does to a model's step?
+"""Does the speed probe follow the machine's speed as a model's training step feels it?
 
-A shared VM computes slower when its host gives it less of a core. To make that happen on
-purpose, a helper process pinned to the same core as the profile spins for a share of every
-10 ms (``--loads``) and sleeps for the rest. For each model and load, a kernel profile
-(``profiler.kernels``, one thread, the model's micro-batch of 4) records the step's median and
-the probe before and after (``profiler.speed``). Against the unloaded profile:
+This VM's speed drifts: the probe (``profiler.speed``) took 2.3 ms and 3.5 ms a unit two
+minutes apart on an idle machine, and a kernel profile of gptj-tiny 49.5 ms one day and 66 to
+81 ms on the next evening. For each model (one thread, pinned to one core, the model's
+micro-batch of 4, AdamW), the probe and ``--steps`` training steps take turns for
+``--seconds``; each turn gives the probe's time and the steps' median. Over the turns:
 
-- ``step ratio``: the loaded step's median over the unloaded one (what the replay must follow);
-- ``probe ratio``: the loaded probe over the unloaded one (what the replay scales by,
-  ``RunEntry.speed_ratio``);
-- ``error, unscaled`` and ``error, scaled``: the unloaded step, as is and times the probe
-  ratio, against the loaded step.
+- ``step spread`` and ``probe spread``: the slowest turn over the fastest (p90 / p10);
+- ``corr``: the correlation of the turns' step and probe times;
+- ``MAPE, unscaled``: each turn's step against the median turn's step (what a replay priced
+  at one profile's speed gets wrong from the drift alone);
+- ``MAPE, scaled``: the same, the median step scaled by the turn's probe over the median
+  probe (what ``RunEntry.speed_ratio`` corrects).
 
-    .venv/bin/python benchmarks/speed_probe.py [--models NAME ...] [--loads 0.25 0.5]
-        [--iters 9] [--json FILE]
+Each figure is given for single turns and for windows of ``--window`` turns (medians of
+each), as a launch's probe is the median over its rounds.
+
+    .venv/bin/python benchmarks/speed_probe.py [--models NAME ...] [--seconds 60] [--steps 3]
+        [--window 10] [--json FILE]
 """
 
 import argparse
 import json
-import multiprocessing
 import os
+import statistics
 import time
 from pathlib import Path
 
-from ddlsim.profiler.kernels import profile_kernels
+import torch
+
+from ddlsim.data.models import build_model, make_batch, training_loss
+from ddlsim.profiler.speed import probe_ms
 from ddlsim.simulator.dataset import dataset_models_v3
 
-PERIOD_S = 0.01
 
-
-def _spin(share: float, core: int, stop: "multiprocessing.synchronize.Event") -> None:
-    os.sched_setaffinity(0, {core})
-    while not stop.is_set():
-        began = time.perf_counter()
-        while time.perf_counter() - began < share * PERIOD_S:
-            pass
-        time.sleep((1 - share) * PERIOD_S)
-
-
-def profile_under(label: str, share: float, core: int, iters: int) -> dict[str, float]:
+def turns(label: str, seconds: float, steps: int) -> list[tuple[float, float]]:
+    """``(probe ms, median step ms)`` of each turn."""
     spec = {m.label: m for m in dataset_models_v3()}[label].with_inputs(batch_size=4)
-    context = multiprocessing.get_context("spawn")
-    stop = context.Event()
-    helper = context.Process(target=_spin, args=(share, core, stop)) if share > 0 else None
-    if helper is not None:
-        helper.start()
-        time.sleep(0.5)
-    try:
-        _, profile = profile_kernels(spec, iters=iters, warmup=3)
-    finally:
-        if helper is not None:
-            stop.set()
-            helper.join(timeout=10)
-            if helper.is_alive():
-                helper.kill()
-                helper.join()
-    return {"step_ms": profile.iteration_time_ms, "probe_ms": float(profile.env["probe_ms"])}
+    model = build_model(spec, seed=0)
+    batch = make_batch(spec, model, seed=0, device="cpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> float:
+        began = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        training_loss(model, batch).backward()
+        opt.step()
+        return (time.perf_counter() - began) * 1e3
+
+    for _ in range(3):
+        step()
+    out = []
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        probe = probe_ms(repeats=1)
+        out.append((probe, statistics.median(step() for _ in range(steps))))
+    return out
+
+
+def spread(values: list[float]) -> float:
+    if len(values) < 10:
+        return max(values) / min(values)
+    deciles = statistics.quantiles(values, n=10)
+    return deciles[-1] / deciles[0]
+
+
+def figures(pairs: list[tuple[float, float]]) -> dict[str, float]:
+    probes = [p for p, _ in pairs]
+    steps = [s for _, s in pairs]
+    step_median, probe_median = statistics.median(steps), statistics.median(probes)
+    return {
+        "turns": len(pairs),
+        "step_median_ms": step_median,
+        "step_spread": spread(steps),
+        "probe_spread": spread(probes),
+        "corr": statistics.correlation(probes, steps),
+        "mape_unscaled": statistics.fmean(abs(step_median / s - 1) for s in steps),
+        "mape_scaled": statistics.fmean(
+            abs(step_median * p / probe_median / s - 1) for p, s in pairs
+        ),
+    }
+
+
+def windows(pairs: list[tuple[float, float]], size: int) -> list[tuple[float, float]]:
+    return [
+        (
+            statistics.median(p for p, _ in pairs[i : i + size]),
+            statistics.median(s for _, s in pairs[i : i + size]),
+        )
+        for i in range(0, len(pairs) - size + 1, size)
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", nargs="+", default=["gptj-tiny", "bert-tiny", "resnet-10-64"])
-    parser.add_argument("--loads", nargs="+", type=float, default=[0.25, 0.5])
-    parser.add_argument("--iters", type=int, default=9)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--window", type=int, default=10)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    core = min(os.sched_getaffinity(0))
-    os.sched_setaffinity(0, {core})
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    torch.set_num_threads(1)
     rows = []
     print(
-        "| model | load | step ms | probe ms | step ratio | probe ratio | error, unscaled "
-        "| error, scaled |"
+        "| model | turns | step median ms | step spread | probe spread | corr | MAPE, unscaled "
+        "| MAPE, scaled |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for label in args.models:
-        idle = profile_under(label, 0.0, core, args.iters)
-        print(f"| {label} | 0 | {idle['step_ms']:.1f} | {idle['probe_ms']:.2f} | 1 | 1 | - | - |")
-        for share in args.loads:
-            loaded = profile_under(label, share, core, args.iters)
-            step_ratio = loaded["step_ms"] / idle["step_ms"]
-            probe_ratio = loaded["probe_ms"] / idle["probe_ms"]
-            unscaled = idle["step_ms"] / loaded["step_ms"] - 1
-            scaled = idle["step_ms"] * probe_ratio / loaded["step_ms"] - 1
-            rows.append(
-                {
-                    "model": label,
-                    "load": share,
-                    "idle": idle,
-                    "loaded": loaded,
-                    "step_ratio": step_ratio,
-                    "probe_ratio": probe_ratio,
-                    "error_unscaled": unscaled,
-                    "error_scaled": scaled,
-                }
-            )
+        pairs = turns(label, args.seconds, args.steps)
+        row = {"model": label, "turns": pairs}
+        for name, series in (
+            ("turn", pairs),
+            (f"{args.window} turns", windows(pairs, args.window)),
+        ):
+            found = figures(series)
+            row[name] = found
             print(
-                f"| {label} | {share:g} | {loaded['step_ms']:.1f} | {loaded['probe_ms']:.2f} "
-                f"| {step_ratio:.3f} | {probe_ratio:.3f} | {unscaled:+.3f} | {scaled:+.3f} |",
+                f"| {label} ({name}) | {found['turns']} | {found['step_median_ms']:.1f} "
+                f"| {found['step_spread']:.3f} | {found['probe_spread']:.3f} "
+                f"| {found['corr']:+.2f} | {found['mape_unscaled']:.3f} "
+                f"| {found['mape_scaled']:.3f} |",
                 flush=True,
             )
+        rows.append(row)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
 
