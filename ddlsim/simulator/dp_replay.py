@@ -158,7 +158,9 @@ class DataParallelReplay:
                 for group in groups:
                     facts = known.get(group)
                     if facts is None:
-                        facts = known[group] = self._group(group)
+                        facts = self._group(group)
+                        if len(known) < MAX_KNOWN_GROUPS:
+                            known[group] = facts
                     keyed.append(facts)
             except KeyError:
                 pass  # a name that is not a gradient: assign says which
@@ -167,9 +169,6 @@ class DataParallelReplay:
                 # so as many names as gradients, all known, are a partition of them
                 keyed.sort()
                 return [facts[1] for facts in keyed]
-            finally:
-                if len(known) > MAX_KNOWN_GROUPS:
-                    known.clear()
         buckets = fusion.assign(self.grads)
         last = {b.index: max(self.ready_position[p] for p in b.params) for b in buckets}
         order = sorted(range(len(buckets)), key=lambda i: (last[buckets[i].index], i))
@@ -231,8 +230,12 @@ class DataParallelReplay:
     ) -> ReplaySummary:
         """DeAR's steady state, scheduled bucket by bucket as :func:`simulator.replay.replay`
         schedules it node by node (see the module's docstring)."""
-        # launch order is the order in which the buckets are assigned (their indices)
-        launched = assigned = self.buckets(strategy)
+        # the buckets as _timings launched them; launch order is also the order in which they
+        # are assigned (their indices)
+        launched = assigned = [
+            Bucket(index=i, params=t.params, grad_bytes=t.grad_bytes)
+            for i, t in enumerate(timings)
+        ]
         fusion = strategy.tensor_fusion
         # A bucket's update starts with copying its gathered buffer back into the gradients.
         update = {
