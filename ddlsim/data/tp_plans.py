@@ -6,11 +6,17 @@ how each style runs), and the simulator, which replays their compute shares and 
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import torch
 
 from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.models import build_config, check_model_spec
+from ddlsim.data.models import build_config, build_model, check_model_spec
 from ddlsim.data.specs.model import ModelSpec
+
+if TYPE_CHECKING:
+    from ddlsim.data.specs.strategy import ParallelPlan
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -20,13 +26,18 @@ class TensorParallelPlan:
     ``modules`` maps a regular expression, matched against the end of a module path (so that it
     applies under any task head: ``transformer.h.0.attn.c_attn``), to a style name of
     ``_STYLES``; ``attention`` matches the modules whose head attributes become local;
-    ``divisible`` names the config keys that ``tp`` must divide (``None`` values are skipped).
+    ``divisible`` names the config keys that ``tp`` must divide (``None`` values are skipped);
+    ``blocks`` matches the repeated blocks that per-layer placements (``ParallelPlan.layers``)
+    address, in model order; ``shared_bias`` says that a stack's blocks share a position bias
+    computed by its first block with its heads (T5), so that they must share one layout.
     """
 
     family: str
     modules: Mapping[str, str]
     attention: str
     divisible: tuple[str, ...]
+    blocks: str
+    shared_bias: bool = False
 
 
 # Path fragments: a layer index, so that one expression covers every block.
@@ -45,6 +56,7 @@ PLANS: dict[str, TensorParallelPlan] = {
         },
         attention=rf"h\.{_N}\.attn",
         divisible=("n_head", "n_inner", "vocab_size"),
+        blocks=rf"h\.{_N}",
     ),
     "bert": TensorParallelPlan(
         family="bert",
@@ -58,6 +70,7 @@ PLANS: dict[str, TensorParallelPlan] = {
         },
         attention=rf"layer\.{_N}\.attention\.self",
         divisible=("num_attention_heads", "intermediate_size", "vocab_size"),
+        blocks=rf"layer\.{_N}",
     ),
     "llama": TensorParallelPlan(
         family="llama",
@@ -76,6 +89,7 @@ PLANS: dict[str, TensorParallelPlan] = {
             "intermediate_size",
             "vocab_size",
         ),
+        blocks=rf"layers\.{_N}",
     ),
     "vit": TensorParallelPlan(
         family="vit",
@@ -87,6 +101,7 @@ PLANS: dict[str, TensorParallelPlan] = {
         },
         attention=rf"layers?\.{_N}\.attention",
         divisible=("num_attention_heads", "intermediate_size"),
+        blocks=rf"layers?\.{_N}",
     ),
     "t5": TensorParallelPlan(
         family="t5",
@@ -102,6 +117,8 @@ PLANS: dict[str, TensorParallelPlan] = {
         },
         attention=rf"block\.{_N}\.layer\.{_N}\.(SelfAttention|EncDecAttention)",
         divisible=("num_heads", "d_ff", "vocab_size"),
+        blocks=rf"block\.{_N}",
+        shared_bias=True,
     ),
 }
 
@@ -145,6 +162,71 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
                 f"config.{key}({value}) of {spec.label} is not divisible by tp({tp}): "
                 "each tensor-parallel rank needs an equal share; pick a tp that divides it"
             )
+
+
+def block_paths(plan: TensorParallelPlan, paths: Iterable[str]) -> list[str]:
+    """The repeated blocks among module ``paths`` (in their order): paths matching
+    ``plan.blocks`` that lie in no other match."""
+    found: list[str] = []
+    for path in paths:
+        if matches(plan.blocks, path) and not any(path.startswith(f"{b}.") for b in found):
+            found.append(path)
+    return found
+
+
+def block_of(blocks: Sequence[str], module: str) -> int | None:
+    """The index in ``blocks`` of the block that holds ``module``, or ``None``."""
+    for index, block in enumerate(blocks):
+        if module == block or module.startswith(f"{block}."):
+            return index
+    return None
+
+
+def check_layouts(
+    spec: ModelSpec, parallel: "ParallelPlan", *, rank_batch: int | None
+) -> list[str]:
+    """Refuse per-layer placements the model cannot take; the block paths they address.
+
+    Builds the model on the meta device (no memory, no process group).
+
+    Raises:
+        InvalidStrategyError: naming the value: ``layers`` whose length is not the number of
+            blocks, a ``batch`` block whose micro-batch of ``rank_batch`` samples ``tp`` does
+            not divide (not checked when ``rank_batch`` is ``None``), or mixed layouts in a
+            stack whose blocks share a position bias.
+    """
+    family = tp_family(spec)
+    if family is None:
+        check_tensor_parallel(spec, parallel.tp)  # raises, naming the families that have plans
+    plan = PLANS[family]
+    with torch.device("meta"):
+        model = build_model(spec)
+    blocks = block_paths(plan, (path for path, _ in model.named_modules() if path))
+    if not parallel.layers:
+        return blocks
+    if len(parallel.layers) != len(blocks):
+        raise InvalidStrategyError(
+            f"parallel.layers has {len(parallel.layers)} entries but {spec.label} has "
+            f"{len(blocks)} blocks ({blocks[0]} ... {blocks[-1]}): give one layout per block"
+        )
+    for index, layout in enumerate(parallel.layers):
+        if layout == "batch" and rank_batch is not None and rank_batch % parallel.tp:
+            raise InvalidStrategyError(
+                f"parallel.layers[{index}] is 'batch' ({blocks[index]}): a micro-batch of "
+                f"{rank_batch} samples does not split into tp({parallel.tp}) equal parts; use "
+                "'tp' or 'replicate' there, or a batch that tp divides"
+            )
+    if plan.shared_bias:
+        stacks: dict[str, set[str]] = {}
+        for path, layout in zip(blocks, parallel.layers, strict=True):
+            stacks.setdefault(path.rsplit(".", 1)[0], set()).add(layout)
+        for stack, layouts in stacks.items():
+            if len(layouts) > 1:
+                raise InvalidStrategyError(
+                    f"the blocks of {stack} share the position bias their first block computes, "
+                    f"so they need one layout; parallel.layers gives them {sorted(layouts)}"
+                )
+    return blocks
 
 
 def matches(pattern: str, path: str) -> bool:

@@ -33,9 +33,13 @@ def check_strategy(
     fusion = strategy.tensor_fusion
     buckets = fusion.assign(graph.gradient_sizes)
     if plan.tp > 1:
-        from ddlsim.data.tp_plans import check_tensor_parallel
+        from ddlsim.data.tp_plans import check_layouts, check_tensor_parallel
 
         check_tensor_parallel(spec, plan.tp)
+        if plan.per_layer:
+            check_layouts(
+                spec, plan, rank_batch=plan.rank_batch_size(spec.inputs.batch_size, world_size)
+            )
     if plan.pp > 1:
         from ddlsim.executor.pipeline import check_pipeline
 
@@ -62,9 +66,11 @@ def model_supports(spec: ModelSpec, strategy: Strategy) -> bool:
     plan = strategy.parallel
     try:
         if plan.tp > 1:
-            from ddlsim.data.tp_plans import check_tensor_parallel
+            from ddlsim.data.tp_plans import check_layouts, check_tensor_parallel
 
             check_tensor_parallel(spec, plan.tp)
+            if plan.per_layer:
+                check_layouts(spec, plan, rank_batch=None)  # no batch without a world size
         if plan.pp > 1:
             from ddlsim.executor.pipeline import check_pipeline
 

@@ -24,6 +24,18 @@ and half of ``k``, so its output rows are first reordered to ``[q_0 k_0 v_0 | q_
 (rank ``r``'s heads of each), as Megatron interleaves its fused QKV; the attention's
 ``split_size`` then becomes the local width. AdamW and SGD are elementwise, so the reordering
 does not change the optimizer's arithmetic.
+
+Per-layer placements (``parallel.layers``, ``parallel.vocab``) place each repeated block of the
+model on its own: a ``tp`` block is split as above; a ``replicate`` block keeps its weights whole
+and computes the whole micro-batch on every tensor-parallel rank (no communication: its inputs
+and output gradients are the same on every rank, so are its gradients); a ``batch`` block keeps
+its weights whole and computes ``1 / tp`` of the micro-batch's samples on each rank. Its batched
+inputs (hidden states, masks: tensors of two or more dimensions whose first is the micro-batch)
+are redistributed from Replicate to Shard(0) as it starts (a local slice; its gradient is
+all-gathered in backward), its hidden states from Shard(0) to Replicate after it unless the next
+block is ``batch`` too (an all-gather; a slice in backward), and its weights' gradients, partial
+sums over the samples of each rank, are summed over the tensor-parallel group after backward.
+``vocab: replicate`` keeps the token embedding and LM head whole.
 """
 
 from collections.abc import Callable
@@ -31,7 +43,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -40,9 +52,12 @@ from torch.distributed.tensor.parallel import (
 )
 
 from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.specs.strategy import ParallelPlan, layout_summary
 from ddlsim.data.tp_plans import (
     PLANS,
     TensorParallelPlan,
+    block_of,
+    block_paths,
     check_tensor_parallel,
     matches,
     tp_family,
@@ -83,8 +98,11 @@ _STYLES: dict[str, Callable[[], ParallelStyle]] = {
 }
 
 
-def conv1d_to_linear(model: nn.Module, tp: int) -> None:
-    """Replace every transformers ``Conv1D`` by an equal ``nn.Linear``; interleave fused QKV.
+def conv1d_to_linear(
+    model: nn.Module, tp: int, split: Callable[[str], bool] = lambda path: True
+) -> None:
+    """Replace every transformers ``Conv1D`` by an equal ``nn.Linear``; interleave fused QKV
+    in the modules that ``split`` says are split.
 
     ``Conv1D(nf, nx)`` computes ``x @ W + b`` with ``W: [nx, nf]``; ``nn.Linear(nx, nf)`` with
     weight ``W.T`` computes the same. For ``attn.c_attn`` (output ``[q | k | v]``, each ``nf/3``
@@ -100,7 +118,8 @@ def conv1d_to_linear(model: nn.Module, tp: int) -> None:
         parent = model.get_submodule(parent_path)
         weight = module.weight.detach().t()
         bias = module.bias.detach()
-        if name == "c_attn" and isinstance(getattr(parent, "split_size", None), int):
+        fused = isinstance(getattr(parent, "split_size", None), int)
+        if name == "c_attn" and fused and split(path):
             order = interleaved_qkv_rows(weight.shape[0], tp)
             weight, bias = weight[order], bias[order]
         linear = nn.Linear(module.nx, module.nf, device=weight.device, dtype=weight.dtype)
@@ -123,8 +142,11 @@ def interleaved_qkv_rows(rows: int, tp: int) -> torch.Tensor:
     return torch.tensor(order)
 
 
-# Model surgery a family needs before its plan applies (see the module docstring).
-PREPARE: dict[str, Callable[[nn.Module, int], None]] = {"gpt2": conv1d_to_linear}
+# Model surgery a family needs before its plan applies (see the module docstring): the model,
+# ``tp``, and which module paths are split.
+PREPARE: dict[str, Callable[[nn.Module, int, Callable[[str], bool]], None]] = {
+    "gpt2": conv1d_to_linear
+}
 
 
 def _tied_groups(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
@@ -162,20 +184,39 @@ def _retie(groups: list[list[tuple[nn.Module, str]]]) -> None:
 
 
 def apply_tensor_parallel(
-    model: nn.Module, plan: TensorParallelPlan, mesh: Any, tp: int
+    model: nn.Module,
+    plan: TensorParallelPlan,
+    mesh: Any,
+    tp: int,
+    parallel: ParallelPlan | None = None,
 ) -> dict[str, str]:
-    """Split ``model`` in place over the 1-D ``mesh``; the style applied to each module path."""
+    """Split ``model`` in place over the 1-D ``mesh``; the style applied to each module path.
+
+    With ``parallel``'s per-layer placements only the ``tp`` blocks (and the vocabulary
+    modules when ``vocab`` is ``split``) are split; ``batch`` blocks get their hooks from
+    :func:`split_batch_blocks`.
+    """
+    parallel = parallel or ParallelPlan(tp=tp)
+    blocks = block_paths(plan, (path for path, _ in model.named_modules() if path))
+
+    def split(path: str) -> bool:
+        index = block_of(blocks, path)
+        return index is None or parallel.layout_of(index) == "tp"
+
     prepare = PREPARE.get(plan.family)
     if prepare is not None:
-        prepare(model, tp)
+        prepare(model, tp, split)
     tied = _tied_groups(model)
     styles: dict[str, str] = {}
     for path, module in model.named_modules():
+        if not path or not split(path):
+            continue
         for pattern, style in plan.modules.items():
-            if path and matches(pattern, path):
-                styles[path] = style
+            if matches(pattern, path):
+                if not (parallel.vocab == "replicate" and style.startswith("vocab_")):
+                    styles[path] = style
                 break
-        if path and matches(plan.attention, path):
+        if matches(plan.attention, path):
             for attribute in _HEAD_ATTRIBUTES:
                 value = getattr(module, attribute, None)
                 if isinstance(value, int) and not isinstance(value, bool):
@@ -183,6 +224,54 @@ def apply_tensor_parallel(
     parallelize_module(model, mesh, {path: _STYLES[style]() for path, style in styles.items()})
     _retie(tied)
     return styles
+
+
+def _split_samples(x: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """This rank's ``1 / tp`` of the samples (Replicate -> Shard(0)); the gradient is
+    all-gathered in backward."""
+    if not x.requires_grad:
+        return x.chunk(mesh.size())[mesh.get_local_rank()]
+    whole = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    return whole.redistribute(mesh, [Shard(0)]).to_local()
+
+
+def _gather_samples(x: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """Every rank's samples (Shard(0) -> Replicate, an all-gather); a slice in backward."""
+    part = DTensor.from_local(x, mesh, [Shard(0)], run_check=False)
+    return part.redistribute(mesh, [Replicate()]).to_local()
+
+
+def split_batch_blocks(
+    model: nn.Module, plan: TensorParallelPlan, parallel: ParallelPlan, mesh: Any, batch: int
+) -> list[nn.Parameter]:
+    """Hook every ``batch`` block so that it computes this rank's share of the ``batch``
+    samples of a micro-batch; the parameters whose gradients must be summed over ``mesh``."""
+    blocks = block_paths(plan, (path for path, _ in model.named_modules() if path))
+    params: list[nn.Parameter] = []
+
+    def split_inputs(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def cut(x: Any) -> Any:
+            batched = isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[0] == batch
+            return _split_samples(x, mesh) if batched else x
+
+        return tuple(cut(x) for x in args), {key: cut(x) for key, x in kwargs.items()}
+
+    def gather_output(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        if isinstance(output, torch.Tensor):
+            return _gather_samples(output, mesh)
+        first = _gather_samples(output[0], mesh)
+        return type(output)((first, *output[1:]))
+
+    for index, path in enumerate(blocks):
+        if parallel.layout_of(index) != "batch":
+            continue
+        block = model.get_submodule(path)
+        block.register_forward_pre_hook(split_inputs, with_kwargs=True)
+        last = index + 1 == len(blocks) or parallel.layout_of(index + 1) != "batch"
+        if last:
+            block.register_forward_hook(gather_output, with_kwargs=True)
+        params.extend(block.parameters())
+    return params
 
 
 class TensorParallelTrainer(SynchronousTrainer):
@@ -200,9 +289,16 @@ class TensorParallelTrainer(SynchronousTrainer):
         self.ctx = ctx
         self.plan = PLANS[family]
         self.model = model
-        self.styles = apply_tensor_parallel(model, self.plan, ctx.mesh["tp"], ctx.tp)
+        parallel = ctx.strategy.parallel
+        self.parallel = parallel
+        self.styles = apply_tensor_parallel(model, self.plan, ctx.mesh["tp"], ctx.tp, parallel)
         self.dp_group = ctx.mesh["dp"].get_group() if ctx.dp > 1 else None
-        self.batches = split_batch(ctx.dp_slice(), ctx.strategy.parallel.micro_batches)
+        self.batches = split_batch(ctx.dp_slice(), parallel.micro_batches)
+        micro_batch = len(next(iter(self.batches[0].values())))
+        self.batch_params = split_batch_blocks(
+            model, self.plan, parallel, ctx.mesh["tp"], micro_batch
+        )
+        self.tp_group = ctx.mesh["tp"].get_group()
         self.optimizer = ctx.make_optimizer(model.parameters())
 
     def step(self) -> torch.Tensor:
@@ -212,6 +308,10 @@ class TensorParallelTrainer(SynchronousTrainer):
             loss = local_loss(self.model, batch) / len(self.batches)
             loss.backward()
             total += loss.detach()
+        if self.batch_params:
+            # Each rank's gradients cover its samples: the whole gradient is their sum.
+            grads = [p.grad for p in self.batch_params if p.grad is not None]
+            average_over_group(grads, self.tp_group, 1)
         if self.dp_group is not None:
             self._average_gradients_over_dp()
         self.optimizer.step()
@@ -234,6 +334,8 @@ class TensorParallelTrainer(SynchronousTrainer):
             "tp": self.ctx.tp,
             "dp": self.ctx.dp,
             "parallelized": sorted(self.styles),
+            "layers": layout_summary(self.parallel.layers),
+            "vocab": self.parallel.vocab,
             "styles": dict(sorted(self.styles.items())),
             "collectives": self._collectives(),
         }
@@ -243,9 +345,10 @@ class TensorParallelTrainer(SynchronousTrainer):
         styles = set(self.styles.values())
         out = []
         # Row-parallel outputs are partial sums; column-parallel inputs get partial gradients.
-        if styles & {"rowwise", "vocab_embedding", "colwise", "head_embedding"}:
+        split = {"rowwise", "vocab_embedding", "colwise", "head_embedding"}
+        if styles & split or "batch" in self.parallel.layers:
             out.append("all_reduce:tp")
-        if "vocab_head" in styles:
+        if "vocab_head" in styles or "batch" in self.parallel.layers:
             out.append("all_gather:tp")
         if self.dp_group is not None:
             out.append("all_reduce:dp")

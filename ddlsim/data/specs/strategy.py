@@ -26,6 +26,14 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
 FusionImplementation = Literal["auto", "ddp", "hooks"]
 FUSION_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ddp", "hooks")
+# Per-layer placements over the tensor-parallel ranks (``ParallelPlan.layers``), in SBP terms:
+# ``tp`` splits the block's weights (S(0) column-parallel, S(1) row-parallel, partial sums
+# all-reduced to B at its boundary); ``replicate`` keeps them whole (B) and every tensor-parallel
+# rank computes the block on the whole micro-batch; ``batch`` keeps them whole (B), splits the
+# block's activations by sample (S(0)) and all-reduces the weights' partial gradients (P -> B).
+LAYER_LAYOUTS: tuple[str, ...] = ("tp", "replicate", "batch")
+# The token embedding and the tied LM head: split by vocabulary, or whole on every rank.
+VOCAB_LAYOUTS: tuple[str, ...] = ("split", "replicate")
 ReduceScatterImplementation = Literal["auto", "ring", "native"]
 REDUCE_SCATTER_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ring", "native")
 
@@ -49,6 +57,10 @@ class ParallelPlan:
     entry of ``fsdp_groups`` (module paths) or per top-level block when it is ``None``.
     ``micro_batches`` splits each rank's batch (pipeline micro-batches, or gradient accumulation
     when ``pp == 1``).
+
+    With ``tp > 1``, ``layers`` places each repeated block of the model (in model order, one
+    entry a block) on the tensor-parallel ranks with one of ``LAYER_LAYOUTS``; empty means every
+    block ``tp``. ``vocab`` places the token embedding and LM head (``VOCAB_LAYOUTS``).
     """
 
     dp: int | None = None
@@ -58,6 +70,8 @@ class ParallelPlan:
     fsdp_groups: tuple[tuple[str, ...], ...] | None = None
     micro_batches: int = 1
     pp_schedule: PipelineSchedule = "1f1b"
+    layers: tuple[str, ...] = ()
+    vocab: str = "split"
 
     def __post_init__(self) -> None:
         if self.dp is not None:
@@ -78,11 +92,42 @@ class ParallelPlan:
             object.__setattr__(
                 self, "fsdp_groups", _string_groups(self.fsdp_groups, "parallel.fsdp_groups")
             )
+        self._check_layouts()
         if self.pp > 1 and self.micro_batches < self.pp and self.pp_schedule != "gpipe":
             raise InvalidStrategyError(
                 f"parallel.micro_batches({self.micro_batches}) < pp({self.pp}): the "
                 f"{self.pp_schedule} schedule needs at least one micro-batch per stage"
             )
+
+    def _check_layouts(self) -> None:
+        if isinstance(self.layers, str) or not isinstance(self.layers, Sequence):
+            raise InvalidStrategyError(
+                f"parallel.layers must be a list with one of {', '.join(LAYER_LAYOUTS)} per "
+                f"block, got {self.layers!r}"
+            )
+        object.__setattr__(self, "layers", tuple(self.layers))
+        for index, layout in enumerate(self.layers):
+            expect_choice(layout, LAYER_LAYOUTS, f"parallel.layers[{index}]", InvalidStrategyError)
+        expect_choice(self.vocab, VOCAB_LAYOUTS, "parallel.vocab", InvalidStrategyError)
+        if self.tp == 1 and (self.layers or self.vocab != "split"):
+            raise InvalidStrategyError(
+                "parallel.layers and parallel.vocab place layers on tensor-parallel ranks; "
+                f"they need tp > 1, got tp({self.tp})"
+            )
+        if self.layers and (self.pp > 1 or self.fsdp):
+            raise InvalidStrategyError(
+                "parallel.layers combines with data parallelism only; this plan has "
+                f"pp({self.pp}), fsdp({self.fsdp})"
+            )
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether some layer is placed otherwise than the uniform tensor-parallel plan."""
+        return any(layout != "tp" for layout in self.layers) or self.vocab != "split"
+
+    def layout_of(self, block: int) -> str:
+        """The layout of the ``block``-th repeated block (``tp`` when ``layers`` is empty)."""
+        return self.layers[block] if self.layers else "tp"
 
     def resolve_dp(self, world_size: int) -> int:
         """The data-parallel degree on ``world_size`` ranks.
@@ -135,6 +180,8 @@ class ParallelPlan:
         it: tensor and pipeline degrees, the pipeline's schedule, FSDP (spelt ``fsdp``), the
         micro-batches (``micro_batches`` formatted with their count)."""
         parts = [f"{key}{getattr(self, key)}" for key in ("tp", "pp") if getattr(self, key) > 1]
+        if self.per_layer:
+            parts.append(f"layers {layout_summary(self.layers)} vocab {self.vocab}")
         if self.pp > 1:
             parts.append(self.pp_schedule)
         if self.fsdp:
@@ -385,7 +432,15 @@ class Strategy:
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        out = json.loads(json.dumps(dataclasses.asdict(self)))
+        # Per-layer placements are written only when set, so that every strategy stored before
+        # they existed keeps its JSON (and the keys and hashes made of it).
+        parallel = out["parallel"]
+        if not parallel["layers"]:
+            del parallel["layers"]
+        if parallel["vocab"] == "split":
+            del parallel["vocab"]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -406,8 +461,19 @@ class Strategy:
         return cls.from_dict(load_json_or_file(text, "strategy", InvalidStrategyError))
 
 
+def layout_summary(layers: Sequence[str]) -> str:
+    """Per-layer layouts in runs (``tp*4,batch*8``); ``tp`` when there are none."""
+    runs: list[list[Any]] = []
+    for layout in layers or ("tp",):
+        if runs and runs[-1][0] == layout:
+            runs[-1][1] += 1
+        else:
+            runs.append([layout, 1])
+    return ",".join(f"{layout}*{count}" if count > 1 else layout for layout, count in runs)
+
+
 _SectionT = TypeVar("_SectionT", ParallelPlan, TensorFusionPlan, OpFusionPlan)
-_LIST_FIELDS = {"fsdp_groups", "buckets", "bucket_caps_mb", "compiled"}
+_LIST_FIELDS = {"fsdp_groups", "buckets", "bucket_caps_mb", "compiled", "layers"}
 
 
 def _section(raw: Mapping[str, Any], key: str, section_cls: type[_SectionT]) -> _SectionT:
