@@ -129,7 +129,16 @@ def peak_memory(
             activations_bytes=activations,
             transient_bytes=largest + shard,
         )
-    weights = outside + in_blocks // plan.tp
+    if plan.layers and len(plan.layers) == len(blocks):
+        # Per-layer placements: only the tp blocks are split; batch and replicate blocks whole.
+        per_block = [sum(n for name, n in sizes.items() if _under(name, [b])) for b in blocks]
+        in_blocks = sum(
+            n // plan.tp if layout == "tp" else n
+            for n, layout in zip(per_block, plan.layers, strict=True)
+        )
+        weights = outside + in_blocks
+    else:
+        weights = outside + in_blocks // plan.tp
     held = activations if plan.tp == 1 else (activations + activations // plan.tp) // 2
     return _unsharded(weights, states, held, largest + weights)
 

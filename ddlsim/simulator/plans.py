@@ -151,6 +151,8 @@ class _PlanReplay:
             dp_all_reduce=self.models["all_reduce"],
             micro_batches=plan.micro_batches,
             runtime=self.runtime,
+            layers=plan.layers,
+            vocab=plan.vocab,
         )
 
     def _link_models(self, ranks: int) -> dict[str, AlphaBeta]:

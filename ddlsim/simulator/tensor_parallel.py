@@ -12,19 +12,68 @@ head's logits are all-gathered in forward. Hidden states are the size of a row-p
 layer's output, read from the graph. With ``dp > 1`` each rank's gradient shard (``1 / tp``)
 is then all-reduced over its data-parallel group in one flat collective, and the optimizer
 steps the shard.
+
+Per-layer placements (``parallel.layers``, ``parallel.vocab``; ``executor/tensor_parallel.py``
+says how they run) change what each block costs. A ``tp`` block is split as above; a
+``replicate`` block keeps its profiled time and issues nothing; a ``batch`` block takes ``1 / tp``
+of its profiled time (forward and backward), and its boundaries with other layouts are boxing
+conversions priced with the fitted collective model: the hidden states are all-gathered after
+the last block of a run of ``batch`` blocks in forward, and their gradient before its first
+block's backward ends (the slices the other way are local and free); after backward the
+``batch`` blocks' gradients (partial sums over each rank's samples) are all-reduced over the
+``tp`` ranks. The optimizer steps ``1 / tp`` of the split parameters and the whole of the rest
+(norms, position embeddings, whatever no split module holds), and the data-parallel all-reduce
+carries as much.
 """
 
 from collections.abc import Mapping
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import GraphNode, IterationGraph
-from ddlsim.data.tp_plans import TensorParallelPlan, matches
+from ddlsim.data.tp_plans import TensorParallelPlan, block_of, block_paths, matches
 from ddlsim.simulator.replay import Event, ReplayResult
 from ddlsim.simulator.runtime import RuntimeCosts
 
 
-def _style(plan: TensorParallelPlan, module: str) -> tuple[str, str] | None:
+class Layouts:
+    """Which graph nodes lie in which repeated block, and each block's layout."""
+
+    def __init__(
+        self, graph: IterationGraph, plan: TensorParallelPlan, layers: tuple[str, ...], vocab: str
+    ) -> None:
+        prefixes: dict[str, None] = {}
+        for node in graph.nodes:
+            parts = node.module.split(".") if node.module else []
+            for end in range(1, len(parts) + 1):
+                prefixes.setdefault(".".join(parts[:end]))
+        self.blocks = block_paths(plan, prefixes)
+        self.layers = layers or ("tp",) * len(self.blocks)
+        self.vocab = vocab
+        self._block: dict[str, int | None] = {}
+
+    def block(self, module: str) -> int | None:
+        if module not in self._block:
+            self._block[module] = block_of(self.blocks, module)
+        return self._block[module]
+
+    def layout(self, module: str) -> str | None:
+        """The layout of the block that holds ``module``; ``None`` outside the blocks."""
+        index = self.block(module)
+        return None if index is None or index >= len(self.layers) else self.layers[index]
+
+    def split(self, module: str, style: str) -> bool:
+        """Whether a module the family's plan gives ``style`` is split."""
+        if style.startswith("vocab_"):
+            return self.vocab == "split"
+        return self.layout(module) in (None, "tp")
+
+
+def _style(
+    plan: TensorParallelPlan, module: str, layouts: Layouts | None = None
+) -> tuple[str, str] | None:
     """The split module ``module`` lies in (its path and style), or ``None``."""
+    if layouts is not None and (found := _style(plan, module)) is not None:
+        return found if layouts.split(*found) else None
     parts = module.split(".")
     for end in range(len(parts), 0, -1):
         path = ".".join(parts[:end])
@@ -38,16 +87,21 @@ def _bytes(node: GraphNode) -> int:
     return sum(t.nbytes for t in node.outputs[:1])
 
 
-def sharded_nodes(graph: IterationGraph, plan: TensorParallelPlan) -> set[int]:
+def sharded_nodes(
+    graph: IterationGraph, plan: TensorParallelPlan, layouts: Layouts | None = None
+) -> set[int]:
     """Compute nodes that run on a ``1 / tp`` slice: the split layers' own ops and, in forward
-    program order, everything from a column-parallel layer to the next row-parallel one
-    (backward nodes follow their forward node)."""
+    program order, everything from a column-parallel layer to the next row-parallel one, and
+    every op of a ``batch`` block (backward nodes follow their forward node)."""
     sharded: set[int] = set()
     inside = False
     for node in graph.nodes:
         if node.kind != "compute" or node.phase != "forward":
             continue
-        found = _style(plan, node.module)
+        if layouts is not None and layouts.layout(node.module) == "batch":
+            sharded.add(node.id)
+            continue
+        found = _style(plan, node.module, layouts)
         style = found[1] if found else None
         if style in ("colwise", "head_embedding"):
             inside = True
@@ -73,16 +127,20 @@ def replay_tensor_parallel(
     dp_all_reduce: AlphaBeta,
     micro_batches: int = 1,
     runtime: RuntimeCosts | None = None,
+    layers: tuple[str, ...] = (),
+    vocab: str = "split",
 ) -> ReplayResult:
-    """One iteration of ``graph`` (the rank's micro-batch, unsplit) split ``tp`` ways;
-    ``runtime``'s DTensor costs are charged per split module each micro-batch (half as its
-    forward ends, half as its backward does) and per split parameter to the optimizer."""
+    """One iteration of ``graph`` (the rank's micro-batch, unsplit) split ``tp`` ways, each
+    block placed as ``layers`` says (empty: every block ``tp``); ``runtime``'s DTensor costs are
+    charged per split module each micro-batch (half as its forward ends, half as its backward
+    does) and per split parameter to the optimizer."""
     costs = runtime or RuntimeCosts()
     module_ms = costs.tp_us_per_module / 2 / 1e3
-    sharded = sharded_nodes(graph, plan)
+    layouts = Layouts(graph, plan, layers, vocab)
+    sharded = sharded_nodes(graph, plan, layouts)
     module_of: dict[int, tuple[str, str]] = {}
     for node in graph.nodes:
-        if node.kind == "compute" and (found := _style(plan, node.module)) is not None:
+        if node.kind == "compute" and (found := _style(plan, node.module, layouts)) is not None:
             module_of[node.id] = found
     # Each split module's last forward node carries its output; its last backward node ends the
     # computation of its input gradient.
@@ -116,6 +174,8 @@ def replay_tensor_parallel(
             after.setdefault(node_id, []).append(
                 (f"all_reduce grad {path}", tp_all_reduce.time_us(hidden) / 1e3)
             )
+    for label, node_id, nbytes in _boxing(graph, layouts):
+        after.setdefault(node_id, []).append((label, tp_all_gather.time_us(nbytes) / 1e3))
     ends_module = {n.id for n in last_forward.values()} | set(last_backward.values())
     events: list[Event] = []
     clock = compute = comm = 0.0
@@ -133,13 +193,25 @@ def replay_tensor_parallel(
                 events.append(Event.span("comm", label, clock, clock + comm_ms))
                 clock += comm_ms
                 comm += comm_ms
-    sync = dp_all_reduce.time_us(graph.grad_bytes // tp) / 1e3 if dp > 1 else 0.0
+    batch_bytes = sum(p.nbytes for p in graph.params if layouts.layout(p.module) == "batch")
+    if batch_bytes:
+        summed = tp_all_reduce.time_us(batch_bytes) / 1e3
+        events.append(
+            Event.span("comm", "batch blocks' gradients all_reduce", clock, clock + summed)
+        )
+        clock += summed
+        comm += summed
+    # Each rank holds 1 / tp of the split modules' parameters and the whole of the others.
+    whole = sum(p.nbytes for p in graph.params if p.module not in style_of)
+    share = (graph.grad_bytes - whole) / tp + whole
+    sync = dp_all_reduce.time_us(int(share)) / 1e3 if dp > 1 else 0.0
     if sync:
         events.append(Event.span("comm", "data-parallel all_reduce", clock, clock + sync))
     clock += sync
     split_params = sum(1 for p in graph.params if p.module in style_of)
+    step_ms = sum(float(node_ms.get(n.id, 0.0)) for n in graph.nodes if n.kind == "optimizer")
     optimizer = (
-        sum(float(node_ms.get(n.id, 0.0)) for n in graph.nodes if n.kind == "optimizer") / tp
+        step_ms * share / max(graph.grad_bytes, 1)
         + costs.tp_step_us_per_param * split_params / 1e3
     )
     events.append(Event.span("compute", "optimizer (shard)", clock, clock + optimizer))
@@ -151,3 +223,35 @@ def replay_tensor_parallel(
         bubble_ms=0.0,
         timeline=tuple(events),
     )
+
+
+def _boxing(graph: IterationGraph, layouts: Layouts) -> list[tuple[str, int, int]]:
+    """The all-gathers at the boundaries of runs of ``batch`` blocks: ``(label, node id it
+    follows, bytes)``. The hidden states leave a run after its last block's last forward node;
+    their gradient enters it after its first block's last backward node."""
+    last_forward: dict[int, GraphNode] = {}
+    last_backward: dict[int, int] = {}
+    phase_of = {n.id: n for n in graph.nodes if n.kind == "compute"}
+    for node in graph.nodes:
+        if node.kind != "compute":
+            continue
+        index = layouts.block(node.module)
+        if node.phase == "forward" and index is not None:
+            last_forward[index] = node
+        elif node.forward_id is not None and (forward := phase_of.get(node.forward_id)):
+            index = layouts.block(forward.module)
+            if index is not None:
+                last_backward[index] = node.id
+    out: list[tuple[str, int, int]] = []
+    layers = layouts.layers
+    for index, layout in enumerate(layers):
+        if layout != "batch":
+            continue
+        hidden = _bytes(last_forward[index]) if index in last_forward else 0
+        if (index + 1 == len(layers) or layers[index + 1] != "batch") and index in last_forward:
+            block = layouts.blocks[index]
+            out.append((f"all_gather samples after {block}", last_forward[index].id, hidden))
+        if (index == 0 or layers[index - 1] != "batch") and index in last_backward:
+            block = layouts.blocks[index]
+            out.append((f"all_gather grad samples into {block}", last_backward[index], hidden))
+    return out

@@ -55,7 +55,12 @@ def test_gpt2_collectives_and_halved_compute(zoo_graph: GraphOf) -> None:
     graph = zoo_graph("gpt2-tiny")
     sharded = sharded_nodes(graph, PLANS["gpt2"])
     compute = sum(0.1 / (2 if n.id in sharded else 1) for n in graph.nodes if n.kind == "compute")
-    optimizer = 0.1 * len(graph.nodes_of("optimizer")) / 2
+    # The optimizer steps half of the split modules' parameters and all of the others
+    # (norms, position embeddings).
+    split = {"wte", "c_attn", "attn.c_proj", "c_fc", "mlp.c_proj", "lm_head"}
+    split_bytes = sum(p.nbytes for p in graph.params if any(p.module.endswith(s) for s in split))
+    share = (split_bytes / 2 + graph.grad_bytes - split_bytes) / graph.grad_bytes
+    optimizer = 0.1 * len(graph.nodes_of("optimizer")) * share
     tp2 = _gpt2_split_in_two(graph)
     result = tp2(dp=1, dp_all_reduce=_latency("all_reduce", 1.0, world_size=1))
     # two blocks: forward all-reduces after attn.c_proj and mlp.c_proj, backward ones after
@@ -80,3 +85,65 @@ def test_runtime_costs_charge_each_split_module_and_parameter(zoo_graph: GraphOf
     params = sum(1 for p in graph.params if any(p.module.endswith(s) for s in split))
     extra = tp2(runtime=costs).iteration_time_ms - tp2().iteration_time_ms
     assert extra == pytest.approx(10 * 0.3 + params * 0.02)
+
+
+def test_every_block_tp_prices_as_the_uniform_plan(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    tp2 = functools.partial(
+        _gpt2_split_in_two(graph), dp=2, dp_all_reduce=_latency("all_reduce", 5.0)
+    )
+    assert tp2(layers=("tp", "tp")).iteration_time_ms == pytest.approx(tp2().iteration_time_ms)
+
+
+def test_replicated_blocks_keep_their_time_and_issue_nothing(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    tp2 = functools.partial(
+        _gpt2_split_in_two(graph), dp=1, dp_all_reduce=_latency("all_reduce", 1.0, world_size=1)
+    )
+    result = tp2(layers=("replicate", "replicate"), vocab="replicate")
+    compute = 0.1 * len(graph.nodes_of("compute"))
+    optimizer = 0.1 * len(graph.nodes_of("optimizer"))  # every parameter whole on every rank
+    assert result.comm_ms == pytest.approx(0.0)
+    assert result.iteration_time_ms == pytest.approx(compute + optimizer)
+
+
+def test_batch_blocks_halve_their_compute_and_pay_boxing(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    tp2 = functools.partial(
+        _gpt2_split_in_two(graph), dp=1, dp_all_reduce=_latency("all_reduce", 1.0, world_size=1)
+    )
+    result = tp2(layers=("batch", "batch"), vocab="replicate")
+    in_blocks = {
+        n.id
+        for n in graph.nodes
+        if n.kind == "compute" and n.phase == "forward" and n.module.startswith("transformer.h.")
+    }
+    in_blocks |= {n.id for n in graph.nodes if n.forward_id in in_blocks}
+    compute = sum(
+        0.1 / (2 if n.id in in_blocks else 1) for n in graph.nodes if n.kind == "compute"
+    )
+    # One run of batch blocks: its hidden states all-gathered as it ends (forward), their
+    # gradient as it is entered (backward), and its gradients all-reduced once: 3 collectives.
+    labels = sorted(e.name for e in result.timeline if e.stream == "comm")
+    assert labels == [
+        "all_gather grad samples into transformer.h.0",
+        "all_gather samples after transformer.h.1",
+        "batch blocks' gradients all_reduce",
+    ]
+    assert result.comm_ms == pytest.approx(3.0)
+    optimizer = 0.1 * len(graph.nodes_of("optimizer"))
+    assert result.iteration_time_ms == pytest.approx(compute + optimizer + 3.0)
+
+
+def test_a_tp_block_between_batch_blocks_is_boxed_on_both_sides(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    tp2 = functools.partial(
+        _gpt2_split_in_two(graph), dp=1, dp_all_reduce=_latency("all_reduce", 1.0, world_size=1)
+    )
+    mixed = tp2(layers=("batch", "tp"))
+    labels = [e.name for e in mixed.timeline if e.stream == "comm"]
+    assert labels.count("all_gather samples after transformer.h.0") == 1
+    assert labels.count("all_gather grad samples into transformer.h.0") == 1
+    # block 1's split collectives remain (2 forward, 2 backward), block 0's are gone
+    assert sum(1 for label in labels if ".h.1." in label) == 4
+    assert not any(".h.0." in label for label in labels)
