@@ -18,7 +18,10 @@ Over the whole space (:func:`backtrack_all`):
 2. Under each data-parallel plan that fits (plain, or with gradient accumulation), fastest
    first, the fusion backtracking refines buckets and DeAR; the budget left is shared among
    them, the fastest plan getting the most.
-3. The ``top`` strategies so far then try compiling the first ``k`` blocks of the space, for
+3. Under each tensor-parallel plan that fits, fastest first, per-layer placements
+   (:func:`explore_layers`): the uniform placements, then one block at a time moved to
+   another layout while the price drops.
+4. The ``top`` strategies so far then try compiling the first ``k`` blocks of the space, for
    every ``k`` under a data-parallel plan, and half and all of them under other plans (each
    such price is a replay of a captured graph).
 """
@@ -26,10 +29,10 @@ Over the whole space (:func:`backtrack_all`):
 import dataclasses
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ddlsim.data.errors import DdlsimError, InvalidOptionError
-from ddlsim.data.specs.strategy import OpFusionPlan, Strategy
+from ddlsim.data.specs.strategy import VOCAB_LAYOUTS, OpFusionPlan, Strategy
 from ddlsim.search.algorithm import (
     Pricer,
     Progress,
@@ -204,6 +207,22 @@ def backtrack_all(
         )
         for strategy, ms in found:
             priced.setdefault(strategy.to_json(), (strategy, ms))
+
+    def price_layers(strategies: Sequence[Strategy]) -> list[float | None]:
+        record(strategies)
+        return [priced[s.to_json()][1] if s.to_json() in priced else None for s in strategies]
+
+    def spent() -> bool:
+        return evaluator.evaluations >= options.budget or time.perf_counter() > deadline
+
+    tensor_parallel = sorted(
+        (priced[s.to_json()] for s in fitting if s.to_json() in priced and s.parallel.tp > 1),
+        key=lambda item: item[1],
+    )
+    for base, _ in tensor_parallel:
+        layouts = space.layer_layouts(base.parallel)
+        if layouts and not spent():
+            explore_layers(base, layouts, space.layer_blocks, price=price_layers, done=spent)
     blocks = space.blocks
     if blocks and time.perf_counter() < deadline:
         ranked = sorted(priced.values(), key=lambda item: item[1])[: options.top]
@@ -231,6 +250,57 @@ def backtrack_all(
         baseline_fits=fits,
         pruned=pruned,
     )
+
+
+def explore_layers(
+    base: Strategy,
+    layouts: Sequence[str],
+    blocks: int,
+    *,
+    price: Callable[[Sequence[Strategy]], list[float | None]],
+    done: Callable[[], bool],
+) -> Strategy:
+    """Per-layer placements under ``base``'s tensor-parallel plan: the best of the uniform
+    placements (every block ``tp``, ``replicate`` or ``batch``, the vocabulary split or whole),
+    then one block at a time moved to another layout (and the vocabulary's flipped) while that
+    lowers the price, sweep after sweep, until a sweep changes nothing or ``done()``. Starting
+    from the uniform ones, its result is never priced above the best uniform placement.
+    ``price`` gives ``None`` for a strategy it could not price. The best strategy found."""
+
+    def placed(layers: Sequence[str], vocab: str) -> Strategy:
+        uniform_tp = all(layout == "tp" for layout in layers)
+        plan = dataclasses.replace(
+            base.parallel, layers=() if uniform_tp else tuple(layers), vocab=vocab
+        )
+        return dataclasses.replace(base, parallel=plan)
+
+    seeds = [((layout,) * blocks, vocab) for layout in layouts for vocab in VOCAB_LAYOUTS]
+    prices = price([placed(*seed) for seed in seeds])
+    scored = [(ms, seed) for ms, seed in zip(prices, seeds, strict=True) if ms is not None]
+    if not scored:
+        return base
+    best_ms, (layers, vocab) = min(scored, key=lambda item: item[0])
+    layers = list(layers)
+    improved = True
+    while improved and not done():
+        improved = False
+        for index in range(blocks + 1):  # the last move flips the vocabulary
+            if done():
+                break
+            if index < blocks:
+                moves = [
+                    ([*layers[:index], alt, *layers[index + 1 :]], vocab)
+                    for alt in layouts
+                    if alt != layers[index]
+                ]
+            else:
+                moves = [(layers, other) for other in VOCAB_LAYOUTS if other != vocab]
+            for (moved, moved_vocab), ms in zip(
+                moves, price([placed(*move) for move in moves]), strict=True
+            ):
+                if ms is not None and ms < best_ms:
+                    best_ms, layers, vocab, improved = ms, list(moved), moved_vocab, True
+    return placed(layers, vocab)
 
 
 def explore_fusion(

@@ -17,7 +17,13 @@ from typing import Any
 import optuna
 
 from ddlsim.data.errors import InvalidOptionError
-from ddlsim.data.specs.strategy import OpFusionPlan, ParallelPlan, Strategy, TensorFusionPlan
+from ddlsim.data.specs.strategy import (
+    LAYER_LAYOUTS,
+    OpFusionPlan,
+    ParallelPlan,
+    Strategy,
+    TensorFusionPlan,
+)
 from ddlsim.simulator.plans import is_data_parallel
 
 MIN_CAP_MB = 0.01
@@ -27,8 +33,10 @@ MIN_CAP_MB = 0.01
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Space:
     """What a search chooses from: ``plans`` (the first is DDP's), the bucket caps up to all
-    ``total_grad_mb`` of gradients in one bucket, DeAR (when ``dear``), and the ``blocks`` whose
-    first ``k`` may be compiled (none: op fusion is not searched).
+    ``total_grad_mb`` of gradients in one bucket, DeAR (when ``dear``), the ``blocks`` whose
+    first ``k`` may be compiled (none: op fusion is not searched), and under tensor-parallel
+    plans a layout for each of the ``layer_blocks`` blocks (per-layer placements; 0: not
+    searched) at the global ``batch_size`` on ``world_size`` ranks.
 
     Raises:
         InvalidOptionError: no plan.
@@ -38,6 +46,20 @@ class Space:
     total_grad_mb: float
     blocks: tuple[str, ...] = ()
     dear: bool = True
+    layer_blocks: int = 0
+    batch_size: int = 0
+    world_size: int = 0
+
+    def layer_layouts(self, plan: ParallelPlan) -> tuple[str, ...]:
+        """The per-layer layouts a tensor-parallel ``plan`` may give its ``layer_blocks``
+        blocks: ``batch`` only where ``tp`` divides the rank's micro-batch; none without
+        blocks or tensor parallelism."""
+        if plan.tp == 1 or not self.layer_blocks:
+            return ()
+        rank_batch = plan.rank_batch_size(self.batch_size, self.world_size)
+        return tuple(
+            layout for layout in LAYER_LAYOUTS if layout != "batch" or rank_batch % plan.tp == 0
+        )
 
     def __post_init__(self) -> None:
         if not self.plans:

@@ -25,6 +25,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
+from ddlsim.data.tp_plans import check_layouts
 from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunOptions, run_training
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
@@ -184,7 +185,17 @@ def _space(
         else [ParallelPlan()]
     )
     blocks = evaluator.blocks if request.space == "all" else ()
-    return Space(plans=tuple(plans), total_grad_mb=grad_mb, blocks=blocks)
+    layer_blocks = 0
+    if any(plan.tp > 1 for plan in plans):
+        layer_blocks = len(check_layouts(spec, ParallelPlan(tp=2), rank_batch=None))
+    return Space(
+        plans=tuple(plans),
+        total_grad_mb=grad_mb,
+        blocks=blocks,
+        layer_blocks=layer_blocks,
+        batch_size=spec.inputs.batch_size,
+        world_size=request.world_size,
+    )
 
 
 def _total(request: SearchRequest) -> int:
