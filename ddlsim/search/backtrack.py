@@ -261,7 +261,8 @@ def explore_layers(
     done: Callable[[], bool],
 ) -> Strategy:
     """Per-layer placements under ``base``'s tensor-parallel plan: the best of the uniform
-    placements (every block ``tp``, ``replicate`` or ``batch``, the vocabulary split or whole),
+    placements (every block ``tp``, ``replicate`` or ``batch``, the vocabulary split or whole;
+    not everything whole, where every tensor-parallel rank would repeat the same work),
     then one block at a time moved to another layout (and the vocabulary's flipped) while that
     lowers the price, sweep after sweep, until a sweep changes nothing or ``done()``. Starting
     from the uniform ones, its result is never priced above the best uniform placement.
@@ -274,7 +275,17 @@ def explore_layers(
         )
         return dataclasses.replace(base, parallel=plan)
 
-    seeds = [((layout,) * blocks, vocab) for layout in layouts for vocab in VOCAB_LAYOUTS]
+    def idle(layers: Sequence[str], vocab: str) -> bool:
+        # Every block and the vocabulary whole: the tensor-parallel ranks all compute the same
+        # thing, which fewer ranks would do as well; not a placement worth offering.
+        return vocab == "replicate" and all(layout == "replicate" for layout in layers)
+
+    seeds = [
+        ((layout,) * blocks, vocab)
+        for layout in layouts
+        for vocab in VOCAB_LAYOUTS
+        if not idle((layout,) * blocks, vocab)
+    ]
     prices = price([placed(*seed) for seed in seeds])
     scored = [(ms, seed) for ms, seed in zip(prices, seeds, strict=True) if ms is not None]
     if not scored:
@@ -295,6 +306,7 @@ def explore_layers(
                 ]
             else:
                 moves = [(layers, other) for other in VOCAB_LAYOUTS if other != vocab]
+            moves = [move for move in moves if not idle(*move)]
             for (moved, moved_vocab), ms in zip(
                 moves, price([placed(*move) for move in moves]), strict=True
             ):
