@@ -11,6 +11,7 @@ from ddlsim.data.store import (
     add_prediction,
     add_strategy,
 )
+from ddlsim.data.tp_plans import check_layouts, check_tensor_parallel
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.simulator.cost_model import CostModel, load_cost_model
 from ddlsim.simulator.costs import rank_spec
@@ -89,6 +90,12 @@ def predict_on_store(
     micro-batch (taken now if there is none: the flag says so) and its gloo collective fits;
     compute is scaled for ranks sharing this machine's cores. Nothing is stored but a kernel
     profile taken now."""
+    plan = strategy.parallel
+    if plan.tp > 1 and plan.per_layer:  # refused before anything is profiled
+        check_tensor_parallel(spec, plan.tp)
+        check_layouts(
+            spec, plan, rank_batch=plan.rank_batch_size(spec.inputs.batch_size, world_size)
+        )
     rank = rank_spec(spec, strategy, world_size)
     profiled, profile, profiled_now = kernel_profile_for(
         store,

@@ -90,6 +90,23 @@ def test_tensor_parallel_collectives_are_exposed(capsys: pytest.CaptureFixture[s
     )
 
 
+def test_per_layer_placements_are_predicted_and_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["predict", "gpt2-tiny", "--world-size", "2", "--bandwidth", "1gbit"]
+    args += ["--profile-iters", "2", "--simulator", "replay", "--json"]
+    placed = {"parallel": {"tp": 2, "layers": ["batch", "tp"], "vocab": "replicate"}}
+    assert main([*args, "--strategy", json.dumps(placed)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["strategy"]["parallel"]["layers"] == ["batch", "tp"]
+    assert out["breakdown"]["comm_ms"] > 0  # the boxing and tp block's collectives
+    too_many = {"parallel": {"tp": 2, "layers": ["batch", "tp", "tp"]}}
+    assert main([*args, "--strategy", json.dumps(too_many)]) == 2
+    err = capsys.readouterr().err
+    assert "parallel.layers has 3 entries but gpt2-tiny has 2 blocks" in err
+    assert err.count("\n") == 1
+
+
 def test_fsdp_gathers_and_scatters(capsys: pytest.CaptureFixture[str]) -> None:
     def run(*extra: str) -> dict:
         args = ["predict", "gpt2-tiny", "--world-size", "2", "--bandwidth", "1gbit"]

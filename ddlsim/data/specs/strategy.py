@@ -122,8 +122,8 @@ class ParallelPlan:
 
     @property
     def per_layer(self) -> bool:
-        """Whether some layer is placed otherwise than the uniform tensor-parallel plan."""
-        return any(layout != "tp" for layout in self.layers) or self.vocab != "split"
+        """Whether the plan places layers itself (``layers`` given, or ``vocab`` not split)."""
+        return bool(self.layers) or self.vocab != "split"
 
     def layout_of(self, block: int) -> str:
         """The layout of the ``block``-th repeated block (``tp`` when ``layers`` is empty)."""
