@@ -9,10 +9,11 @@ the measurement noise the errors should be read against.
 import statistics
 from typing import Any
 
-from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store, add_collective_profile, add_graph, add_prediction
+from ddlsim.data.tp_plans import check_layouts
 from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunOptions, run_training
 from ddlsim.profiler.batch import collective_records
@@ -29,6 +30,8 @@ from ddlsim.workflows.requests import Progress, ValidateRequest, no_progress
 # Diverse on purpose: DDP's own buckets, the executor's hooks at several granularities, DeAR,
 # gradient accumulation, FSDP, tensor parallelism, pipelines. A validation of K strategies
 # takes the first K that the model, the world size and the batch allow.
+# A placeholder in ``CANDIDATES``: per-layer placements made for each model's blocks.
+MIXED_LAYERS = "tp, then batch"
 CANDIDATES: tuple[dict[str, Any], ...] = (
     {},
     {"tensor_fusion": {"bucket_caps_mb": [65536], "implementation": "hooks"}},
@@ -36,6 +39,7 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
     {"tensor_fusion": {"bucket_cap_mb": 1, "implementation": "hooks"}},
     {"tensor_fusion": {"bucket_cap_mb": 4, "dear": True}},
     {"parallel": {"tp": 2}},
+    {"parallel": {"tp": 2, "layers": MIXED_LAYERS, "vocab": "replicate"}},
     {"parallel": {"pp": 2, "micro_batches": 2, "pp_schedule": "gpipe"}},
     {"tensor_fusion": {"bucket_cap_mb": 4, "implementation": "hooks"}},
     {"parallel": {"micro_batches": 2}},
@@ -146,16 +150,44 @@ def validate(
     return payload
 
 
+def _mixed_layers(spec: ModelSpec, raw: dict[str, Any]) -> dict[str, Any] | None:
+    """``raw`` with its ``MIXED_LAYERS`` made concrete for ``spec``: the first half of the
+    blocks ``tp``, the rest ``batch``; ``None`` for a model without a tensor-parallel plan or
+    with fewer than two blocks."""
+    parallel = raw["parallel"]
+    try:
+        blocks = check_layouts(spec, ParallelPlan(tp=parallel["tp"]), rank_batch=None)
+    except InvalidStrategyError:
+        return None
+    if len(blocks) < 2:
+        return None
+    half = len(blocks) // 2
+    layers = ["tp"] * half + ["batch"] * (len(blocks) - half)
+    return {**raw, "parallel": {**parallel, "layers": layers}}
+
+
 def strategies_for(spec: ModelSpec, world_size: int, count: int) -> list[Strategy]:
     """The first ``count`` candidates the model supports whose plan fits the world size and
     whose micro-batches divide the global batch."""
     chosen = []
-    for raw in CANDIDATES:
+    for candidate in CANDIDATES:
+        raw = candidate
+        if candidate.get("parallel", {}).get("layers") == MIXED_LAYERS:
+            raw = _mixed_layers(spec, candidate)
+            if raw is None:
+                continue
         strategy = Strategy.from_dict(raw)
         if not strategy.parallel.fits(spec.inputs.batch_size, world_size):
             continue
         if not model_supports(spec, strategy):
             continue
+        plan = strategy.parallel
+        if plan.per_layer:
+            rank_batch = plan.rank_batch_size(spec.inputs.batch_size, world_size)
+            try:
+                check_layouts(spec, plan, rank_batch=rank_batch)
+            except InvalidStrategyError:  # batch blocks tp cannot split here
+                continue
         chosen.append(strategy)
         if len(chosen) == count:
             break

@@ -191,6 +191,19 @@ def test_validate_draws_parallel_plans_the_model_supports() -> None:
     kinds = {(s.parallel.fsdp, s.parallel.tp, s.parallel.pp) for s in gpt2}
     assert {(True, 1, 1), (False, 2, 1), (False, 1, 2)} <= kinds
     assert gpt2[0] == Strategy()
+    mixed = [s for s in gpt2 if s.parallel.layers]
+    assert [s.parallel.layers for s in mixed] == [("tp", "batch")]  # per model's blocks
+    assert mixed[0].parallel.vocab == "replicate"
+    # batch blocks need a micro-batch tp divides: on 4 ranks with 4 samples dp is 2, and the
+    # tensor-parallel ranks would share 2 samples, which they can; with 2 samples, 1
+    assert any(
+        s.parallel.layers
+        for s in strategies_for(ZOO["gpt2-tiny"].with_inputs(batch_size=4), 4, len(CANDIDATES))
+    )
+    assert not any(
+        s.parallel.layers
+        for s in strategies_for(ZOO["gpt2-tiny"].with_inputs(batch_size=2), 4, len(CANDIDATES))
+    )
     mlp = strategies_for(ZOO["mlp"].with_inputs(batch_size=8), 2, len(CANDIDATES))
     assert all(s.parallel.tp == 1 for s in mlp)  # the mlp has no tensor-parallel plan
     assert any(s.parallel.fsdp for s in mlp)
