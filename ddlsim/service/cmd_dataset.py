@@ -10,9 +10,11 @@ from typing import Any
 import torch
 import yaml
 
+from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.models import repeated_blocks
-from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
+from ddlsim.data.tp_plans import check_layouts
 from ddlsim.executor.plan import model_supports
 from ddlsim.profiler.capture import capture_graph
 from ddlsim.service.output import add_store_arguments, emit_json, positive_int, progress
@@ -29,6 +31,7 @@ from ddlsim.simulator.dataset import (
     drop_done,
     export_dataset,
     interleaved_pool,
+    layers_pool,
     load_dataset,
     mixed_pool,
     models_of,
@@ -44,6 +47,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     done = load_dataset(Path(args.done)) if args.done else None  # a bad file fails first
     pools: dict[str, list[Strategy]] = {}
     for spec in models:
+        if args.plans == "layers":
+            if args.version == "cpu-v2":
+                raise InvalidOptionError("--plans layers is a cpu-v3 session")
+            try:
+                blocks = check_layouts(spec, ParallelPlan(tp=2), rank_batch=None)
+            except InvalidStrategyError:  # no tensor-parallel plan: nothing to place
+                pools[spec.label] = []
+                continue
+            pool = layers_pool(len(blocks))
+            pools[spec.label] = [s for s in pool if model_supports(spec, s)]
+            continue
         if args.version == "cpu-v2" and args.plans in ("parallel", "interleaved"):
             pool = parallel_pool() if args.plans == "parallel" else interleaved_pool()
             pools[spec.label] = [s for s in pool if model_supports(spec, s)]
@@ -164,11 +178,12 @@ def register(commands: Any) -> None:
     _version_argument(plan)
     plan.add_argument(
         "--plans",
-        choices=("dp", "parallel", "interleaved"),
+        choices=("dp", "parallel", "interleaved", "layers"),
         default="dp",
-        help="cpu-v2 only (cpu-v3 mixes every kind): data-parallel strategies (bucketing, "
+        help="cpu-v2 (cpu-v3 mixes every kind): data-parallel strategies (bucketing, "
         "DeAR, compiled blocks; the default), parallel plans (FSDP, tensor parallel, "
-        "pipelines) or interleaved 1F1B pipelines",
+        "pipelines) or interleaved 1F1B pipelines; cpu-v3: `layers` plans a session of "
+        "per-layer placements only (each beside DDP's defaults), to add with add-session",
     )
     plan.add_argument(
         "--per-group",

@@ -38,6 +38,7 @@ from ddlsim.simulator.dataset import (
     merge_datasets,
     mixed_pool,
     models_of,
+    layers_pool,
     parallel_pool,
     plan_jobs,
     save_dataset,
@@ -246,6 +247,24 @@ def test_plan_leaves_out_strategies_the_batch_cannot_split() -> None:
     jobs = plan_jobs([spec], {spec.label: pool}, settings=[(2, "1gbit")])
     runs = [j for j in jobs if j["kind"] == "run"]
     assert [j["strategy"] for j in runs] == [Strategy().to_dict()]
+
+
+def test_per_layer_placements_need_a_micro_batch_tp_divides() -> None:
+    pool = layers_pool(2)
+    assert [s.parallel.layers for s in pool[:4]] == [
+        ("tp", "batch"),
+        ("batch", "batch"),
+        ("replicate", "batch"),
+        ("batch", "tp"),
+    ]
+    assert {s.parallel.tp for s in pool} == {2, 4}
+    assert layers_pool(1) == []
+    spec = ZOO["gpt2-tiny"].with_inputs(batch_size=2)
+    jobs = plan_jobs([spec], {spec.label: pool[:2]}, settings=[(2, "1gbit"), (4, "1gbit")])
+    runs = [(j["world_size"], j["strategy"]) for j in jobs if j["kind"] in ("run", "compare")]
+    placed = [ws for ws, strategy in runs if strategy["parallel"].get("layers")]
+    # 2 samples: tp 2 over 2 ranks splits them (dp 1); over 4 ranks each dp rank has 1
+    assert placed and set(placed) == {2}
 
 
 def test_plan_options_are_checked() -> None:

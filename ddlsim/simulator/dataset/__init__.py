@@ -34,6 +34,7 @@ from ddlsim.simulator.dataset.plan import (
 from ddlsim.simulator.dataset.pools import (
     FEATURES,
     interleaved_pool,
+    layers_pool,
     mixed_pool,
     parallel_pool,
     plan_kind,
@@ -61,6 +62,7 @@ __all__ = [
     "drop_done",
     "export_dataset",
     "interleaved_pool",
+    "layers_pool",
     "load_dataset",
     "merge_datasets",
     "mixed_pool",

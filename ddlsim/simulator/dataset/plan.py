@@ -254,7 +254,12 @@ def _rank_batch(spec: ModelSpec, strategy: Strategy, world_size: int) -> int | N
     except InvalidStrategyError:  # the plan needs more (or other) ranks than the setting has
         return None
     batch = spec.inputs.batch_size
-    return batch // parts if batch % parts == 0 else None
+    if batch % parts:
+        return None
+    plan = strategy.parallel
+    if "batch" in plan.layers and (batch // parts) % plan.tp:
+        return None  # batch blocks split each micro-batch tp ways
+    return batch // parts
 
 
 def _run_job(

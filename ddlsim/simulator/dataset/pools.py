@@ -90,6 +90,32 @@ def interleaved_pool() -> list[Strategy]:
     ]
 
 
+def layers_pool(blocks: int) -> list[Strategy]:
+    """Per-layer placements for a model of ``blocks`` repeated blocks, over 2 and 4
+    tensor-parallel ranks: the first half of the blocks split and the rest batch-split with the
+    vocabulary whole, every block batch-split with the vocabulary split, the first half whole
+    and the rest batch-split, and the first half batch-split and the rest split with the
+    vocabulary whole. None for a model with fewer than two blocks."""
+    if blocks < 2:
+        return []
+    half = blocks // 2
+
+    def layers(first: str, rest: str) -> list[str]:
+        return [first] * half + [rest] * (blocks - half)
+
+    raw = [
+        (layers("tp", "batch"), "replicate"),
+        (layers("batch", "batch"), "split"),
+        (layers("replicate", "batch"), "split"),
+        (layers("batch", "tp"), "replicate"),
+    ]
+    return [
+        Strategy.from_dict({"parallel": {"tp": tp, "layers": placed, "vocab": vocab}})
+        for tp in (2, 4)
+        for placed, vocab in raw
+    ]
+
+
 def mixed_pool(data_parallel: Sequence[Strategy], parallel: Sequence[Strategy]) -> list[Strategy]:
     """Two data-parallel strategies, then a parallel plan, in turn (the rest of the longer
     pool at the end), so that consecutive picks from it mix kinds."""
