@@ -40,6 +40,7 @@ RISK_KINDS: tuple[str, ...] = (
     "compiled",
     "fsdp",
     "tensor",
+    "layers",
     "pipeline",
 )
 # Below this many held-out errors a kind borrows the errors of all kinds pooled.

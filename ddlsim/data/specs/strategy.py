@@ -400,13 +400,13 @@ class Strategy:
     @property
     def kind(self) -> str:
         """What the strategy mainly is, for reports by kind: ``pipeline``, ``tensor``
-        (parallelism), ``fsdp``, ``compiled`` (blocks), ``dear``, or else (DDP's or the
-        executor's) ``buckets``."""
+        (parallelism), ``layers`` (tensor parallelism with per-layer placements), ``fsdp``,
+        ``compiled`` (blocks), ``dear``, or else (DDP's or the executor's) ``buckets``."""
         plan = self.parallel
         if plan.pp > 1:
             return "pipeline"
         if plan.tp > 1:
-            return "tensor"
+            return "layers" if plan.per_layer else "tensor"
         if plan.fsdp:
             return "fsdp"
         if self.op_fusion.compiled:

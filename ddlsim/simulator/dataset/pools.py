@@ -147,5 +147,6 @@ FEATURES: dict[str, Callable[[Strategy], bool]] = {
     "compiled": lambda s: bool(s.op_fusion.compiled),
     "fsdp": lambda s: s.parallel.fsdp,
     "tensor": lambda s: s.parallel.tp > 1,
+    "layers": lambda s: s.parallel.per_layer,
     "pipeline": lambda s: s.parallel.pp > 1,
 }
