@@ -5,8 +5,9 @@ For each pair of sub-meshes (``--pairs``, ``SRC_RANKS:LAYOUT>DST_RANKS:LAYOUT``)
 :func:`ddlsim.profiler.resharding.measure_resharding` moves a float32 tensor by both methods in
 turns (``--repeats`` moves each, the slowest rank's time a move) and
 :func:`ddlsim.simulator.resharding.price_resharding` prices both from the store's fits of the
-link: ``sendrecv`` fitted over the cluster's ``src + dst`` ranks and ``all_gather`` over the
-destination's. Issue 19's acceptance: each prediction within 10 % of the measured median.
+link: ``sendrecv`` fitted over the cluster's ``src + dst`` ranks (or the nearest number the
+store has) and ``all_gather`` over the destination's. Issue 19's acceptance: each prediction
+within 10 % of the measured median.
 
     .venv/bin/python benchmarks/resharding.py --db sqlite:///bench.db --out resharding.json
 """
@@ -35,10 +36,16 @@ def _mesh(text: str) -> MeshLayout:
 
 
 def _fit(store: Store, collective: str, world_size: int, bandwidth: str) -> AlphaBeta:
+    """The store's latest fit of ``collective`` over ``world_size`` ranks; for ``sendrecv``
+    (one message a rank each way, whatever the ranks) the nearest world size's when that one
+    has none."""
     profiles = store.collective_profiles(
-        backend="gloo", world_size=world_size, bandwidth=bandwidth
+        backend="gloo", collective=collective, bandwidth=bandwidth
     )
-    fits = [p for p in profiles if p.collective == collective]
+    fits = [p for p in profiles if p.world_size == world_size]
+    if not fits and collective == "sendrecv" and profiles:
+        nearest = min({p.world_size for p in profiles}, key=lambda n: (abs(n - world_size), n))
+        fits = [p for p in profiles if p.world_size == nearest]
     if not fits:
         raise SystemExit(
             f"the store has no {collective} fit over {world_size} ranks at {bandwidth}: run "
@@ -47,7 +54,7 @@ def _fit(store: Store, collective: str, world_size: int, bandwidth: str) -> Alph
     latest = fits[-1]
     return AlphaBeta(
         collective=collective,
-        world_size=world_size,
+        world_size=latest.world_size,
         alpha_us=latest.alpha_us,
         busbw_gbps=latest.busbw_gbps,
     )
