@@ -34,6 +34,7 @@ from ddlsim.service.output import (
     progress,
 )
 from ddlsim.workflows.profile import profile_batch
+from ddlsim.workflows.resharding import parse_mesh, reshard
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
@@ -136,6 +137,33 @@ def cmd_collectives(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reshard(args: argparse.Namespace) -> int:
+    src, dst = parse_mesh(args.src), parse_mesh(args.dst)
+    sizes = parse_sizes(args.sizes)
+    with Store.open(args.db) as store:
+        rows = reshard(
+            store,
+            src,
+            dst,
+            sizes,
+            bandwidth=args.bandwidth,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            progress=progress,
+        )
+    if args.json:
+        emit_json({"src": args.src, "dst": args.dst, "bandwidth": args.bandwidth, "rows": rows})
+        return 0
+    print(f"{args.src} -> {args.dst} at {args.bandwidth}")
+    print(f"  {'method':<20}{'size':>12}{'measured':>12}{'predicted':>12}{'error':>9}")
+    for row in rows:
+        print(
+            f"  {row['method']:<20}{row['size_bytes']:>10} B{row['measured_ms']:>9.2f} ms"
+            f"{row['predicted_ms']:>9.2f} ms{row['error'] * 100:>+8.1f}%"
+        )
+    return 0
+
+
 def cmd_batch(args: argparse.Namespace) -> int:
     jobs = parse_batch(args.spec)
     with (
@@ -234,6 +262,20 @@ def register(sub: Any) -> None:
     )
     add_store_arguments(collectives)
     collectives.set_defaults(handler=cmd_collectives)
+
+    resharding = kinds.add_parser(
+        "reshard",
+        help="move a tensor between two sub-meshes by each method, measured side by side and "
+        "priced by the simulator",
+    )
+    resharding.add_argument("--src", required=True, help="RANKS:LAYOUT (shard or replicate)")
+    resharding.add_argument("--dst", required=True, help="RANKS:LAYOUT (shard or replicate)")
+    resharding.add_argument("--sizes", default="4MiB,16MiB,64MiB", help="tensor sizes")
+    resharding.add_argument("--bandwidth", default="1gbit", help="link rate per host")
+    resharding.add_argument("--warmup", type=non_negative_int, default=2)
+    resharding.add_argument("--repeats", type=positive_int, default=7)
+    add_store_arguments(resharding)
+    resharding.set_defaults(handler=cmd_reshard)
 
     batch = kinds.add_parser("batch", help="run a YAML list or cross product of profile jobs")
     batch.add_argument("spec", metavar="SPEC.yaml")
