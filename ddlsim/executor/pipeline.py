@@ -40,6 +40,7 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
+from torch.distributed.tensor import DTensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from ddlsim.data.errors import InvalidStrategyError
@@ -47,6 +48,7 @@ from ddlsim.data.models import build_model
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan
 from ddlsim.data.stages import BlockStack, balanced_cuts, block_stack, stage_count
+from ddlsim.data.tp_plans import PLANS, block_paths, check_tensor_parallel, tp_family
 from ddlsim.executor.context import (
     RankContext,
     SynchronousTrainer,
@@ -92,6 +94,41 @@ def check_pipeline(spec: ModelSpec, plan: ParallelPlan) -> None:
             f"parallel.pp({plan.pp}) with schedule {plan.pp_schedule} needs {stages} stages but "
             f"{spec.label} has {len(stack.blocks)} blocks in {stack.path}; each stage needs one"
         )
+
+
+def check_stage_layouts(spec: ModelSpec, plan: ParallelPlan, dp: int) -> None:
+    """Refuse ``tp`` stages the model or the ranks cannot take.
+
+    Raises:
+        InvalidStrategyError: a ``tp`` stage with one rank a stage (``dp`` 1), or on a model
+            without a tensor-parallel plan or whose heads ``dp`` does not divide.
+    """
+    if "tp" not in plan.stages:
+        return
+    if dp < 2:
+        raise InvalidStrategyError(
+            f"parallel.stages {list(plan.stages)} has a tp stage but each stage runs on dp({dp}) "
+            "rank: a tensor-parallel stage needs dp >= 2 ranks to split over"
+        )
+    check_tensor_parallel(spec, dp)
+
+
+class _TakeShare(torch.autograd.Function):
+    """A ``tp`` stage's output resharded for the next (``batch``) stage: forward, this rank's
+    ``1 / n`` of the samples (a local slice of the replicated activation, sent on by the
+    pipeline); backward, the shares' gradients all-gathered over the stage's ``n`` ranks and
+    divided by ``n`` (each share's gradient is of its own ranks' mean loss)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any, n: int, index: int) -> torch.Tensor:
+        ctx.group, ctx.n = group, n
+        return x.chunk(n)[index].contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        whole = torch.empty((grad.shape[0] * ctx.n, *grad.shape[1:]), dtype=grad.dtype)
+        dist.all_gather_into_tensor(whole, grad.contiguous(), group=ctx.group)
+        return whole / ctx.n, None, None, None
 
 
 class _StageEnd(Exception):  # noqa: N818 (control flow, not an error)
@@ -192,6 +229,8 @@ class StageModule(nn.Module):
         self._attribute = attribute
         self._batches = batches
         self.order: list[int] = []
+        # A tp stage before a batch stage: (its group, its ranks, this rank's index among them).
+        self.share: tuple[Any, int, int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         index = int(x.reshape(-1)[0]) if self.first else len(self.order)
@@ -202,6 +241,8 @@ class StageModule(nn.Module):
         try:
             loss = local_loss(self._model[0], self._batches[index])
         except _StageEnd as boundary:
+            if self.share is not None:
+                return _TakeShare.apply(boundary.hidden, *self.share)
             return boundary.hidden
         finally:
             if self.enter is not None:
@@ -270,10 +311,20 @@ class PipelineTrainer(SynchronousTrainer):
         indices = [ctx.pp_rank + k * ctx.pp for k in range(stages // ctx.pp)]
         self.pp_group = ctx.mesh["pp"].get_group()
         self.dp_group = ctx.mesh["dp"].get_group() if ctx.dp > 1 else None
+        self.layouts = plan.stages or ("batch",) * stages
+        self.split_modules: list[str] = []
+        tensor_stage = self.layouts[indices[0]] == "tp"
+        if tensor_stage:
+            # The stage runs every data-parallel rank's micro-batch, split tensor-parallel.
+            check_stage_layouts(ctx.spec, plan, ctx.dp)
+            batches = _joined_micro_batches(ctx, plan.micro_batches)
+            self._split_stage(model, stack, self.spans[indices[0]])
         self.modules = [
             StageModule(model, stack, span=self.spans[i], index=i, stages=stages, batches=batches)
             for i in indices
         ]
+        if tensor_stage and self.layouts[indices[0] + 1] == "batch":
+            self.modules[0].share = (self.dp_group, ctx.dp, ctx.mesh["dp"].get_local_rank())
         self.stages: list[Any] = []
         for module in self.modules:
             start, end = module.span
@@ -312,6 +363,25 @@ class PipelineTrainer(SynchronousTrainer):
         parent, _, attribute = stack.path.rpartition(".")
         setattr(
             model.get_submodule(parent) if parent else model, attribute, self.modules[0].blocks
+        )
+
+    def _split_stage(self, model: nn.Module, stack: BlockStack, span: tuple[int, int]) -> None:
+        """Split this rank's stage's blocks over the stage's ranks (``ctx.mesh["dp"]``), as a
+        tensor-parallel plan splits its blocks; everything else stays whole."""
+        from ddlsim.executor.tensor_parallel import apply_tensor_parallel
+
+        family = tp_family(self.ctx.spec)
+        assert family is not None  # check_stage_layouts refused the others
+        plan = PLANS[family]
+        mine = set(stack.blocks[span[0] : span[1]])
+        paths = [p for p in block_paths(plan, (n for n, _ in model.named_modules() if n))]
+        placed = ParallelPlan(
+            tp=self.ctx.dp,
+            layers=tuple("tp" if path in mine else "replicate" for path in paths),
+            vocab="replicate",
+        )
+        self.split_modules = sorted(
+            apply_tensor_parallel(model, plan, self.ctx.mesh["dp"], self.ctx.dp, placed)
         )
 
     def _schedule(self, name: str) -> Any:
@@ -385,7 +455,8 @@ class PipelineTrainer(SynchronousTrainer):
             offset += grad.numel()
 
     def _average_gradients_over_dp(self) -> None:
-        grads = [p.grad for p in self.params if p.grad is not None]
+        # A tp stage's split parameters are shards, not replicas: never averaged.
+        grads = [p.grad for p in self.params if p.grad is not None and not isinstance(p, DTensor)]
         average_over_group(grads, self.dp_group, self.ctx.dp)
 
     def applied(self) -> dict[str, Any]:
@@ -394,8 +465,12 @@ class PipelineTrainer(SynchronousTrainer):
             collectives.append("all_reduce:pp")
         if self.dp_group is not None:
             collectives.append("all_reduce:dp")
+        if "tp" in self.layouts:
+            collectives += ["all_reduce:stage", "all_gather:stage"]
         return {
             "plan": "pipeline",
+            "stage_layouts": list(self.layouts),
+            "split_modules": self.split_modules,
             "pp": self.ctx.pp,
             "dp": self.ctx.dp,
             "schedule": self.ctx.strategy.parallel.pp_schedule,
@@ -414,6 +489,16 @@ class PipelineTrainer(SynchronousTrainer):
             "buckets": [],
             "collectives": collectives,
         }
+
+
+def _joined_micro_batches(ctx: RankContext, micro_batches: int) -> list[dict[str, torch.Tensor]]:
+    """Micro-batch ``k`` of every data-parallel rank, joined in rank order: what a tp stage
+    computes, so that sample share ``j`` of its output is rank ``j``'s micro-batch ``k``."""
+    per_rank = [split_batch(part, micro_batches) for part in split_batch(ctx.global_batch, ctx.dp)]
+    return [
+        {key: torch.cat([rank[k][key] for rank in per_rank]) for key in per_rank[0][k]}
+        for k in range(micro_batches)
+    ]
 
 
 def _all_named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:

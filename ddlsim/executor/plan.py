@@ -41,9 +41,10 @@ def check_strategy(
                 spec, plan, rank_batch=plan.rank_batch_size(spec.inputs.batch_size, world_size)
             )
     if plan.pp > 1:
-        from ddlsim.executor.pipeline import check_pipeline
+        from ddlsim.executor.pipeline import check_pipeline, check_stage_layouts
 
         check_pipeline(spec, plan)
+        check_stage_layouts(spec, plan, plan.resolve_dp(world_size))
     _check_compiled_blocks(spec, strategy)
     if plan.fsdp and plan.fsdp_groups is not None:
         from ddlsim.executor.fsdp import check_groups

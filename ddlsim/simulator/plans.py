@@ -84,6 +84,11 @@ class _PlanReplay:
                 f"the replay schedules pipelines with data parallelism only; tp({plan.tp}) and "
                 f"fsdp({plan.fsdp}) are not supported with pp({plan.pp})"
             )
+        if "tp" in plan.stages:
+            raise UnsupportedPlanError(
+                f"the replay does not schedule tensor-parallel pipeline stages yet "
+                f"(parallel.stages {list(plan.stages)}); the executor runs them"
+            )
         with torch.device("meta"):
             model = build_model(graph.model)
         stack, tied = block_stack(model), tied_parameters(model)

@@ -85,6 +85,43 @@ def test_dp2_pp2_matches_single_process() -> None:
     assert applied["collectives"] == ["send/recv:pp", "all_reduce:pp", "all_reduce:dp"]
 
 
+@pytest.mark.parametrize(("name", "schedule"), [("gpt2-tiny", "1f1b"), ("llama-tiny", "gpipe")])
+def test_a_tensor_parallel_stage_then_a_batch_stage_match_single_process(
+    name: str, schedule: str
+) -> None:
+    # Stage 0 tensor-parallel over its two ranks on both ranks' samples, stage 1 batch-split:
+    # each stage-0 rank sends its share on; the shares' gradients come back all-gathered.
+    spec = SPECS[name]
+    plan = {"dp": 2, "pp": 2, "micro_batches": 2, "pp_schedule": schedule}
+    results = _run(spec, 4, {**plan, "stages": ["tp", "batch"]})
+    assert_matches_reference(results[:1], spec)
+    applied = results[0].applied
+    assert applied["stage_layouts"] == ["tp", "batch"]
+    assert "all_gather:stage" in applied["collectives"]
+    # rank 0 runs stage 0, whose block (and only it) is split column- and row-wise
+    split = applied["split_modules"]
+    assert split and all(".0." in path for path in split)
+    assert results[2].applied["split_modules"] == []  # rank 2 runs stage 1
+
+
+@pytest.mark.parametrize(
+    ("name", "world_size", "message"),
+    [
+        ("gpt2-tiny", 2, "a tensor-parallel stage needs dp >= 2 ranks"),
+        ("mlp", 4, "mlp (MLP) has no tensor-parallel plan"),
+    ],
+)
+def test_tensor_parallel_stages_are_refused_where_they_cannot_run(
+    name: str, world_size: int, message: str
+) -> None:
+    strategy = Strategy.from_dict(
+        {"parallel": {"pp": 2, "micro_batches": 2, "stages": ["tp", "batch"]}}
+    )
+    spec = SPECS[name]
+    with pytest.raises(InvalidStrategyError, match=re.escape(message)):
+        check_strategy(spec, strategy, world_size, capture_graph(spec))
+
+
 def test_pipeline_through_ddlsim_run() -> None:
     strategy = Strategy.from_dict({"parallel": {"pp": 2, "micro_batches": 2}})
     result = run_training(

@@ -178,6 +178,11 @@ def test_pipeline_plans_have_bubbles(capsys: pytest.CaptureFixture[str]) -> None
         steps["compute_ms"] + steps["exposed_comm_ms"] + steps["bubble_ms"]
     )
     assert steps["bubble_ms"] >= 0 and steps["compute_ms"] > 0
+    # tensor-parallel stages are run by the executor, not yet replayed: refused with the reason
+    staged = {"parallel": {"pp": 2, "micro_batches": 2, "stages": ["tp", "batch"]}}
+    args_staged = ["predict", "gpt2-tiny", "--world-size", "4", "--strategy", json.dumps(staged)]
+    assert main([*args_staged, "--simulator", "replay"]) == 2
+    assert "does not schedule tensor-parallel pipeline stages yet" in capsys.readouterr().err
     # FSDP with a pipeline is not replayed: refused with the reason
     plan = {"parallel": {"pp": 2, "fsdp": True, "micro_batches": 2}}
     refused = ["predict", "mlp", "--world-size", "2", "--strategy", json.dumps(plan)]

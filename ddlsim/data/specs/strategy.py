@@ -34,6 +34,10 @@ FUSION_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ddp", "hooks")
 LAYER_LAYOUTS: tuple[str, ...] = ("tp", "replicate", "batch")
 # The token embedding and the tied LM head: split by vocabulary, or whole on every rank.
 VOCAB_LAYOUTS: tuple[str, ...] = ("split", "replicate")
+# Pipeline stages on their own layouts (``ParallelPlan.stages``): the ``dp`` ranks that run a
+# stage split its micro-batches by sample (``batch``, plain pipeline x data parallelism) or run
+# it tensor-parallel on the samples of all of them together (``tp``).
+STAGE_LAYOUTS: tuple[str, ...] = ("batch", "tp")
 ReduceScatterImplementation = Literal["auto", "ring", "native"]
 REDUCE_SCATTER_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ring", "native")
 
@@ -61,6 +65,11 @@ class ParallelPlan:
     With ``tp > 1``, ``layers`` places each repeated block of the model (in model order, one
     entry a block) on the tensor-parallel ranks with one of ``LAYER_LAYOUTS``; empty means every
     block ``tp``. ``vocab`` places the token embedding and LM head (``VOCAB_LAYOUTS``).
+
+    With ``pp > 1``, ``stages`` gives each pipeline stage its layout over the ``dp`` ranks that
+    run it (``STAGE_LAYOUTS``; empty means every stage ``batch``): ``tp`` stages first, then
+    ``batch`` ones, one stage a rank. Activations leaving the last ``tp`` stage are resharded
+    from the stage's ranks (each holding all samples) to the next stage's (each its share).
     """
 
     dp: int | None = None
@@ -72,6 +81,7 @@ class ParallelPlan:
     pp_schedule: PipelineSchedule = "1f1b"
     layers: tuple[str, ...] = ()
     vocab: str = "split"
+    stages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.dp is not None:
@@ -93,6 +103,7 @@ class ParallelPlan:
                 self, "fsdp_groups", _string_groups(self.fsdp_groups, "parallel.fsdp_groups")
             )
         self._check_layouts()
+        self._check_stages()
         if self.pp > 1 and self.micro_batches < self.pp and self.pp_schedule != "gpipe":
             raise InvalidStrategyError(
                 f"parallel.micro_batches({self.micro_batches}) < pp({self.pp}): the "
@@ -118,6 +129,34 @@ class ParallelPlan:
             raise InvalidStrategyError(
                 "parallel.layers combines with data parallelism only; this plan has "
                 f"pp({self.pp}), fsdp({self.fsdp})"
+            )
+
+    def _check_stages(self) -> None:
+        if isinstance(self.stages, str) or not isinstance(self.stages, Sequence):
+            raise InvalidStrategyError(
+                f"parallel.stages must be a list with one of {', '.join(STAGE_LAYOUTS)} per "
+                f"stage, got {self.stages!r}"
+            )
+        object.__setattr__(self, "stages", tuple(self.stages))
+        if not self.stages:
+            return
+        for index, layout in enumerate(self.stages):
+            expect_choice(layout, STAGE_LAYOUTS, f"parallel.stages[{index}]", InvalidStrategyError)
+        if self.pp == 1 or len(self.stages) != self.pp:
+            raise InvalidStrategyError(
+                f"parallel.stages gives {len(self.stages)} layouts for pp({self.pp}) stages: "
+                "give one a stage of a pipeline"
+            )
+        if self.pp_schedule == "interleaved_1f1b" or self.tp > 1 or self.fsdp:
+            raise InvalidStrategyError(
+                "parallel.stages needs one stage a rank (gpipe or 1f1b), tp 1 and no fsdp; got "
+                f"{self.pp_schedule}, tp({self.tp}), fsdp({self.fsdp})"
+            )
+        first_batch = self.stages.index("batch") if "batch" in self.stages else len(self.stages)
+        if "tp" in self.stages[first_batch:] or first_batch == len(self.stages):
+            raise InvalidStrategyError(
+                f"parallel.stages {list(self.stages)}: the tp stages must come first and the "
+                "last stage must be batch (its ranks compute the loss of their own samples)"
             )
 
     @property
@@ -182,6 +221,8 @@ class ParallelPlan:
         parts = [f"{key}{getattr(self, key)}" for key in ("tp", "pp") if getattr(self, key) > 1]
         if self.per_layer:
             parts.append(f"layers {layout_summary(self.layers)} vocab {self.vocab}")
+        if self.stages:
+            parts.append(f"stages {','.join(self.stages)}")
         if self.pp > 1:
             parts.append(self.pp_schedule)
         if self.fsdp:
@@ -440,6 +481,8 @@ class Strategy:
             del parallel["layers"]
         if parallel["vocab"] == "split":
             del parallel["vocab"]
+        if not parallel["stages"]:
+            del parallel["stages"]
         return out
 
     def to_json(self) -> str:
@@ -473,7 +516,7 @@ def layout_summary(layers: Sequence[str]) -> str:
 
 
 _SectionT = TypeVar("_SectionT", ParallelPlan, TensorFusionPlan, OpFusionPlan)
-_LIST_FIELDS = {"fsdp_groups", "buckets", "bucket_caps_mb", "compiled", "layers"}
+_LIST_FIELDS = {"fsdp_groups", "buckets", "bucket_caps_mb", "compiled", "layers", "stages"}
 
 
 def _section(raw: Mapping[str, Any], key: str, section_cls: type[_SectionT]) -> _SectionT:
