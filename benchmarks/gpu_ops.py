@@ -11,7 +11,8 @@ each at shapes that span the layers of models from 100M to 1T parameters:
   head sizes 64 and 128 and sequence lengths 512 to 8,192 (the backend torch picks);
 * ``elementwise``, ``norm``, ``softmax``, ``cross_entropy``, ``copy``: the memory-bound classes,
   forward and (where it has one) forward + backward;
-* ``adamw``: one optimizer step over 10 million to 1 billion parameters, fused and foreach.
+* ``adamw``: one optimizer step over 10 million to 1 billion parameters, fused and foreach;
+* ``gemm_fp8`` (on request): ``torch._scaled_mm`` in float8 e4m3 at the forward shapes.
 
 Each case is timed with CUDA events call by call after warm-up calls, as many calls as fit in
 ``--case-s`` seconds (at least 3); the record keeps the median, the quartiles, the FLOPs and the
@@ -148,6 +149,37 @@ def run_gemms(
         )
         del a, b
     torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def run_fp8_gemms(timer: Timer, quick: bool, out: list[dict[str, Any]]) -> None:
+    """``torch._scaled_mm`` in float8 (e4m3 inputs, per-tensor scales, bf16 out) at the bf16
+    forward shapes: what fp8 training's matmuls run."""
+    device = timer.device
+    for _, m, k, n, layout in gemm_cases(quick, ("bf16",)):
+        if layout != "nn" or 2 * m * k * n > 4e13 or k % 16 or n % 16:
+            continue
+        a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+        # the second operand column-major, as the fp8 kernels want it
+        b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=device)
+        timing = timer.time(
+            lambda a=a, b=b, one=one: torch._scaled_mm(
+                a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16
+            )
+        )
+        out.append(
+            {
+                "op": "gemm",
+                "dtype": "fp8",
+                "m": m,
+                "k": k,
+                "n": n,
+                "layout": "nn",
+                "flops": 2 * m * k * n,
+                "bytes": m * k + k * n + 2 * m * n,
+                **timing,
+            }
+        )
 
 
 def run_sdpa(timer: Timer, quick: bool, out: list[dict[str, Any]]) -> None:
@@ -369,9 +401,11 @@ def main() -> None:
         "memory": run_memory_bound,
         "adamw": run_adamw,
         "gemm_other": lambda *a: run_gemms(*a, dtypes=("fp16", "tf32", "fp32")),
+        "gemm_fp8": run_fp8_gemms,
     }
     done, stopped = [], None
     started = time.monotonic()
+    failed: dict[str, str] = {}
     for name in args.only:
         try:
             sections[name](timer, args.quick, records)
@@ -379,12 +413,15 @@ def main() -> None:
         except OutOfBudgetError:
             stopped = name
             break
+        except RuntimeError as exc:  # a section the device or build cannot run (fp8)
+            failed[name] = str(exc).splitlines()[0][:300]
         print(f"{name}: {len(records)} records, {time.monotonic() - started:.0f} s", flush=True)
     meta: dict[str, Any] = {
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": str(device),
         "sections_done": done,
+        "sections_failed": failed,
         "stopped_in": stopped,
         "seconds": round(time.monotonic() - started, 1),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
