@@ -43,34 +43,66 @@ class StageCosts:
     tied: tuple[tuple[str, int], ...] = ()
 
 
-def stage_costs(
-    graph: IterationGraph,
-    node_ms: Mapping[int, float],
-    blocks: tuple[str, ...],
-    stages: int,
-    tied: Mapping[str, tuple[str, ...]] | None = None,
-) -> list[StageCosts]:
-    """Cut ``graph``'s model into ``stages`` along ``blocks`` (module paths in order) and sum
-    each stage's durations.
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class TensorStage:
+    """How a ``tp`` stage (``ParallelPlan.stages``) changes its costs: it runs ``ranks`` times
+    the rank's micro-batch, its ``sharded`` nodes (and their backward) split ``ranks`` ways and
+    the others whole; ``split_params`` are stepped ``1 / ranks`` and not all-reduced;
+    ``forward_extra_ms`` and ``backward_extra_ms`` (its tensor-parallel collectives and the
+    resharding of its output, a micro-batch) are added to its compute."""
 
-    ``tied`` names the parameters held by several modules (:func:`data.stages.tied_parameters`):
-    every stage that runs one of those modules uses the parameter, gets a gradient for it and
-    steps it.
+    ranks: int
+    sharded: frozenset[int]
+    split_params: frozenset[str]
+    forward_extra_ms: float
+    backward_extra_ms: float
+
+
+def stage_spans(
+    graph: IterationGraph, blocks: tuple[str, ...], stages: int
+) -> list[tuple[int, int]]:
+    """The blocks each stage holds (``[start, end)`` into ``blocks``), cut as the executor cuts
+    them: their forward FLOPs balanced.
 
     Raises:
-        UnsupportedPlanError: fewer blocks than stages, or a block without forward nodes.
+        UnsupportedPlanError: fewer blocks than stages.
     """
     if len(blocks) < stages:
         raise UnsupportedPlanError(
             f"{stages} pipeline stages need as many blocks; {graph.model.label} has {len(blocks)}"
         )
     block_of = _block_index(graph, blocks)
-    forward = [n for n in graph.nodes if n.kind == "compute" and n.phase == "forward"]
     flops = [0.0] * len(blocks)
-    for node in forward:
-        if (b := block_of.get(node.id)) is not None:
+    for node in graph.nodes:
+        forward = node.kind == "compute" and node.phase == "forward"
+        if forward and (b := block_of.get(node.id)) is not None:
             flops[b] += node.flops
-    spans = balanced_cuts(flops, stages)
+    return balanced_cuts(flops, stages)
+
+
+def stage_costs(
+    graph: IterationGraph,
+    node_ms: Mapping[int, float],
+    blocks: tuple[str, ...],
+    stages: int,
+    tied: Mapping[str, tuple[str, ...]] | None = None,
+    *,
+    tensor: Mapping[int, TensorStage] | None = None,
+) -> list[StageCosts]:
+    """Cut ``graph``'s model into ``stages`` along ``blocks`` (module paths in order) and sum
+    each stage's durations.
+
+    ``tied`` names the parameters held by several modules (:func:`data.stages.tied_parameters`):
+    every stage that runs one of those modules uses the parameter, gets a gradient for it and
+    steps it. ``tensor`` gives the ``tp`` stages' changes by stage index.
+
+    Raises:
+        UnsupportedPlanError: fewer blocks than stages, or a block without forward nodes.
+    """
+    tensor = tensor or {}
+    spans = stage_spans(graph, blocks, stages)
+    block_of = _block_index(graph, blocks)
+    forward = [n for n in graph.nodes if n.kind == "compute" and n.phase == "forward"]
     stage_of_block = {b: s for s, (lo, hi) in enumerate(spans) for b in range(lo, hi)}
     in_blocks = [n.id for n in forward if n.id in block_of]
     if not in_blocks:
@@ -84,21 +116,37 @@ def stage_costs(
             stage[node.id] = 0 if node.id < first else stages - 1
     ms = [{"fwd": 0.0, "bwd": 0.0, "opt": 0.0} for _ in range(stages)]
     prefix_ms = sum(float(node_ms.get(n.id, 0.0)) for n in forward if n.id < first)
-    for node in graph.nodes:
+
+    def scaled(node: GraphNode, owner: int, key: int) -> float:
         duration = float(node_ms.get(node.id, 0.0))
+        split = tensor.get(owner)
+        if split is None:
+            return duration
+        # ranks x the samples; the sharded ops split ranks ways, the others whole
+        return duration if key in split.sharded else duration * split.ranks
+
+    for node in graph.nodes:
         if node.kind == "compute" and node.phase == "forward":
-            ms[stage[node.id]]["fwd"] += duration
+            ms[stage[node.id]]["fwd"] += scaled(node, stage[node.id], node.id)
         elif node.kind == "compute":
             owner = stage.get(node.forward_id) if node.forward_id is not None else None
-            ms[owner if owner is not None else stages - 1]["bwd"] += duration
+            owner = owner if owner is not None else stages - 1
+            ms[owner]["bwd"] += scaled(node, owner, node.forward_id or node.id)
+    for index, split in tensor.items():
+        ms[index]["fwd"] += split.forward_extra_ms
+        ms[index]["bwd"] += split.backward_extra_ms
     module_stage = _module_stages(graph, stage)
     param_stage = _param_stages(graph, module_stage, stages)
     grad_bytes = [0] * stages
     for node in graph.nodes:
-        if node.kind == "grad_ready" and node.param is not None:
-            grad_bytes[param_stage.get(node.param, stages - 1)] += node.grad_bytes
-        elif node.kind == "optimizer" and node.param is not None:
-            ms[param_stage.get(node.param, stages - 1)]["opt"] += float(node_ms.get(node.id, 0.0))
+        owner = param_stage.get(node.param, stages - 1) if node.param is not None else None
+        split = tensor.get(owner) if owner is not None else None
+        is_split = split is not None and node.param in split.split_params
+        if node.kind == "grad_ready" and owner is not None and not is_split:
+            grad_bytes[owner] += node.grad_bytes  # a split stage's shards are not all-reduced
+        elif node.kind == "optimizer" and owner is not None:
+            step = float(node_ms.get(node.id, 0.0))
+            ms[owner]["opt"] += step / split.ranks if is_split and split else step
     boundary = [
         _last_output_bytes(graph, [i for i in in_blocks if stage[i] == s]) for s in range(stages)
     ]
@@ -125,7 +173,9 @@ def stage_costs(
                 ms[s]["opt"] += step_ms.get(name, 0.0)
     return [
         StageCosts(
-            forward_ms=ms[s]["fwd"] + (prefix_ms if s > 0 else 0.0),
+            # later stages rerun the prefix, a tp stage on its ranks' samples together
+            forward_ms=ms[s]["fwd"]
+            + (prefix_ms * (tensor[s].ranks if s in tensor else 1) if s > 0 else 0.0),
             backward_ms=ms[s]["bwd"],
             optimizer_ms=ms[s]["opt"],
             activation_bytes=boundary[s],

@@ -16,10 +16,10 @@ from ddlsim.data.stages import block_stack, default_groups, stage_count, tied_pa
 from ddlsim.data.tp_plans import PLANS, tp_family
 from ddlsim.simulator.costs import LinkFitLike, comm_models
 from ddlsim.simulator.fsdp import replay_fsdp
-from ddlsim.simulator.pipeline import replay_pipeline, stage_costs
+from ddlsim.simulator.pipeline import TensorStage, replay_pipeline, stage_costs, stage_spans
 from ddlsim.simulator.replay import ReplayResult, UnsupportedPlanError
 from ddlsim.simulator.runtime import RuntimeCosts
-from ddlsim.simulator.tensor_parallel import replay_tensor_parallel
+from ddlsim.simulator.tensor_parallel import replay_tensor_parallel, split_stage
 
 
 def is_data_parallel(plan: ParallelPlan) -> bool:
@@ -84,11 +84,6 @@ class _PlanReplay:
                 f"the replay schedules pipelines with data parallelism only; tp({plan.tp}) and "
                 f"fsdp({plan.fsdp}) are not supported with pp({plan.pp})"
             )
-        if "tp" in plan.stages:
-            raise UnsupportedPlanError(
-                f"the replay does not schedule tensor-parallel pipeline stages yet "
-                f"(parallel.stages {list(plan.stages)}); the executor runs them"
-            )
         with torch.device("meta"):
             model = build_model(graph.model)
         stack, tied = block_stack(model), tied_parameters(model)
@@ -99,7 +94,10 @@ class _PlanReplay:
             )
         links = self._link_models(self.world_size)
         p2p = dataclasses.replace(links["sendrecv"], world_size=2)
-        costs = stage_costs(graph, self.durations, stack.blocks, stage_count(plan), tied)
+        tensor = self._tensor_stages(stack.blocks) if "tp" in plan.stages else None
+        costs = stage_costs(
+            graph, self.durations, stack.blocks, stage_count(plan), tied, tensor=tensor
+        )
         return replay_pipeline(
             costs,
             schedule=plan.pp_schedule,
@@ -109,6 +107,47 @@ class _PlanReplay:
             ranks=plan.pp,
             tied_all_reduce=self._link_models(plan.pp)["all_reduce"],
         )
+
+    def _tensor_stages(self, blocks: tuple[str, ...]) -> dict[int, TensorStage]:
+        """The ``tp`` stages of ``parallel.stages``: each split over its ``dp`` ranks, its
+        collectives from fits of that many ranks; the last one's output resharded to the next
+        stage (its share sent by the pipeline's send/recv, the gradient shares all-gathered
+        over the stage's ranks in backward)."""
+        graph = self.graph
+        plan = graph.strategy.parallel
+        family = tp_family(graph.model)
+        if family is None:
+            raise UnsupportedPlanError(
+                f"{graph.model.label} has no tensor-parallel plan for its tp stages"
+            )
+        dp = plan.resolve_dp(self.world_size)
+        models = self._link_models(dp)
+        spans = stage_spans(graph, blocks, len(plan.stages))
+        out: dict[int, TensorStage] = {}
+        for index, layout in enumerate(plan.stages):
+            if layout != "tp":
+                continue
+            start, end = spans[index]
+            sharded, params, forward, backward = split_stage(
+                graph,
+                PLANS[family],
+                set(blocks[start:end]),
+                ranks=dp,
+                tp_all_reduce=models["all_reduce"],
+                runtime=self.runtime,
+            )
+            if plan.stages[index + 1] == "batch":
+                # the shares' gradients, all-gathered: the stage's output at dp x the samples
+                share = _output_bytes(graph, blocks[end - 1])
+                backward += models["all_gather"].time_us(share * dp) / 1e3
+            out[index] = TensorStage(
+                ranks=dp,
+                sharded=sharded,
+                split_params=params,
+                forward_extra_ms=forward,
+                backward_extra_ms=backward,
+            )
+        return out
 
     def fsdp(self) -> ReplayResult:
         """An FSDP2 plan: its groups (or the executor's default, one per repeated block)."""
@@ -169,3 +208,15 @@ class _PlanReplay:
             bandwidth_gbps=parse_bandwidth_gbps(self.bandwidth),
             ring=False,
         ).models
+
+
+def _output_bytes(graph: IterationGraph, block: str) -> int:
+    """The bytes of the hidden state ``block`` hands on: its last forward node's output."""
+    last = [
+        n
+        for n in graph.nodes
+        if n.kind == "compute"
+        and n.phase == "forward"
+        and (n.module == block or n.module.startswith(f"{block}."))
+    ]
+    return sum(t.nbytes for t in last[-1].outputs[:1]) if last else 0

@@ -255,3 +255,51 @@ def _boxing(graph: IterationGraph, layouts: Layouts) -> list[tuple[str, int, int
             block = layouts.blocks[index]
             out.append((f"all_gather grad samples into {block}", last_backward[index], hidden))
     return out
+
+
+def split_stage(
+    graph: IterationGraph,
+    plan: TensorParallelPlan,
+    blocks: set[str],
+    *,
+    ranks: int,
+    tp_all_reduce: AlphaBeta,
+    runtime: RuntimeCosts | None = None,
+) -> tuple[frozenset[int], frozenset[str], float, float]:
+    """A pipeline stage whose ``blocks`` are split over its ``ranks`` ranks, which together run
+    ``ranks`` times the graph's micro-batch (``ParallelPlan.stages``): the sharded forward
+    nodes, the split modules' parameter names, and the forward and backward milliseconds a
+    micro-batch adds to its compute: the blocks' all-reduces (row-parallel outputs in forward,
+    column-parallel input gradients in backward) on ``ranks`` times the graph's bytes, and the
+    runtime's DTensor cost per split module (half as its forward ends, half as its backward
+    does)."""
+    costs = runtime or RuntimeCosts()
+    layouts = Layouts(graph, plan, (), "replicate")
+    layouts.layers = tuple("tp" if b in blocks else "replicate" for b in layouts.blocks)
+    sharded = frozenset(
+        n for n in sharded_nodes(graph, plan, layouts) if graph.nodes[n].phase == "forward"
+    )
+    style_of: dict[str, str] = {}
+    last_output: dict[str, GraphNode] = {}
+    for node in graph.nodes:
+        if node.kind == "compute" and node.phase == "forward":
+            found = _style(plan, node.module, layouts)
+            if found is not None:
+                style_of[found[0]] = found[1]
+                last_output[found[0]] = node
+    hidden = max(
+        (_bytes(n) for path, n in last_output.items() if style_of[path] == "rowwise"), default=0
+    )
+    forward = sum(
+        tp_all_reduce.time_us(_bytes(last_output[path]) * ranks) / 1e3
+        for path, style in style_of.items()
+        if style == "rowwise"
+    )
+    backward = sum(
+        tp_all_reduce.time_us(hidden * ranks) / 1e3
+        for style in style_of.values()
+        if style == "colwise"
+    )
+    module_ms = costs.tp_us_per_module / 2 / 1e3 * len(style_of)
+    params = frozenset(p.name for p in graph.params if p.module in style_of)
+    return sharded, params, forward + module_ms, backward + module_ms

@@ -59,6 +59,11 @@ def test_predict_profiles_once_then_reuses_the_profile(
     ]
 
 
+def _predict_json(capsys: pytest.CaptureFixture[str], args: list[str]) -> dict:
+    assert main([*args, "--simulator", "replay", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
 def test_one_rank_predicts_pure_compute(capsys: pytest.CaptureFixture[str]) -> None:
     out = _predict(capsys, "--json")
     assert out["breakdown"]["exposed_comm_ms"] == pytest.approx(0.0)
@@ -178,11 +183,16 @@ def test_pipeline_plans_have_bubbles(capsys: pytest.CaptureFixture[str]) -> None
         steps["compute_ms"] + steps["exposed_comm_ms"] + steps["bubble_ms"]
     )
     assert steps["bubble_ms"] >= 0 and steps["compute_ms"] > 0
-    # tensor-parallel stages are run by the executor, not yet replayed: refused with the reason
+    # a tensor-parallel first stage: its collectives and the resharding are communication
     staged = {"parallel": {"pp": 2, "micro_batches": 2, "stages": ["tp", "batch"]}}
-    args_staged = ["predict", "gpt2-tiny", "--world-size", "4", "--strategy", json.dumps(staged)]
-    assert main([*args_staged, "--simulator", "replay"]) == 2
-    assert "does not schedule tensor-parallel pipeline stages yet" in capsys.readouterr().err
+    args_staged = ["predict", "gpt2-tiny", "--world-size", "4", "--profile-iters", "2"]
+    out_staged = _predict_json(capsys, [*args_staged, "--strategy", json.dumps(staged)])
+    out_plain = _predict_json(
+        capsys,
+        [*args_staged, "--strategy", json.dumps({"parallel": {"pp": 2, "micro_batches": 2}})],
+    )
+    assert out_staged["breakdown"]["comm_ms"] != out_plain["breakdown"]["comm_ms"]
+    assert out_staged["iteration_time_ms"] > 0
     # FSDP with a pipeline is not replayed: refused with the reason
     plan = {"parallel": {"pp": 2, "fsdp": True, "micro_batches": 2}}
     refused = ["predict", "mlp", "--world-size", "2", "--strategy", json.dumps(plan)]

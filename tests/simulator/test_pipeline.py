@@ -11,15 +11,18 @@ from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model
 from ddlsim.data.stages import block_stack, tied_parameters
+from ddlsim.data.tp_plans import PLANS
 from ddlsim.data.zoo import resolve_model
 from ddlsim.simulator.pipeline import (
     StageCosts,
+    TensorStage,
     interleaved_order,
     replay_pipeline,
     schedule_order,
     stage_costs,
 )
 from ddlsim.simulator.replay import UnsupportedPlanError
+from ddlsim.simulator.tensor_parallel import split_stage
 
 GraphOf = Callable[[str], IterationGraph]
 NO_LINK = AlphaBeta(collective="sendrecv", world_size=1, alpha_us=0.0, busbw_gbps=1.0)
@@ -147,6 +150,43 @@ def test_stage_costs_of_gpt2_split_the_work(zoo_graph: GraphOf) -> None:
     assert costs[0].activation_bytes == hidden
     with pytest.raises(UnsupportedPlanError, match="3 pipeline stages need as many blocks"):
         stage_costs(graph, node_ms, stack.blocks, 3)
+
+
+def test_a_tensor_parallel_stage_runs_all_samples_split(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    node_ms = {n.id: 1.0 for n in graph.nodes if n.kind in ("compute", "optimizer")}
+    with torch.device("meta"):
+        stack = block_stack(build_model(graph.model))
+    assert stack is not None
+    plain = stage_costs(graph, node_ms, stack.blocks, 2)
+    # Nothing sharded: two ranks' samples, every op whole: twice the work, plus the extras.
+    whole = TensorStage(
+        ranks=2,
+        sharded=frozenset(),
+        split_params=frozenset(),
+        forward_extra_ms=1.0,
+        backward_extra_ms=2.0,
+    )
+    doubled = stage_costs(graph, node_ms, stack.blocks, 2, tensor={0: whole})
+    assert doubled[0].forward_ms == pytest.approx(2 * plain[0].forward_ms + 1.0)
+    assert doubled[0].backward_ms == pytest.approx(2 * plain[0].backward_ms + 2.0)
+    assert doubled[1] == plain[1]
+    # The family's split of the first block: its projections and attention core shard, its
+    # norms do not; their collectives at twice the bytes; the split parameters stepped in half
+    # and left out of the data-parallel all-reduce.
+    latency = AlphaBeta(collective="all_reduce", world_size=2, alpha_us=1e3, busbw_gbps=1e12)
+    sharded, params, forward, backward = split_stage(
+        graph, PLANS["gpt2"], {stack.blocks[0]}, ranks=2, tp_all_reduce=latency
+    )
+    assert forward == pytest.approx(2.0) and backward == pytest.approx(2.0)  # two of each
+    assert "transformer.h.0.attn.c_attn.weight" in params
+    assert not any(".h.1." in name for name in params)
+    split = dataclasses.replace(whole, sharded=sharded, split_params=params)
+    costs = stage_costs(graph, node_ms, stack.blocks, 2, tensor={0: split})
+    assert plain[0].forward_ms < costs[0].forward_ms - 1.0 < 2 * plain[0].forward_ms
+    split_bytes = sum(p.nbytes for p in graph.params if p.name in params)
+    assert costs[0].grad_bytes == plain[0].grad_bytes - split_bytes
+    assert costs[0].optimizer_ms == pytest.approx(plain[0].optimizer_ms - len(params) / 2)
 
 
 def test_tied_embeddings_are_summed_over_the_pipeline(zoo_graph: GraphOf) -> None:
