@@ -257,7 +257,8 @@ def test_per_layer_placements_need_a_micro_batch_tp_divides() -> None:
         ("replicate", "batch"),
         ("batch", "tp"),
     ]
-    assert {s.parallel.tp for s in pool} == {2, 4}
+    assert {s.parallel.tp for s in pool} == {1, 2, 4}  # 1: the staged pipelines
+    assert [s.parallel.stages for s in pool[-2:]] == [("tp", "batch")] * 2
     assert layers_pool(1) == []
     spec = ZOO["gpt2-tiny"].with_inputs(batch_size=2)
     jobs = plan_jobs([spec], {spec.label: pool[:2]}, settings=[(2, "1gbit"), (4, "1gbit")])
@@ -265,6 +266,17 @@ def test_per_layer_placements_need_a_micro_batch_tp_divides() -> None:
     placed = [ws for ws, strategy in runs if strategy["parallel"].get("layers")]
     # 2 samples: tp 2 over 2 ranks splits them (dp 1); over 4 ranks each dp rank has 1
     assert placed and set(placed) == {2}
+    # a tensor-parallel stage needs two ranks a stage: 4 ranks, never 2
+    staged = plan_jobs(
+        [spec.with_inputs(batch_size=8)],
+        {spec.label: pool[-2:]},
+        settings=[(2, "1gbit"), (4, "1gbit")],
+    )
+    assert {
+        j["world_size"]
+        for j in staged
+        if j["kind"] in ("run", "compare") and j["strategy"]["parallel"].get("stages")
+    } == {4}
 
 
 def test_plan_options_are_checked() -> None:

@@ -259,6 +259,8 @@ def _rank_batch(spec: ModelSpec, strategy: Strategy, world_size: int) -> int | N
     plan = strategy.parallel
     if "batch" in plan.layers and (batch // parts) % plan.tp:
         return None  # batch blocks split each micro-batch tp ways
+    if "tp" in plan.stages and world_size // (plan.pp * plan.tp) < 2:
+        return None  # a tensor-parallel stage splits over its data-parallel ranks
     return batch // parts
 
 

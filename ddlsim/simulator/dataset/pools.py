@@ -95,7 +95,8 @@ def layers_pool(blocks: int) -> list[Strategy]:
     tensor-parallel ranks: the first half of the blocks split and the rest batch-split with the
     vocabulary whole, every block batch-split with the vocabulary split, the first half whole
     and the rest batch-split, and the first half batch-split and the rest split with the
-    vocabulary whole. None for a model with fewer than two blocks."""
+    vocabulary whole; and two-stage pipelines whose first stage is tensor-parallel
+    (``parallel.stages``). None for a model with fewer than two blocks."""
     if blocks < 2:
         return []
     half = blocks // 2
@@ -109,11 +110,26 @@ def layers_pool(blocks: int) -> list[Strategy]:
         (layers("replicate", "batch"), "split"),
         (layers("batch", "tp"), "replicate"),
     ]
-    return [
+    placed_pool = [
         Strategy.from_dict({"parallel": {"tp": tp, "layers": placed, "vocab": vocab}})
         for tp in (2, 4)
         for placed, vocab in raw
     ]
+    # A tensor-parallel first stage resharded into a batch-split second one (4 ranks).
+    staged = [
+        Strategy.from_dict(
+            {
+                "parallel": {
+                    "pp": 2,
+                    "micro_batches": 2,
+                    "pp_schedule": s,
+                    "stages": ["tp", "batch"],
+                }
+            }
+        )
+        for s in ("1f1b", "gpipe")
+    ]
+    return placed_pool + staged
 
 
 def mixed_pool(data_parallel: Sequence[Strategy], parallel: Sequence[Strategy]) -> list[Strategy]:
