@@ -42,6 +42,7 @@ RISK_KINDS: tuple[str, ...] = (
     "tensor",
     "layers",
     "pipeline",
+    "stages",
 )
 # Below this many held-out errors a kind borrows the errors of all kinds pooled.
 MIN_ERRORS = 8
@@ -49,7 +50,16 @@ DEFAULT_CONFIDENCE = 0.8
 _DEFAULTS = Strategy()
 
 
-STRATEGY_KINDS: tuple[str, ...] = ("buckets", "dear", "compiled", "fsdp", "tensor", "pipeline")
+STRATEGY_KINDS: tuple[str, ...] = (
+    "buckets",
+    "dear",
+    "compiled",
+    "fsdp",
+    "tensor",
+    "layers",
+    "pipeline",
+    "stages",
+)
 
 
 def risk_kind(strategy: Strategy) -> str:

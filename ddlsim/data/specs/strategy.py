@@ -440,12 +440,13 @@ class Strategy:
 
     @property
     def kind(self) -> str:
-        """What the strategy mainly is, for reports by kind: ``pipeline``, ``tensor``
-        (parallelism), ``layers`` (tensor parallelism with per-layer placements), ``fsdp``,
+        """What the strategy mainly is, for reports by kind: ``pipeline``, ``stages`` (a
+        pipeline with tensor-parallel stages), ``tensor`` (parallelism), ``layers`` (tensor
+        parallelism with per-layer placements), ``fsdp``,
         ``compiled`` (blocks), ``dear``, or else (DDP's or the executor's) ``buckets``."""
         plan = self.parallel
         if plan.pp > 1:
-            return "pipeline"
+            return "stages" if "tp" in plan.stages else "pipeline"
         if plan.tp > 1:
             return "layers" if plan.per_layer else "tensor"
         if plan.fsdp:

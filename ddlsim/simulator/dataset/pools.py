@@ -165,4 +165,5 @@ FEATURES: dict[str, Callable[[Strategy], bool]] = {
     "tensor": lambda s: s.parallel.tp > 1,
     "layers": lambda s: s.parallel.per_layer,
     "pipeline": lambda s: s.parallel.pp > 1,
+    "stages": lambda s: "tp" in s.parallel.stages,
 }
