@@ -76,6 +76,10 @@ def model_supports(spec: ModelSpec, strategy: Strategy) -> bool:
             from ddlsim.executor.pipeline import check_pipeline
 
             check_pipeline(spec, plan)
+            if "tp" in plan.stages:
+                from ddlsim.data.tp_plans import check_tensor_parallel
+
+                check_tensor_parallel(spec, 2)  # a family with a plan (the ranks come later)
     except InvalidStrategyError:
         return False
     return True

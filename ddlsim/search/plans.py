@@ -27,8 +27,9 @@ def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> lis
     """Every parallel plan of the space that the model supports on ``world_size`` ranks and whose
     global batch splits evenly: data parallelism with gradient accumulation, FSDP (its default
     group per block) with and without it, tensor parallelism over each divisor of the world
-    size, and pipelines over each divisor with GPipe, 1F1B and interleaved 1F1B. DDP's plan
-    comes first."""
+    size, pipelines over each divisor with GPipe, 1F1B and interleaved 1F1B, and, where a stage
+    has two ranks or more, pipelines whose first stage is tensor-parallel over its ranks
+    (``parallel.stages``). DDP's plan comes first."""
     batch = spec.inputs.batch_size
     plans: list[ParallelPlan] = []
 
@@ -49,4 +50,16 @@ def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> lis
         for schedule in get_args(PipelineSchedule):
             for factor in PIPELINE_FACTORS:
                 add(ParallelPlan(pp=pp, micro_batches=pp * factor, pp_schedule=schedule))
+    # A tensor-parallel first stage over the ranks that run it, the others batch-split.
+    for pp in divisors:
+        if world_size // pp < 2:
+            continue
+        stages = ("tp",) + ("batch",) * (pp - 1)
+        for schedule in ("gpipe", "1f1b"):
+            for factor in PIPELINE_FACTORS:
+                add(
+                    ParallelPlan(
+                        pp=pp, micro_batches=pp * factor, pp_schedule=schedule, stages=stages
+                    )
+                )
     return list(dict.fromkeys(plans))

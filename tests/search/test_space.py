@@ -68,9 +68,12 @@ def test_candidate_plans_fit_the_world_size_and_the_batch() -> None:
     assert any(p.fsdp for p in plans) and any(p.tp == 2 for p in plans)
     # two blocks: pipelines of one stage a rank only (interleaving needs four stages)
     assert {p.pp_schedule for p in plans if p.pp > 1} == {"gpipe", "1f1b"}
+    # a tensor-parallel first stage where each stage has two ranks
+    assert {p.stages for p in plans if p.stages} == {("tp", "batch")}
+    assert not any(p.stages for p in candidate_plans(GPT2, 2, model_supports))
     # the reference MLP has no tensor-parallel plan; its Sequential body pipelines
-    mlp = candidate_plans(resolve_model("mlp"), 2, model_supports)
-    assert all(p.tp == 1 for p in mlp) and any(p.pp == 2 for p in mlp)
+    mlp = candidate_plans(resolve_model("mlp"), 4, model_supports)
+    assert all(p.tp == 1 and not p.stages for p in mlp) and any(p.pp == 2 for p in mlp)
 
 
 def test_memory_model_adds_up_and_shards() -> None:
