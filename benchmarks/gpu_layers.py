@@ -20,6 +20,7 @@ import gzip
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ def build_layers(shape: str, tp: int, layers: int, device: torch.device) -> tupl
         if tp > 1:
             head_dim = hidden // heads
             for block in stack:
-                attn = block.attn
+                attn: Any = block.attn
                 width = heads // tp * head_dim
                 attn.c_attn.weight = torch.nn.Parameter(attn.c_attn.weight[:, : 3 * width])
                 attn.c_attn.bias = torch.nn.Parameter(attn.c_attn.bias[: 3 * width])
@@ -103,7 +104,7 @@ def build_layers(shape: str, tp: int, layers: int, device: torch.device) -> tupl
     return stack, rotary, params
 
 
-def _run(stack, rotary, x: torch.Tensor, recompute: bool) -> torch.Tensor:
+def _run(stack: Any, rotary: Any, x: torch.Tensor, recompute: bool) -> torch.Tensor:
     kwargs: dict[str, Any] = {}
     if rotary is not None:
         positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
@@ -118,7 +119,7 @@ def _run(stack, rotary, x: torch.Tensor, recompute: bool) -> torch.Tensor:
     return x
 
 
-def _time(fn, calls: int, warmup: int = 2) -> dict[str, Any]:
+def _time(fn: Callable[[], Any], calls: int, warmup: int = 2) -> dict[str, Any]:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()

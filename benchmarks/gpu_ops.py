@@ -24,6 +24,7 @@ the output is gzipped JSON (what ``ddlsim/data/measured/`` keeps).
 """
 
 import argparse
+import functools
 import gzip
 import json
 import platform
@@ -132,7 +133,7 @@ def run_gemms(
             b = torch.randn(n, k, device=device, dtype=torch_dtype).t()
         elif layout == "tn":  # dW = X^T @ dY: the activation stored (k, m)
             a = torch.randn(k, m, device=device, dtype=torch_dtype).t()
-        timing = timer.time(lambda a=a, b=b: torch.mm(a, b))
+        timing = timer.time(functools.partial(torch.mm, a, b))
         moved = BYTES[dtype] * (m * k + k * n + m * n)
         out.append(
             {
@@ -163,8 +164,8 @@ def run_fp8_gemms(timer: Timer, quick: bool, out: list[dict[str, Any]]) -> None:
         b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()
         one = torch.ones((), device=device)
         timing = timer.time(
-            lambda a=a, b=b, one=one: torch._scaled_mm(
-                a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16
+            functools.partial(
+                torch._scaled_mm, a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16
             )
         )
         out.append(
@@ -204,11 +205,10 @@ def run_sdpa(timer: Timer, quick: bool, out: list[dict[str, Any]]) -> None:
                 grad = torch.randn_like(q)
                 flops = 4 * batch * heads * seq * seq * head_dim // (2 if causal else 1)
 
-                def forward(q=q, k=k, v=v, causal=causal) -> torch.Tensor:
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-                def both(q=q, k=k, v=v, grad=grad, causal=causal) -> None:
-                    forward(q, k, v, causal).backward(grad)
+                forward = functools.partial(
+                    F.scaled_dot_product_attention, q, k, v, is_causal=causal
+                )
+                both = functools.partial(_forward_backward, forward, grad)
 
                 with torch.no_grad():
                     fwd = timer.time(forward)
@@ -229,6 +229,10 @@ def run_sdpa(timer: Timer, quick: bool, out: list[dict[str, Any]]) -> None:
                     {**common, "pass": "forward_backward", "flops": int(3.5 * flops), **full}
                 )
                 del q, k, v, grad
+
+
+def _forward_backward(forward: Callable[[], torch.Tensor], grad: torch.Tensor) -> None:
+    forward().backward(grad)
 
 
 def _memory_bound(
@@ -288,7 +292,16 @@ def _memory_bound(
 
 
 def run_memory_bound(timer: Timer, quick: bool, out: list[dict[str, Any]]) -> None:
-    def time_op(op, dtype, shape, fn_of, *, inputs=1, backward=True, **extra) -> None:
+    def time_op(
+        op: str,
+        dtype: str,
+        shape: tuple[int, ...],
+        fn_of: Callable,
+        *,
+        inputs: int = 1,
+        backward: bool = True,
+        **extra: Any,
+    ) -> None:
         _memory_bound(
             timer, op, dtype, shape, fn_of, inputs=inputs, backward=backward, out=out, **extra
         )
@@ -347,7 +360,10 @@ def run_adamw(timer: Timer, quick: bool, out: list[dict[str, Any]]) -> None:
         for impl in ("fused", "foreach"):
             if impl == "fused" and timer.device.type != "cuda":
                 continue
-            optimizer = torch.optim.AdamW(params, lr=1e-4, **{impl: True})
+            if impl == "fused":
+                optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
+            else:
+                optimizer = torch.optim.AdamW(params, lr=1e-4, foreach=True)
             timing = timer.time(optimizer.step, max_calls=20)
             out.append(
                 {
@@ -395,12 +411,12 @@ def main() -> None:
     device = torch.device(args.device)
     timer = Timer(device, args.budget_s, args.case_s)
     records: list[dict[str, Any]] = []
-    sections = {
+    sections: dict[str, Callable[[Timer, bool, list[dict[str, Any]]], None]] = {
         "gemm": run_gemms,
         "sdpa": run_sdpa,
         "memory": run_memory_bound,
         "adamw": run_adamw,
-        "gemm_other": lambda *a: run_gemms(*a, dtypes=("fp16", "tf32", "fp32")),
+        "gemm_other": functools.partial(run_gemms, dtypes=("fp16", "tf32", "fp32")),
         "gemm_fp8": run_fp8_gemms,
     }
     done, stopped = [], None

@@ -195,9 +195,9 @@ def check_layouts(
             not divide (not checked when ``rank_batch`` is ``None``), or mixed layouts in a
             stack whose blocks share a position bias.
     """
+    check_tensor_parallel(spec, parallel.tp)  # a family with a plan, heads tp divides
     family = tp_family(spec)
-    if family is None:
-        check_tensor_parallel(spec, parallel.tp)  # raises, naming the families that have plans
+    assert family is not None  # check_tensor_parallel refused the others
     plan = PLANS[family]
     with torch.device("meta"):
         model = build_model(spec)

@@ -280,7 +280,7 @@ def explore_layers(
         # thing, which fewer ranks would do as well; not a placement worth offering.
         return vocab == "replicate" and all(layout == "replicate" for layout in layers)
 
-    seeds = [
+    seeds: list[tuple[tuple[str, ...], str]] = [
         ((layout,) * blocks, vocab)
         for layout in layouts
         for vocab in VOCAB_LAYOUTS
@@ -291,16 +291,16 @@ def explore_layers(
     if not scored:
         return base
     best_ms, (layers, vocab) = min(scored, key=lambda item: item[0])
-    layers = list(layers)
     improved = True
     while improved and not done():
         improved = False
         for index in range(blocks + 1):  # the last move flips the vocabulary
             if done():
                 break
+            moves: list[tuple[tuple[str, ...], str]]
             if index < blocks:
                 moves = [
-                    ([*layers[:index], alt, *layers[index + 1 :]], vocab)
+                    ((*layers[:index], alt, *layers[index + 1 :]), vocab)
                     for alt in layouts
                     if alt != layers[index]
                 ]
@@ -311,7 +311,7 @@ def explore_layers(
                 moves, price([placed(*move) for move in moves]), strict=True
             ):
                 if ms is not None and ms < best_ms:
-                    best_ms, layers, vocab, improved = ms, list(moved), moved_vocab, True
+                    best_ms, layers, vocab, improved = ms, moved, moved_vocab, True
     return placed(layers, vocab)
 
 

@@ -18,6 +18,8 @@ from ddlsim.data.specs.strategy import ParallelPlan, PipelineSchedule, Strategy
 ACCUMULATION = (1, 2, 4)
 PIPELINE_FACTORS = (1, 2, 4)
 TP_MICRO_BATCHES = (1, 2)
+# Schedules of pipelines with a tensor-parallel stage (one stage a rank).
+STAGED_SCHEDULES: tuple[PipelineSchedule, ...] = ("gpipe", "1f1b")
 
 Supports = Callable[[ModelSpec, Strategy], bool]
 """Whether the executor can run a strategy's plan for a model (``model_supports``)."""
@@ -55,11 +57,11 @@ def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> lis
         if world_size // pp < 2:
             continue
         stages = ("tp",) + ("batch",) * (pp - 1)
-        for schedule in ("gpipe", "1f1b"):
+        for staged in STAGED_SCHEDULES:
             for factor in PIPELINE_FACTORS:
                 add(
                     ParallelPlan(
-                        pp=pp, micro_batches=pp * factor, pp_schedule=schedule, stages=stages
+                        pp=pp, micro_batches=pp * factor, pp_schedule=staged, stages=stages
                     )
                 )
     return list(dict.fromkeys(plans))

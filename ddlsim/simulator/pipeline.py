@@ -140,13 +140,12 @@ def stage_costs(
     grad_bytes = [0] * stages
     for node in graph.nodes:
         owner = param_stage.get(node.param, stages - 1) if node.param is not None else None
-        split = tensor.get(owner) if owner is not None else None
-        is_split = split is not None and node.param in split.split_params
-        if node.kind == "grad_ready" and owner is not None and not is_split:
+        held = tensor.get(owner) if owner is not None else None
+        shards = held.ranks if held is not None and node.param in held.split_params else 1
+        if node.kind == "grad_ready" and owner is not None and shards == 1:
             grad_bytes[owner] += node.grad_bytes  # a split stage's shards are not all-reduced
         elif node.kind == "optimizer" and owner is not None:
-            step = float(node_ms.get(node.id, 0.0))
-            ms[owner]["opt"] += step / split.ranks if is_split and split else step
+            ms[owner]["opt"] += float(node_ms.get(node.id, 0.0)) / shards
     boundary = [
         _last_output_bytes(graph, [i for i in in_blocks if stage[i] == s]) for s in range(stages)
     ]

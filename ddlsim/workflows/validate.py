@@ -171,11 +171,10 @@ def strategies_for(spec: ModelSpec, world_size: int, count: int) -> list[Strateg
     whose micro-batches divide the global batch."""
     chosen = []
     for candidate in CANDIDATES:
-        raw = candidate
-        if candidate.get("parallel", {}).get("layers") == MIXED_LAYERS:
-            raw = _mixed_layers(spec, candidate)
-            if raw is None:
-                continue
+        mixed = candidate.get("parallel", {}).get("layers") == MIXED_LAYERS
+        raw = _mixed_layers(spec, candidate) if mixed else candidate
+        if raw is None:
+            continue
         strategy = Strategy.from_dict(raw)
         if not strategy.parallel.fits(spec.inputs.batch_size, world_size):
             continue

@@ -4,6 +4,7 @@ the global batch; models that cannot be split are refused before any rank starts
 import copy
 import dataclasses
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -96,7 +97,7 @@ def _build(ctx: RankContext) -> TensorParallelTrainer:
     return TensorParallelTrainer(ctx, ctx.build_model())
 
 
-def _run(spec: ModelSpec, world_size: int, parallel: dict[str, int]) -> list[Losses]:
+def _run(spec: ModelSpec, world_size: int, parallel: dict[str, Any]) -> list[Losses]:
     return run_trainer(world_size, _build, spec, Strategy.from_dict({"parallel": parallel}))
 
 

@@ -2,7 +2,7 @@
 the best uniform placement, finds a mixed optimum when one exists, and stops when told."""
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.search.backtrack import explore_layers
@@ -12,7 +12,9 @@ BASE = Strategy(parallel=ParallelPlan(tp=2))
 LAYOUTS = ("tp", "replicate", "batch")
 
 
-def _pricer(costs: Sequence[dict[str, float]], switch: float, calls: list[int]):
+def _pricer(
+    costs: Sequence[dict[str, float]], switch: float, calls: list[int]
+) -> Callable[[Sequence[Strategy]], list[float | None]]:
     """Block ``i`` in layout ``l`` costs ``costs[i][l]``; every change of layout between
     neighbours ``switch``; a whole vocabulary 1 more than a split one."""
 
