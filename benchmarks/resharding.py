@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
+from ddlsim.data.resharding import MeshLayout
 from ddlsim.data.store import Store
-from ddlsim.workflows.resharding import parse_mesh, reshard
+from ddlsim.workflows.resharding import reshard
 
 MIB = 1 << 20
 
@@ -43,7 +44,7 @@ def main() -> None:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for pair in args.pairs:
         src_text, _, dst_text = pair.partition(">")
-        src, dst = parse_mesh(src_text), parse_mesh(dst_text)
+        src, dst = MeshLayout.parse(src_text), MeshLayout.parse(dst_text)
         with Store.open(args.db) as store:
             found = reshard(
                 store,

@@ -33,6 +33,20 @@ class MeshLayout:
                 f"mesh layout {self.layout!r} is not supported; allowed: {', '.join(MESH_LAYOUTS)}"
             )
 
+    @classmethod
+    def parse(cls, text: str) -> "MeshLayout":
+        """``RANKS:LAYOUT`` (``2:shard``, ``1:replicate``).
+
+        Raises:
+            InvalidOptionError: naming the text and what is allowed.
+        """
+        ranks, _, layout = text.partition(":")
+        if not ranks.strip().isdigit() or not layout:
+            raise InvalidOptionError(
+                f"mesh {text!r} is not RANKS:LAYOUT; e.g. 2:shard or 1:replicate"
+            )
+        return cls(int(ranks), layout.strip())
+
     @property
     def parts(self) -> int:
         """How many parts the tensor is split into on this mesh (1 when replicated)."""

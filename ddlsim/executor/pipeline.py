@@ -374,7 +374,7 @@ class PipelineTrainer(SynchronousTrainer):
         assert family is not None  # check_stage_layouts refused the others
         plan = PLANS[family]
         mine = set(stack.blocks[span[0] : span[1]])
-        paths = [p for p in block_paths(plan, (n for n, _ in model.named_modules() if n))]
+        paths = block_paths(plan, (n for n, _ in model.named_modules() if n))
         placed = ParallelPlan(
             tp=self.ctx.dp,
             layers=tuple("tp" if path in mine else "replicate" for path in paths),

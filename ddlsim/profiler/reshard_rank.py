@@ -12,6 +12,7 @@ machine. Rank 0 writes ``{"samples": [{"method", "size_bytes", "times_us"}]}`` t
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -43,9 +44,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def parse_mesh(text: str) -> MeshLayout:
-    ranks, _, layout = text.partition(":")
-    return MeshLayout(int(ranks), layout)
+@dataclasses.dataclass(frozen=True)
+class Move:
+    """One method and size on this rank: ``run`` moves ``whole`` (the buffer sent and
+    received into), and ``result`` is what a destination rank ends up holding."""
+
+    run: Callable[[], None]
+    whole: torch.Tensor
+    result: torch.Tensor
 
 
 class Mover:
@@ -56,7 +62,7 @@ class Mover:
     ) -> None:
         self.rank, self.src, self.dst, self.groups = rank, src, dst, groups
 
-    def operation(self, method: str, elements: int) -> Callable[[], None]:
+    def operation(self, method: str, elements: int) -> Move:
         src, dst, rank = self.src, self.dst, self.rank
         whole = torch.ones(elements)
         gathered = torch.empty(elements)
@@ -65,7 +71,6 @@ class Mover:
         tiles = max((t.tile for t in transfers), default=0) + 1
         tile_elements = elements // tiles  # the caller makes elements a multiple of the tiles
         gather = method == "sendrecv_allgather" and dst.layout == "replicate" and dst.ranks > 1
-        self.last = (whole, gathered if gather else whole, elements)
 
         def run() -> None:
             requests = []
@@ -94,19 +99,19 @@ class Mover:
                     gathered, whole[mine * part : (mine + 1) * part], group=self.groups["dst"]
                 )
 
-        return run
+        return Move(run, whole, gathered if gather else whole)
 
-    def check(self, method: str, run: Callable[[], None]) -> None:
-        """Run ``method`` once with the sources holding ``0 .. n-1`` and the destinations
+    def check(self, method: str, move: Move) -> None:
+        """Run ``move`` once with the sources holding ``0 .. n-1`` and the destinations
         zeros; raise unless every destination rank then holds what its layout says."""
-        whole, result, elements = self.last
+        whole, result, elements = move.whole, move.result, move.whole.numel()
         expected = torch.arange(elements, dtype=torch.float32)
         if self.rank < self.src.ranks:
             whole.copy_(expected)
         else:
             whole.zero_()
             result.zero_()
-        run()
+        move.run()
         if self.rank < self.src.ranks:
             return
         mine = self.rank - self.src.ranks
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
-    src, dst = parse_mesh(args.src), parse_mesh(args.dst)
+    src, dst = MeshLayout.parse(args.src), MeshLayout.parse(args.dst)
     if src.ranks + dst.ranks != world_size:
         print(f"the meshes need {src.ranks + dst.ranks} ranks, got {world_size}", file=sys.stderr)
         return 2
@@ -162,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         elements = max(lcm_parts, size // _ELEMENT_BYTES // lcm_parts * lcm_parts)
         runs = {}
         for method in args.methods.split(","):
-            runs[method] = mover.operation(method, elements)
-            mover.check(method, runs[method])
+            move = mover.operation(method, elements)
+            mover.check(method, move)
+            runs[method] = move.run
         timed = _time(runs, args.warmup, args.repeats)
         for method, times in timed.items():
             samples.append(

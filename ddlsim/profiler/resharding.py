@@ -21,6 +21,8 @@ from ddlsim.profiler.cluster import EmulatedCluster
 
 RANK_MODULE = "ddlsim.profiler.reshard_rank"
 MAX_RANKS = 16
+# Every rank holds the whole tensor twice (and every rank runs on this machine).
+MAX_SIZE_BYTES = 1 << 30
 
 
 def measure_resharding(
@@ -39,8 +41,8 @@ def measure_resharding(
     ``{"samples": [{"method", "size_bytes", "times_us", "median_ms"}], "network": ...}``.
 
     Raises:
-        InvalidOptionError: more than ``MAX_RANKS`` ranks, no sizes, an unknown method, or
-            counts below 1, before any process starts.
+        InvalidOptionError: more than ``MAX_RANKS`` ranks, no sizes or one over
+            ``MAX_SIZE_BYTES``, an unknown method, or counts below 1, before any process starts.
         InvalidClusterError: ``bandwidth`` is not a rate.
         ClusterRunError: a rank failed (a method delivered wrong values) or the run passed
             ``timeout_s``.
@@ -48,8 +50,10 @@ def measure_resharding(
     world_size = src.ranks + dst.ranks
     if world_size > MAX_RANKS:
         raise InvalidOptionError(f"src + dst = {world_size} ranks; at most {MAX_RANKS}")
-    if not sizes or any(size < 1 for size in sizes):
-        raise InvalidOptionError(f"sizes must be byte counts >= 1, got {list(sizes)}")
+    if not sizes or any(size < 1 or size > MAX_SIZE_BYTES for size in sizes):
+        raise InvalidOptionError(
+            f"sizes must be byte counts from 1 to {MAX_SIZE_BYTES} (1 GiB), got {list(sizes)}"
+        )
     for method in methods:
         if method not in RESHARD_METHODS:
             raise InvalidOptionError(

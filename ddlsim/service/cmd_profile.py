@@ -7,6 +7,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ddlsim.data.resharding import MeshLayout
 from ddlsim.data.store import (
     Store,
     add_collective_profile,
@@ -34,7 +35,7 @@ from ddlsim.service.output import (
     progress,
 )
 from ddlsim.workflows.profile import profile_batch
-from ddlsim.workflows.resharding import parse_mesh, reshard
+from ddlsim.workflows.resharding import reshard
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
@@ -138,7 +139,7 @@ def cmd_collectives(args: argparse.Namespace) -> int:
 
 
 def cmd_reshard(args: argparse.Namespace) -> int:
-    src, dst = parse_mesh(args.src), parse_mesh(args.dst)
+    src, dst = MeshLayout.parse(args.src), MeshLayout.parse(args.dst)
     sizes = parse_sizes(args.sizes)
     with Store.open(args.db) as store:
         rows = reshard(

@@ -36,10 +36,18 @@ from ddlsim.simulator.runtime import RuntimeCosts
 
 
 class Layouts:
-    """Which graph nodes lie in which repeated block, and each block's layout."""
+    """Which graph nodes lie in which repeated block, and each block's layout: ``layers`` in
+    block order (empty: every block ``tp``), or, given ``split_blocks``, ``tp`` for those block
+    paths and ``replicate`` for the others."""
 
     def __init__(
-        self, graph: IterationGraph, plan: TensorParallelPlan, layers: tuple[str, ...], vocab: str
+        self,
+        graph: IterationGraph,
+        plan: TensorParallelPlan,
+        layers: tuple[str, ...],
+        vocab: str,
+        *,
+        split_blocks: set[str] | None = None,
     ) -> None:
         prefixes: dict[str, None] = {}
         for node in graph.nodes:
@@ -47,6 +55,8 @@ class Layouts:
             for end in range(1, len(parts) + 1):
                 prefixes.setdefault(".".join(parts[:end]))
         self.blocks = block_paths(plan, prefixes)
+        if split_blocks is not None:
+            layers = tuple("tp" if b in split_blocks else "replicate" for b in self.blocks)
         self.layers = layers or ("tp",) * len(self.blocks)
         self.vocab = vocab
         self._block: dict[str, int | None] = {}
@@ -274,8 +284,7 @@ def split_stage(
     runtime's DTensor cost per split module (half as its forward ends, half as its backward
     does)."""
     costs = runtime or RuntimeCosts()
-    layouts = Layouts(graph, plan, (), "replicate")
-    layouts.layers = tuple("tp" if b in blocks else "replicate" for b in layouts.blocks)
+    layouts = Layouts(graph, plan, (), "replicate", split_blocks=blocks)
     sharded = frozenset(
         n for n in sharded_nodes(graph, plan, layouts) if graph.nodes[n].phase == "forward"
     )

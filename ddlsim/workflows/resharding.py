@@ -13,18 +13,6 @@ from ddlsim.profiler.resharding import measure_resharding
 from ddlsim.simulator.resharding import price_resharding
 
 
-def parse_mesh(text: str) -> MeshLayout:
-    """``RANKS:LAYOUT`` (``2:shard``, ``1:replicate``) as a :class:`MeshLayout`.
-
-    Raises:
-        InvalidOptionError: naming the text and what is allowed.
-    """
-    ranks, _, layout = text.partition(":")
-    if not ranks.strip().isdigit() or not layout:
-        raise InvalidOptionError(f"mesh {text!r} is not RANKS:LAYOUT; e.g. 2:shard or 1:replicate")
-    return MeshLayout(int(ranks), layout.strip())
-
-
 def link_fit(store: Store, collective: str, world_size: int, bandwidth: str) -> AlphaBeta:
     """The store's latest gloo fit of ``collective`` over ``world_size`` ranks at
     ``bandwidth``; for ``sendrecv`` (one message a rank each way, whatever the ranks) the

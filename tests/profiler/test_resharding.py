@@ -34,7 +34,8 @@ def test_every_method_delivers_and_is_timed(src: MeshLayout, dst: MeshLayout) ->
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"sizes": []}, "sizes must be byte counts >= 1"),
+        ({"sizes": []}, "sizes must be byte counts from 1 to"),
+        ({"sizes": [2 << 30]}, "sizes must be byte counts from 1 to 1073741824 (1 GiB)"),
         ({"sizes": [1024], "methods": ["scatter"]}, "method 'scatter' is not supported"),
         ({"sizes": [1024], "repeats": 0}, "repeats(0) >= 1"),
     ],
