@@ -223,7 +223,33 @@ def apply_tensor_parallel(
                     setattr(module, attribute, value // tp)
     parallelize_module(model, mesh, {path: _STYLES[style]() for path, style in styles.items()})
     _retie(tied)
+    _keep_gradients_split(model)
     return styles
+
+
+def _keep_gradients_split(model: nn.Module) -> None:
+    """Give every split parameter's gradient the parameter's own placements as it lands.
+
+    DTensor's sharding propagation may leave a gradient whole although its parameter is split:
+    a vocabulary-split embedding's backward (Replicate token ids, Replicate output gradient)
+    can come out ``Replicate``, depending on what the process propagated before (llama and
+    mistral, the first plan a process builds). Each rank would then average and step the whole
+    table over its data-parallel group, twice the bytes of its shard. Slicing a replicated
+    gradient to the parameter's shard is local (no communication) and what every plan expects.
+    """
+
+    def reshard(param: torch.Tensor) -> None:
+        grad = param.grad
+        if (
+            isinstance(param, DTensor)
+            and isinstance(grad, DTensor)
+            and grad.placements != param.placements
+        ):
+            param.grad = grad.redistribute(param.device_mesh, param.placements)
+
+    for param in model.parameters():
+        if isinstance(param, DTensor) and param.requires_grad:
+            param.register_post_accumulate_grad_hook(reshard)
 
 
 def _split_samples(x: torch.Tensor, mesh: Any) -> torch.Tensor:
