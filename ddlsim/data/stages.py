@@ -14,6 +14,54 @@ if TYPE_CHECKING:
 
 # Stages per rank under the interleaved schedule (torchtitan's default is also two).
 VIRTUAL_STAGES = 2
+# The schedules that run one stage a rank.
+ONE_STAGE_A_RANK: tuple[str, ...] = ("gpipe", "1f1b", "eager_1f1b")
+
+
+def warmup_forwards(schedule: str, stage: int, stages: int, micro_batches: int) -> int:
+    """Forwards stage ``stage`` of ``stages`` (one stage a rank) runs before its first backward.
+
+    ``gpipe``: all of them. ``1f1b``: ``stages - stage``, as ``torch.distributed.pipelining``'s
+    ``Schedule1F1B`` runs it (its first stage's last warm-up send goes out with its first
+    backward). ``eager_1f1b`` (Alpa's eager 1F1B): ``2 * (stages - stage) - 1``, so that a stage
+    has the next micro-batches' activations computed, and their sends to the next stage (and
+    any resharding on the way) in flight, while it runs its backwards; more activations are
+    held in exchange. Each is capped at ``micro_batches``.
+
+    Raises:
+        ValueError: a schedule without one stage a rank (``interleaved_1f1b``) or unknown.
+    """
+    if schedule == "gpipe":
+        warmup = micro_batches
+    elif schedule == "1f1b":
+        warmup = stages - stage
+    elif schedule == "eager_1f1b":
+        warmup = 2 * (stages - stage) - 1
+    else:
+        allowed = ", ".join(ONE_STAGE_A_RANK)
+        raise ValueError(f"{schedule!r} has no one-stage-a-rank order; allowed: {allowed}")
+    return min(warmup, micro_batches)
+
+
+def stage_order(
+    schedule: str, stage: int, stages: int, micro_batches: int
+) -> list[tuple[str, int]]:
+    """The (``"F"``/``"B"``, micro-batch) order of a stage that has a rank to itself: its warm-up
+    forwards (:func:`warmup_forwards`), then a backward and a forward in turn, then the
+    backwards left.
+
+    Raises:
+        ValueError: as :func:`warmup_forwards`.
+    """
+    warmup = warmup_forwards(schedule, stage, stages, micro_batches)
+    order = [("F", m) for m in range(warmup)]
+    forward = warmup
+    for backward in range(micro_batches):
+        order.append(("B", backward))
+        if forward < micro_batches:
+            order.append(("F", forward))
+            forward += 1
+    return order
 
 
 def stage_count(plan: "ParallelPlan") -> int:

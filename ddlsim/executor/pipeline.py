@@ -1,4 +1,5 @@
-"""Pipeline parallelism with ``torch.distributed.pipelining`` (GPipe, 1F1B, interleaved 1F1B).
+"""Pipeline parallelism with ``torch.distributed.pipelining`` (GPipe, 1F1B, eager 1F1B,
+interleaved 1F1B).
 
 A model is cut into stages along its one stack of repeated blocks (the outermost
 ``nn.ModuleList``, such as GPT-2's ``transformer.h``; for a model without one, its longest
@@ -40,6 +41,11 @@ from torch.distributed.pipelining import (
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
 )
+from torch.distributed.pipelining.schedules import (
+    _Action,
+    _ComputationType,
+    _PipelineScheduleRuntime,
+)
 from torch.distributed.tensor import DTensor
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -47,7 +53,13 @@ from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan
-from ddlsim.data.stages import BlockStack, balanced_cuts, block_stack, stage_count
+from ddlsim.data.stages import (
+    BlockStack,
+    balanced_cuts,
+    block_stack,
+    stage_count,
+    stage_order,
+)
 from ddlsim.data.tp_plans import PLANS, block_paths, check_tensor_parallel, tp_family
 from ddlsim.executor.context import (
     RankContext,
@@ -129,6 +141,27 @@ class _TakeShare(torch.autograd.Function):
         whole = torch.empty((grad.shape[0] * ctx.n, *grad.shape[1:]), dtype=grad.dtype)
         dist.all_gather_into_tensor(whole, grad.contiguous(), group=ctx.group)
         return whole / ctx.n, None, None, None
+
+
+class _OneStageOrder(_PipelineScheduleRuntime):
+    """A one-stage-a-rank schedule run in :func:`data.stages.stage_order`'s order (eager 1F1B)
+    on ``torch.distributed.pipelining``'s runtime, which adds the sends and receives: a
+    forward's activation is sent as soon as it is computed and waited on only by its
+    receiver."""
+
+    def __init__(self, stage: PipelineStage, micro_batches: int, schedule: str, loss_fn: Any):
+        super().__init__([stage], micro_batches, loss_fn=loss_fn, scale_grads=False)
+        stages = stage.num_stages
+        kinds = {"F": _ComputationType.FORWARD, "B": _ComputationType.FULL_BACKWARD}
+        self._prepare_schedule_with_comms(
+            {
+                rank: [
+                    _Action(rank, kinds[kind], m)
+                    for kind, m in stage_order(schedule, rank, stages, micro_batches)
+                ]
+                for rank in range(stages)
+            }
+        )
 
 
 class _StageEnd(Exception):  # noqa: N818 (control flow, not an error)
@@ -404,6 +437,8 @@ class PipelineTrainer(SynchronousTrainer):
             return ScheduleGPipe(self.stages[0], n, loss_fn=loss_fn, scale_grads=False)
         if name == "1f1b":
             return Schedule1F1B(self.stages[0], n, loss_fn=loss_fn, scale_grads=False)
+        if name == "eager_1f1b":
+            return _OneStageOrder(self.stages[0], n, name, loss_fn)
         return ScheduleInterleaved1F1B(self.stages, n, loss_fn=loss_fn, scale_grads=False)
 
     def step(self) -> torch.Tensor:

@@ -19,7 +19,7 @@ ACCUMULATION = (1, 2, 4)
 PIPELINE_FACTORS = (1, 2, 4)
 TP_MICRO_BATCHES = (1, 2)
 # Schedules of pipelines with a tensor-parallel stage (one stage a rank).
-STAGED_SCHEDULES: tuple[PipelineSchedule, ...] = ("gpipe", "1f1b")
+STAGED_SCHEDULES: tuple[PipelineSchedule, ...] = ("gpipe", "1f1b", "eager_1f1b")
 
 Supports = Callable[[ModelSpec, Strategy], bool]
 """Whether the executor can run a strategy's plan for a model (``model_supports``)."""

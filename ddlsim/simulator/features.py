@@ -305,7 +305,7 @@ def strategy_sample(
         math.log2(plan.tp),
         math.log2(plan.pp),
         float(plan.fsdp),
-        float(plan.pp > 1 and plan.pp_schedule == "1f1b"),
+        float(plan.pp > 1 and plan.pp_schedule in ("1f1b", "eager_1f1b")),
         float(plan.pp > 1 and plan.pp_schedule == "interleaved_1f1b"),
     )
     return StrategySample(

@@ -165,6 +165,8 @@ def _chunks_in_flight(schedule: str, pp: int, micro_batches: int) -> int:
         return micro_batches
     if schedule == "1f1b":
         return min(pp, micro_batches)
+    if schedule == "eager_1f1b":
+        return min(2 * pp - 1, micro_batches)
     # torch's interleaved 1F1B: rank 0 warms up with (V - 1) * pp + 2 * (pp - 1) forwards,
     # then runs one more before its first backward.
     chunks = (VIRTUAL_STAGES - 1) * pp + 2 * (pp - 1) + 1

@@ -1,4 +1,5 @@
-"""Replay of a pipeline-parallel iteration (GPipe, 1F1B, interleaved 1F1B) with its bubbles.
+"""Replay of a pipeline-parallel iteration (GPipe, 1F1B, eager 1F1B, interleaved 1F1B) with its
+bubbles.
 
 The stages are the executor's (:mod:`data.stages`): the model's stack of blocks cut so that the
 blocks' forward FLOPs balance, read here from the graph (the FLOPs of a block's forward nodes).
@@ -10,9 +11,11 @@ executor's stages run the model's own forward up to their blocks and discard it)
 
 Each rank is one compute stream running its stages' micro-batches in its schedule's order:
 GPipe runs every forward, then every backward; 1F1B runs ``stages - stage`` forwards, then
-alternates one backward and one forward, then the remaining backwards; interleaved 1F1B gives
-each rank two stages (``s`` and ``s + pp``) and orders them as :func:`interleaved_order` says
-(all three are ``torch.distributed.pipelining``'s orders). A forward waits for the previous
+alternates one backward and one forward, then the remaining backwards; eager 1F1B warms up with
+``2 * (stages - stage) - 1`` forwards instead (:func:`data.stages.warmup_forwards`); interleaved
+1F1B gives each rank two stages (``s`` and ``s + pp``) and orders them as
+:func:`interleaved_order` says (the executor's orders: ``torch.distributed.pipelining``'s, and
+eager 1F1B's on its runtime). A forward waits for the previous
 stage's forward of the same micro-batch and the activation's transfer (the send/recv model); a
 backward waits for the next stage's backward and the gradient's transfer. After its last
 backward each rank all-reduces its stages' gradients over its data-parallel group and steps
@@ -25,7 +28,7 @@ from collections.abc import Mapping
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import GraphNode, IterationGraph
-from ddlsim.data.stages import balanced_cuts
+from ddlsim.data.stages import ONE_STAGE_A_RANK, balanced_cuts, stage_order
 from ddlsim.simulator.replay import Event, ReplayResult, UnsupportedPlanError
 
 
@@ -234,31 +237,19 @@ def _last_output_bytes(graph: IterationGraph, ids: list[int]) -> int:
 def schedule_order(
     schedule: str, stage: int, stages: int, micro_batches: int
 ) -> list[tuple[str, int]]:
-    """The (``"F"``/``"B"``, micro-batch) order of one stage that has a rank to itself.
+    """The (``"F"``/``"B"``, micro-batch) order of one stage that has a rank to itself, as the
+    executor runs it (:func:`data.stages.stage_order`).
 
     Raises:
-        UnsupportedPlanError: a schedule other than ``gpipe`` and ``1f1b`` (interleaved 1F1B
-            runs several stages a rank: :func:`interleaved_order`).
+        UnsupportedPlanError: a schedule that runs several stages a rank (interleaved 1F1B:
+            :func:`interleaved_order`) or an unknown one.
     """
-    forwards = [("F", m) for m in range(micro_batches)]
-    backwards = [("B", m) for m in range(micro_batches)]
-    if schedule == "gpipe":
-        return forwards + backwards
-    if schedule != "1f1b":
+    if schedule not in ONE_STAGE_A_RANK:
         raise UnsupportedPlanError(
-            f"pp_schedule {schedule!r} runs several stages a rank; schedule_order covers gpipe "
-            "and 1f1b"
+            f"pp_schedule {schedule!r} runs several stages a rank; schedule_order covers "
+            f"{', '.join(ONE_STAGE_A_RANK)}"
         )
-    warmup = min(micro_batches, stages - stage)
-    order = forwards[:warmup]
-    f, b = warmup, 0
-    while b < micro_batches:
-        order.append(backwards[b])
-        b += 1
-        if f < micro_batches:
-            order.append(forwards[f])
-            f += 1
-    return order
+    return stage_order(schedule, stage, stages, micro_batches)
 
 
 def interleaved_order(
@@ -323,9 +314,10 @@ def rank_orders(
                 f"{stages} stages do not spread evenly over {ranks} pipeline ranks"
             )
         return [interleaved_order(r, ranks, stages // ranks, micro_batches) for r in range(ranks)]
-    if schedule not in ("gpipe", "1f1b"):
+    if schedule not in ONE_STAGE_A_RANK:
         raise UnsupportedPlanError(
-            f"the replay schedules gpipe, 1f1b and interleaved_1f1b; not {schedule!r}"
+            f"the replay schedules {', '.join(ONE_STAGE_A_RANK)} and interleaved_1f1b; not "
+            f"{schedule!r}"
         )
     if stages != ranks:
         raise UnsupportedPlanError(f"{schedule} runs one stage a rank; got {stages} on {ranks}")

@@ -36,6 +36,7 @@ def replay_parallel_plan(
     world_size: int,
     bandwidth: str,
     runtime: RuntimeCosts | None = None,
+    compute_scale: float = 1.0,
 ) -> ReplayResult:
     """Replay ``graph``'s FSDP, tensor-parallel or pipeline plan.
 
@@ -44,13 +45,23 @@ def replay_parallel_plan(
         models: collective models over the data-parallel ranks (:func:`comm_models`).
         runtime: what the plans' runtimes add to the rank's compute, at its compute scale
             (none by default).
+        compute_scale: how much slower a rank computes than its profile because ranks share
+            cores (:func:`simulator.costs.compute_scale`); stretches the CPU work of the
+            tensor-parallel plans' blocking collectives.
 
     Raises:
         UnsupportedPlanError: a combination the replay does not schedule, or a model the plan
             cannot split.
     """
     replay = _PlanReplay(
-        graph, durations, fits, models, world_size, bandwidth, runtime or RuntimeCosts()
+        graph,
+        durations,
+        fits,
+        models,
+        world_size,
+        bandwidth,
+        runtime or RuntimeCosts(),
+        compute_scale,
     )
     plan = graph.strategy.parallel
     if plan.pp > 1:
@@ -73,6 +84,7 @@ class _PlanReplay:
     world_size: int
     bandwidth: str
     runtime: RuntimeCosts
+    compute_scale: float = 1.0
 
     def pipeline(self) -> ReplayResult:
         """A pipeline plan: stages from the model's block stack, p2p from the send/recv fit of
@@ -197,6 +209,7 @@ class _PlanReplay:
             runtime=self.runtime,
             layers=plan.layers,
             vocab=plan.vocab,
+            compute_scale=self.compute_scale,
         )
 
     def _link_models(self, ranks: int) -> dict[str, AlphaBeta]:

@@ -146,6 +146,7 @@ def predict(
             world_size=world_size,
             bandwidth=bandwidth,
             runtime=runtime,
+            compute_scale=compute_scale,
         )
     prediction = Prediction(
         graph=graph,

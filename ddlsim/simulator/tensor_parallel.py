@@ -139,12 +139,25 @@ def replay_tensor_parallel(
     runtime: RuntimeCosts | None = None,
     layers: tuple[str, ...] = (),
     vocab: str = "split",
+    compute_scale: float = 1.0,
 ) -> ReplayResult:
     """One iteration of ``graph`` (the rank's micro-batch, unsplit) split ``tp`` ways, each
     block placed as ``layers`` says (empty: every block ``tp``); ``runtime``'s DTensor costs are
     charged per split module each micro-batch (half as its forward ends, half as its backward
-    does) and per split parameter to the optimizer."""
+    does) and per split parameter to the optimizer.
+
+    ``compute_scale`` above 1 (ranks sharing cores, :func:`simulator.costs.compute_scale`):
+    every collective here blocks its rank, and while it runs the rank's core-mates compute (the
+    tensor-parallel groups drift apart between their own collectives), so the compute the
+    collective needs (its fit's ``cpu_us``, measured beside it) gets ``1 / compute_scale`` of
+    a core and takes ``compute_scale - 1`` times its CPU time longer than the fit, which was
+    measured with a core to itself."""
     costs = runtime or RuntimeCosts()
+    stretch = max(0.0, compute_scale - 1.0)
+
+    def blocking_ms(model: AlphaBeta, nbytes: int) -> float:
+        return (model.time_us(nbytes) + stretch * model.cpu_us(nbytes)) / 1e3
+
     module_ms = costs.tp_us_per_module / 2 / 1e3
     layouts = Layouts(graph, plan, layers, vocab)
     sharded = sharded_nodes(graph, plan, layouts)
@@ -173,19 +186,19 @@ def replay_tensor_parallel(
         style = style_of[path]
         if style in ("rowwise", "vocab_embedding"):
             after.setdefault(node.id, []).append(
-                (f"all_reduce {path}", tp_all_reduce.time_us(_bytes(node)) / 1e3)
+                (f"all_reduce {path}", blocking_ms(tp_all_reduce, _bytes(node)))
             )
         elif style == "vocab_head":
             after.setdefault(node.id, []).append(
-                (f"all_gather {path}", tp_all_gather.time_us(_bytes(node)) / 1e3)
+                (f"all_gather {path}", blocking_ms(tp_all_gather, _bytes(node)))
             )
     for path, node_id in last_backward.items():
         if style_of[path] in ("colwise", "vocab_head"):
             after.setdefault(node_id, []).append(
-                (f"all_reduce grad {path}", tp_all_reduce.time_us(hidden) / 1e3)
+                (f"all_reduce grad {path}", blocking_ms(tp_all_reduce, hidden))
             )
     for label, node_id, nbytes in _boxing(graph, layouts):
-        after.setdefault(node_id, []).append((label, tp_all_gather.time_us(nbytes) / 1e3))
+        after.setdefault(node_id, []).append((label, blocking_ms(tp_all_gather, nbytes)))
     ends_module = {n.id for n in last_forward.values()} | set(last_backward.values())
     events: list[Event] = []
     clock = compute = comm = 0.0
@@ -205,7 +218,7 @@ def replay_tensor_parallel(
                 comm += comm_ms
     batch_bytes = sum(p.nbytes for p in graph.params if layouts.layout(p.module) == "batch")
     if batch_bytes:
-        summed = tp_all_reduce.time_us(batch_bytes) / 1e3
+        summed = blocking_ms(tp_all_reduce, batch_bytes)
         events.append(
             Event.span("comm", "batch blocks' gradients all_reduce", clock, clock + summed)
         )
@@ -214,7 +227,7 @@ def replay_tensor_parallel(
     # Each rank holds 1 / tp of the split modules' parameters and the whole of the others.
     whole = sum(p.nbytes for p in graph.params if p.module not in style_of)
     share = (graph.grad_bytes - whole) / tp + whole
-    sync = dp_all_reduce.time_us(int(share)) / 1e3 if dp > 1 else 0.0
+    sync = blocking_ms(dp_all_reduce, int(share)) if dp > 1 else 0.0
     if sync:
         events.append(Event.span("comm", "data-parallel all_reduce", clock, clock + sync))
     clock += sync

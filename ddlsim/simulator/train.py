@@ -222,6 +222,7 @@ def _plan_summary(
         world_size=run.world_size,
         bandwidth=run.bandwidth,
         runtime=runtime,
+        compute_scale=compute_scale(run.world_size, _cores(run)),
     )
     return ReplaySummary.of(result)
 

@@ -45,6 +45,7 @@ def _run(spec: ModelSpec, world_size: int, parallel: dict) -> list[Losses]:
         ("llama-tiny", "gpipe", 1),
         ("mlp", "interleaved_1f1b", 2),
         ("convnext-atto", "1f1b", 2),
+        ("gpt2-tiny", "eager_1f1b", 4),
     ],
 )
 def test_pp2_losses_match_single_process(name: str, schedule: str, micro_batches: int) -> None:
@@ -85,14 +86,18 @@ def test_dp2_pp2_matches_single_process() -> None:
     assert applied["collectives"] == ["send/recv:pp", "all_reduce:pp", "all_reduce:dp"]
 
 
-@pytest.mark.parametrize(("name", "schedule"), [("gpt2-tiny", "1f1b"), ("llama-tiny", "gpipe")])
+@pytest.mark.parametrize(
+    ("name", "schedule", "micro_batches"),
+    [("gpt2-tiny", "1f1b", 2), ("llama-tiny", "gpipe", 2), ("gpt2-tiny", "eager_1f1b", 4)],
+)
 def test_a_tensor_parallel_stage_then_a_batch_stage_match_single_process(
-    name: str, schedule: str
+    name: str, schedule: str, micro_batches: int
 ) -> None:
     # Stage 0 tensor-parallel over its two ranks on both ranks' samples, stage 1 batch-split:
     # each stage-0 rank sends its share on; the shares' gradients come back all-gathered.
-    spec = SPECS[name]
-    plan = {"dp": 2, "pp": 2, "micro_batches": 2, "pp_schedule": schedule}
+    # Eager 1F1B with 4 micro-batches: stage 0 runs 3 forwards before its first backward.
+    spec = SPECS[name].with_inputs(batch_size=2 * 2 * micro_batches)
+    plan = {"dp": 2, "pp": 2, "micro_batches": micro_batches, "pp_schedule": schedule}
     results = _run(spec, 4, {**plan, "stages": ["tp", "batch"]})
     assert_matches_reference(results[:1], spec)
     applied = results[0].applied

@@ -67,7 +67,7 @@ def test_candidate_plans_fit_the_world_size_and_the_batch() -> None:
         assert dp * plan.tp * plan.pp == 4 and 8 % (dp * plan.micro_batches) == 0
     assert any(p.fsdp for p in plans) and any(p.tp == 2 for p in plans)
     # two blocks: pipelines of one stage a rank only (interleaving needs four stages)
-    assert {p.pp_schedule for p in plans if p.pp > 1} == {"gpipe", "1f1b"}
+    assert {p.pp_schedule for p in plans if p.pp > 1} == {"gpipe", "1f1b", "eager_1f1b"}
     # a tensor-parallel first stage where each stage has two ranks
     assert {p.stages for p in plans if p.stages} == {("tp", "batch")}
     assert not any(p.stages for p in candidate_plans(GPT2, 2, model_supports))
@@ -102,11 +102,13 @@ def test_memory_model_adds_up_and_shards() -> None:
     assert fsdp.total_bytes < ddp.total_bytes
     gpipe = Strategy(parallel=ParallelPlan(pp=2, micro_batches=4, pp_schedule="gpipe"))
     one_f = Strategy(parallel=ParallelPlan(pp=2, micro_batches=4, pp_schedule="1f1b"))
+    eager = Strategy(parallel=ParallelPlan(pp=2, micro_batches=4, pp_schedule="eager_1f1b"))
     kept = {
         name: peak_memory(graph, s, world_size=2, blocks=evaluator.blocks).activations_bytes
-        for name, s in (("gpipe", gpipe), ("1f1b", one_f))
+        for name, s in (("gpipe", gpipe), ("1f1b", one_f), ("eager", eager))
     }
-    assert kept["1f1b"] < kept["gpipe"]  # 1F1B keeps pp micro-batches in flight, GPipe all
+    # 1F1B keeps pp micro-batches in flight, eager 1F1B 2 * pp - 1, GPipe all of them
+    assert kept["1f1b"] < kept["eager"] < kept["gpipe"]
 
 
 def test_the_evaluator_prices_every_kind_of_plan_and_memoises() -> None:

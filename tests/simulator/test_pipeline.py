@@ -35,6 +35,11 @@ def test_schedule_orders() -> None:
     assert schedule_order("1f1b", 0, 2, 4) == first
     last = [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3)]
     assert schedule_order("1f1b", 1, 2, 4) == last
+    # eager 1F1B: 2 * (stages - stage) - 1 warm-up forwards, the last stage as 1F1B's
+    eager = [("F", 0), ("F", 1), ("F", 2), ("B", 0), ("F", 3), ("B", 1), ("B", 2), ("B", 3)]
+    assert schedule_order("eager_1f1b", 0, 2, 4) == eager
+    assert schedule_order("eager_1f1b", 1, 2, 4) == last
+    assert schedule_order("eager_1f1b", 0, 2, 2) == schedule_order("1f1b", 0, 2, 2)
     with pytest.raises(UnsupportedPlanError, match="interleaved_1f1b"):
         schedule_order("interleaved_1f1b", 0, 2, 4)
 
@@ -108,7 +113,7 @@ def _stages(count: int, *, forward: float = 1.0, backward: float = 2.0) -> list[
     ]
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "eager_1f1b"])
 def test_two_stages_four_micro_batches_by_hand(schedule: str) -> None:
     # 4 x (1 + 2) ms of work per stage plus the fill and drain: (stages - 1) * (F + B) = 3 ms
     result = replay_pipeline(

@@ -87,6 +87,32 @@ def test_runtime_costs_charge_each_split_module_and_parameter(zoo_graph: GraphOf
     assert extra == pytest.approx(10 * 0.3 + params * 0.02)
 
 
+def test_shared_cores_stretch_the_collectives_cpu_work(zoo_graph: GraphOf) -> None:
+    graph = zoo_graph("gpt2-tiny")
+    busy = dict(cpu_alpha_us=2000.0, cpu_us_per_byte=0.0)
+    tp2 = functools.partial(
+        _gpt2_split_in_two(graph),
+        tp_all_reduce=AlphaBeta(
+            collective="all_reduce", world_size=2, alpha_us=1e3, busbw_gbps=1e12, **busy
+        ),
+        tp_all_gather=AlphaBeta(
+            collective="all_gather", world_size=2, alpha_us=1e3, busbw_gbps=1e12, **busy
+        ),
+        dp=2,
+        dp_all_reduce=AlphaBeta(
+            collective="all_reduce", world_size=2, alpha_us=5e3, busbw_gbps=1e12, **busy
+        ),
+    )
+    alone = tp2()
+    # A core of its own: the fits' times, whatever CPU work they measured beside them.
+    assert alone.comm_ms == pytest.approx(11.0 + 5.0)
+    # Two ranks a core: each of the 12 blocking collectives' 2 ms of CPU work takes twice as
+    # long, one more time its CPU work; compute is the caller's to scale.
+    shared = tp2(compute_scale=2.0)
+    assert shared.comm_ms == pytest.approx(alone.comm_ms + 12 * 2.0)
+    assert shared.compute_ms == pytest.approx(alone.compute_ms)
+
+
 def test_every_block_tp_prices_as_the_uniform_plan(zoo_graph: GraphOf) -> None:
     graph = zoo_graph("gpt2-tiny")
     tp2 = functools.partial(

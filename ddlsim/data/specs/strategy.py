@@ -20,8 +20,8 @@ from ddlsim.data.specs._serde import (
 )
 
 MIB = 1024 * 1024
-PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b"]
-PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b")
+PipelineSchedule = Literal["gpipe", "1f1b", "eager_1f1b", "interleaved_1f1b"]
+PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "eager_1f1b", "interleaved_1f1b")
 DEFAULT_BUCKET_CAP_MB = 25.0
 DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
 FusionImplementation = Literal["auto", "ddp", "hooks"]
@@ -149,7 +149,8 @@ class ParallelPlan:
             )
         if self.pp_schedule == "interleaved_1f1b" or self.tp > 1 or self.fsdp:
             raise InvalidStrategyError(
-                "parallel.stages needs one stage a rank (gpipe or 1f1b), tp 1 and no fsdp; got "
+                "parallel.stages needs one stage a rank (gpipe, 1f1b or eager_1f1b), tp 1 and no "
+                "fsdp; got "
                 f"{self.pp_schedule}, tp({self.tp}), fsdp({self.fsdp})"
             )
         first_batch = self.stages.index("batch") if "batch" in self.stages else len(self.stages)

@@ -121,13 +121,13 @@ def layers_pool(blocks: int) -> list[Strategy]:
             {
                 "parallel": {
                     "pp": 2,
-                    "micro_batches": 2,
+                    "micro_batches": m,
                     "pp_schedule": s,
                     "stages": ["tp", "batch"],
                 }
             }
         )
-        for s in ("1f1b", "gpipe")
+        for s, m in (("1f1b", 2), ("gpipe", 2), ("eager_1f1b", 4))
     ]
     return placed_pool + staged
 
