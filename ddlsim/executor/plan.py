@@ -32,7 +32,11 @@ def check_strategy(
     plan.rank_batch_size(spec.inputs.batch_size, world_size)
     fusion = strategy.tensor_fusion
     buckets = fusion.assign(graph.gradient_sizes)
-    if plan.tp > 1:
+    if plan.grid:
+        from ddlsim.data.grid import grid_layers
+
+        grid_layers(spec, plan.grid_axes)
+    elif plan.tp > 1:
         from ddlsim.data.tp_plans import check_layouts, check_tensor_parallel
 
         check_tensor_parallel(spec, plan.tp)
@@ -66,7 +70,11 @@ def model_supports(spec: ModelSpec, strategy: Strategy) -> bool:
     family, a stack of blocks to pipeline), whatever the world size and batch."""
     plan = strategy.parallel
     try:
-        if plan.tp > 1:
+        if plan.grid:
+            from ddlsim.data.grid import grid_layers
+
+            grid_layers(spec, plan.grid_axes)
+        elif plan.tp > 1:
             from ddlsim.data.tp_plans import check_layouts, check_tensor_parallel
 
             check_tensor_parallel(spec, plan.tp)
@@ -98,6 +106,10 @@ def build_trainer(ctx: RankContext, buckets: list[Bucket]) -> Trainer:
         from ddlsim.executor.pipeline import PipelineTrainer
 
         return PipelineTrainer(ctx, model)
+    if plan.grid:
+        from ddlsim.executor.grid import GridTrainer
+
+        return GridTrainer(ctx, model)
     if plan.tp > 1:
         from ddlsim.executor.tensor_parallel import TensorParallelTrainer
 

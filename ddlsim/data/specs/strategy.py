@@ -38,6 +38,8 @@ VOCAB_LAYOUTS: tuple[str, ...] = ("split", "replicate")
 # stage split its micro-batches by sample (``batch``, plain pipeline x data parallelism) or run
 # it tensor-parallel on the samples of all of them together (``tp``).
 STAGE_LAYOUTS: tuple[str, ...] = ("batch", "tp")
+# The axes of a grid plan's tensor-parallel ranks (``ParallelPlan.grid``), in that order.
+GRID_AXES: tuple[str, ...] = ("rows", "cols", "depth")
 ReduceScatterImplementation = Literal["auto", "ring", "native"]
 REDUCE_SCATTER_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ring", "native")
 
@@ -70,6 +72,12 @@ class ParallelPlan:
     run it (``STAGE_LAYOUTS``; empty means every stage ``batch``): ``tp`` stages first, then
     ``batch`` ones, one stage a rank. Activations leaving the last ``tp`` stage are resharded
     from the stage's ranks (each holding all samples) to the next stage's (each its share).
+
+    ``grid`` (``[rows, cols, depth]``) splits every linear layer of the blocks over a 3-D grid
+    of the ``tp = rows * cols * depth`` tensor-parallel ranks, AxoNN's way
+    (``executor/grid.py``); ``[1, tp, 1]`` is Megatron's 1-D split. ``grid_overlap`` issues the
+    grid's backward collectives asynchronously, overlapped with the layer's weight gradient and
+    the earlier layers' backward.
     """
 
     dp: int | None = None
@@ -82,6 +90,8 @@ class ParallelPlan:
     layers: tuple[str, ...] = ()
     vocab: str = "split"
     stages: tuple[str, ...] = ()
+    grid: tuple[int, ...] = ()
+    grid_overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.dp is not None:
@@ -102,6 +112,7 @@ class ParallelPlan:
             object.__setattr__(
                 self, "fsdp_groups", _string_groups(self.fsdp_groups, "parallel.fsdp_groups")
             )
+        self._check_grid()
         self._check_layouts()
         self._check_stages()
         if self.pp > 1 and self.micro_batches < self.pp and self.pp_schedule != "gpipe":
@@ -129,6 +140,45 @@ class ParallelPlan:
             raise InvalidStrategyError(
                 "parallel.layers combines with data parallelism only; this plan has "
                 f"pp({self.pp}), fsdp({self.fsdp})"
+            )
+
+    def _check_grid(self) -> None:
+        if not isinstance(self.grid_overlap, bool):
+            raise InvalidStrategyError(
+                f"parallel.grid_overlap must be true or false, got {self.grid_overlap!r}"
+            )
+        if isinstance(self.grid, str) or not isinstance(self.grid, Sequence):
+            raise InvalidStrategyError(
+                f"parallel.grid must be a list [rows, cols, depth], got {self.grid!r}"
+            )
+        object.__setattr__(self, "grid", tuple(self.grid))
+        if not self.grid:
+            return
+        if len(self.grid) != len(GRID_AXES):
+            raise InvalidStrategyError(
+                f"parallel.grid must be a list [rows, cols, depth] of 3 sizes, got "
+                f"{list(self.grid)}"
+            )
+        for axis, size in zip(GRID_AXES, self.grid, strict=True):
+            expect_int(size, f"parallel.grid {axis}", InvalidStrategyError)
+        product = self.grid[0] * self.grid[1] * self.grid[2]
+        if self.tp == 1 and product > 1:
+            object.__setattr__(self, "tp", product)
+        elif self.tp != product:
+            raise InvalidStrategyError(
+                f"parallel.grid rows({self.grid[0]}) * cols({self.grid[1]}) * "
+                f"depth({self.grid[2]}) = {product} != tp({self.tp}): the grid holds the "
+                "tensor-parallel ranks"
+            )
+        if product == 1:
+            raise InvalidStrategyError(
+                "parallel.grid [1, 1, 1] splits nothing; leave grid out for plain data parallelism"
+            )
+        if self.pp > 1 or self.fsdp or self.layers or self.vocab != "split" or self.stages:
+            raise InvalidStrategyError(
+                "parallel.grid combines with data parallelism only (no pp, fsdp, layers, vocab "
+                f"or stages); this plan has pp({self.pp}), fsdp({self.fsdp}), "
+                f"layers({len(self.layers)}), vocab({self.vocab}), stages({len(self.stages)})"
             )
 
     def _check_stages(self) -> None:
@@ -159,6 +209,17 @@ class ParallelPlan:
                 f"parallel.stages {list(self.stages)}: the tp stages must come first and the "
                 "last stage must be batch (its ranks compute the loss of their own samples)"
             )
+
+    @property
+    def grid_axes(self) -> dict[str, int]:
+        """The grid's sizes by axis name (``rows``, ``cols``, ``depth``); all 1 without one."""
+        return dict(zip(GRID_AXES, self.grid or (1, 1, 1), strict=True))
+
+    @property
+    def samples_split(self) -> int:
+        """How many parts a data-parallel rank's micro-batch is cut into by sample: a grid's
+        depth (each depth slice computes its own samples), else 1."""
+        return self.grid[2] if self.grid else 1
 
     @property
     def per_layer(self) -> bool:
@@ -198,7 +259,14 @@ class ParallelPlan:
                 f"batch_size({batch_size}) is not divisible by dp({dp}) * "
                 f"micro_batches({self.micro_batches}): every rank needs equal micro-batches"
             )
-        return batch_size // (dp * self.micro_batches)
+        rank_batch = batch_size // (dp * self.micro_batches)
+        if rank_batch % self.samples_split:
+            raise InvalidStrategyError(
+                f"a micro-batch of {rank_batch} samples (batch_size({batch_size}) / dp({dp}) / "
+                f"micro_batches({self.micro_batches})) does not split over the grid's "
+                f"depth({self.samples_split}): each depth slice needs an equal share"
+            )
+        return rank_batch
 
     def fits(self, batch_size: int, world_size: int) -> bool:
         """Whether the plan runs ``batch_size`` on ``world_size`` ranks
@@ -220,6 +288,10 @@ class ParallelPlan:
         it: tensor and pipeline degrees, the pipeline's schedule, FSDP (spelt ``fsdp``), the
         micro-batches (``micro_batches`` formatted with their count)."""
         parts = [f"{key}{getattr(self, key)}" for key in ("tp", "pp") if getattr(self, key) > 1]
+        if self.grid:
+            parts.append("grid " + "x".join(str(n) for n in self.grid))
+            if not self.grid_overlap:
+                parts.append("no overlap")
         if self.per_layer:
             parts.append(f"layers {layout_summary(self.layers)} vocab {self.vocab}")
         if self.stages:
@@ -443,11 +515,14 @@ class Strategy:
     def kind(self) -> str:
         """What the strategy mainly is, for reports by kind: ``pipeline``, ``stages`` (a
         pipeline with tensor-parallel stages), ``tensor`` (parallelism), ``layers`` (tensor
-        parallelism with per-layer placements), ``fsdp``,
-        ``compiled`` (blocks), ``dear``, or else (DDP's or the executor's) ``buckets``."""
+        parallelism with per-layer placements), ``grid`` (tensor parallelism over a 3-D
+        grid), ``fsdp``, ``compiled`` (blocks), ``dear``, or else (DDP's or the executor's)
+        ``buckets``."""
         plan = self.parallel
         if plan.pp > 1:
             return "stages" if "tp" in plan.stages else "pipeline"
+        if plan.grid:
+            return "grid"
         if plan.tp > 1:
             return "layers" if plan.per_layer else "tensor"
         if plan.fsdp:
@@ -485,6 +560,9 @@ class Strategy:
             del parallel["vocab"]
         if not parallel["stages"]:
             del parallel["stages"]
+        if not parallel["grid"]:
+            del parallel["grid"]
+            del parallel["grid_overlap"]
         return out
 
     def to_json(self) -> str:
@@ -518,7 +596,15 @@ def layout_summary(layers: Sequence[str]) -> str:
 
 
 _SectionT = TypeVar("_SectionT", ParallelPlan, TensorFusionPlan, OpFusionPlan)
-_LIST_FIELDS = {"fsdp_groups", "buckets", "bucket_caps_mb", "compiled", "layers", "stages"}
+_LIST_FIELDS = {
+    "fsdp_groups",
+    "buckets",
+    "bucket_caps_mb",
+    "compiled",
+    "layers",
+    "stages",
+    "grid",
+}
 
 
 def _section(raw: Mapping[str, Any], key: str, section_cls: type[_SectionT]) -> _SectionT:
