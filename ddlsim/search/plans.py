@@ -31,7 +31,8 @@ def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> lis
     group per block) with and without it, tensor parallelism over each divisor of the world
     size, pipelines over each divisor with GPipe, 1F1B and interleaved 1F1B, and, where a stage
     has two ranks or more, pipelines whose first stage is tensor-parallel over its ranks
-    (``parallel.stages``). DDP's plan comes first."""
+    (``parallel.stages``), and every grid (``parallel.grid``: rows x cols x depth whose product
+    divides the world size, the rest data-parallel; overlap on). DDP's plan comes first."""
     batch = spec.inputs.batch_size
     plans: list[ParallelPlan] = []
 
@@ -64,4 +65,18 @@ def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> lis
                         pp=pp, micro_batches=pp * factor, pp_schedule=staged, stages=stages
                     )
                 )
+    for grid in grid_shapes(world_size):
+        add(ParallelPlan(grid=grid))
     return list(dict.fromkeys(plans))
+
+
+def grid_shapes(world_size: int) -> list[tuple[int, int, int]]:
+    """Every ``(rows, cols, depth)`` whose product exceeds 1 and divides ``world_size``."""
+    divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+    return [
+        (rows, cols, depth)
+        for rows in divisors
+        for cols in divisors
+        for depth in divisors
+        if rows * cols * depth > 1 and world_size % (rows * cols * depth) == 0
+    ]

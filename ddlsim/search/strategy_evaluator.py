@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
@@ -25,7 +26,7 @@ from ddlsim.data.stages import block_stack, default_groups
 from ddlsim.data.store import CollectiveProfileRecord
 from ddlsim.search.fusion_evaluator import FusionEvaluator
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, RISK_KINDS, Calibration, risk_kind
-from ddlsim.simulator.cost_model import CostModel, ReplayCostModel
+from ddlsim.simulator.cost_model import AnalyticCostModel, CostModel, ReplayCostModel
 from ddlsim.simulator.costs import comm_models, rank_spec, scaled
 from ddlsim.simulator.memory import MemoryEstimate, peak_memory
 from ddlsim.simulator.plans import is_data_parallel
@@ -106,6 +107,7 @@ class StrategyEvaluator:
         self.blocks: tuple[str, ...] = stack.blocks if stack is not None else ()
         self.fsdp_groups = [tuple(g) for g in default_groups(model)]
         self._links: dict[tuple[int, bool], dict[str, AlphaBeta]] = {}
+        self._analytic: dict[str, float] = {}
 
     @property
     def evaluations(self) -> int:
@@ -206,7 +208,26 @@ class StrategyEvaluator:
             self.on_priced(len(todo))
         return [self.memo[key] for key in keys]
 
-    def _price_plan(self, strategy: Strategy) -> float:
+    def analytic(self, strategies: Sequence[Strategy]) -> list[float]:
+        """The analytical model's time (ms) of each grid strategy (``simulator.grid``),
+        memoised apart from :attr:`memo`: a prior's estimates are not evaluations.
+
+        Raises:
+            InvalidOptionError: a strategy without a grid (the model has no closed form of it).
+        """
+        out = []
+        for strategy in strategies:
+            if not strategy.parallel.grid:
+                raise InvalidOptionError(
+                    f"the analytical model prices grid plans; {strategy.parallel.label} is not one"
+                )
+            key = strategy.to_json()
+            if key not in self._analytic:
+                self._analytic[key] = self._price_plan(strategy, AnalyticCostModel())
+            out.append(self._analytic[key])
+        return out
+
+    def _price_plan(self, strategy: Strategy, cost_model: CostModel | None = None) -> float:
         rank = rank_spec(self.spec, strategy, self.cluster.world_size)
         profiled, node_ms = self.profiles(rank)
         graph = self.capture(rank, strategy)
@@ -218,7 +239,7 @@ class StrategyEvaluator:
             world_size=self.cluster.world_size,
             bandwidth=self.cluster.bandwidth,
             backend=self.cluster.backend,
-            cost_model=self.cost_model,
+            cost_model=cost_model or self.cost_model,
             compute_scale=self.cluster.compute_scale,
         )
         return prediction.iteration_time_ms

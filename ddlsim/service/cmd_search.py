@@ -14,6 +14,7 @@ from ddlsim.service import output
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE
 from ddlsim.workflows.requests import (
     SEARCH_ALGORITHMS,
+    SEARCH_PRIORS,
     SEARCH_SPACES,
     Progress,
     SearchRequest,
@@ -137,6 +138,13 @@ def register(sub: Any) -> None:
         choices=SEARCH_SPACES,
         default=DEFAULTS["space"],
         help="all: parallel plans, tensor and op fusion; fusion: DDP's plan, tensor fusion only",
+    )
+    cmd.add_argument(
+        "--prior",
+        choices=SEARCH_PRIORS,
+        default=DEFAULTS["prior"],
+        help="analytic: order the grid plans by the analytical model and drop those it finds "
+        "far slower before any is scored; none: score them all",
     )
     count("--budget", f"strategies to price (autotune: live runs, at most {AUTOTUNE_RUNS})")
     cmd.add_argument("--time-limit", type=float, default=DEFAULTS["time_limit_s"], help="seconds")

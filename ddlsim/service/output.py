@@ -136,8 +136,9 @@ def add_simulator_argument(parser: argparse.ArgumentParser) -> None:
     checkpoint; default: the user's trained one, else the shipped one)."""
     parser.add_argument(
         "--simulator",
-        metavar="replay|CKPT",
-        help="'replay' alone, or a cost-model checkpoint (default: yours if trained, else the "
+        metavar="replay|analytic|CKPT",
+        help="'replay' alone, 'analytic' (closed form of grid plans), or a cost-model "
+        "checkpoint (default: yours if trained, else the "
         "shipped one)",
     )
 

@@ -41,6 +41,7 @@ RISK_KINDS: tuple[str, ...] = (
     "fsdp",
     "tensor",
     "layers",
+    "grid",
     "pipeline",
     "stages",
 )
@@ -57,6 +58,7 @@ STRATEGY_KINDS: tuple[str, ...] = (
     "fsdp",
     "tensor",
     "layers",
+    "grid",
     "pipeline",
     "stages",
 )

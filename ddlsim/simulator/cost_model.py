@@ -6,7 +6,10 @@ the checkpoint's meta names it:
 - ``replay``: the replay's own time (:class:`ReplayCostModel`);
 - ``gnn``: the replay corrected by the learned strategy head, ``replay x exp(correction)``;
 - ``blend``: half the correction, the geometric mean of the two (:class:`LearnedCostModel`
-  applies the weight: 1 for ``gnn``, 0.5 for ``blend``).
+  applies the weight: 1 for ``gnn``, 0.5 for ``blend``);
+- ``analytic``: AxoNN's kind of closed form where there is one (grid plans,
+  :func:`simulator.grid.analytic_grid`), the replay elsewhere (:class:`AnalyticCostModel`);
+  nothing is trained, so it is never the checkpoint's choice.
 
 Strategies are priced in batches: the graphs their samples refer to are encoded once
 (:meth:`CostModel.encode`), then any number of samples are priced against them
@@ -38,8 +41,10 @@ COST_MODEL_VERSION = "gnn-2"
 
 _Item = TypeVar("_Item", StrategySample, BlockSample)
 
-Predictor = Literal["replay", "gnn", "blend"]
+Predictor = Literal["replay", "gnn", "blend", "analytic"]
+# The predictors held-out evaluation compares and a checkpoint may name.
 PREDICTORS: tuple[Predictor, ...] = ("replay", "gnn", "blend")
+ANALYTIC_VERSION = "analytic-1"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -129,13 +134,26 @@ class ReplayCostModel(CostModel):
     """The replay alone: a sample's time is its replay's, a compiled block's its eager time.
     It may carry a checkpoint (whose held-out evaluation chose the replay) for its meta."""
 
-    name = "replay"
+    name: ClassVar[Predictor] = "replay"
 
     def predict(self, graphs: EncodedGraphs, samples: Sequence[StrategySample]) -> list[float]:
         return [s.replay_ms for s in samples]
 
     def predict_fused(self, graphs: EncodedGraphs, blocks: Sequence[BlockSample]) -> list[float]:
         return [b.eager_ms for b in blocks]
+
+
+class AnalyticCostModel(ReplayCostModel):
+    """The analytical model: the closed-form time of a grid plan (every collective's
+    alpha-beta time plus the kernel profile's compute shares, summed; ``simulator.predict``
+    applies it), the replay's time for every other plan (a data-parallel sample's replay is
+    already the closed form of its schedule)."""
+
+    name = "analytic"
+
+    @property
+    def version(self) -> str:
+        return f"{ANALYTIC_VERSION}+{SIMULATOR_VERSION}"
 
 
 class LearnedCostModel(CostModel):
@@ -200,7 +218,7 @@ class BlendCostModel(LearnedCostModel):
 
 
 COST_MODELS: dict[str, type[CostModel]] = {
-    cls.name: cls for cls in (ReplayCostModel, GnnCostModel, BlendCostModel)
+    cls.name: cls for cls in (ReplayCostModel, GnnCostModel, BlendCostModel, AnalyticCostModel)
 }
 """Every cost model by its predictor's name."""
 
@@ -223,16 +241,18 @@ def cost_model(
 
 
 def load_cost_model(choice: str | None) -> CostModel:
-    """The cost model ``--simulator`` names: ``replay`` for the replay alone, a checkpoint
-    path, or (``None``) the user's trained checkpoint, else the shipped one. A checkpoint's
-    meta names its predictor (``gnn`` when it names none; the replay for one that is not
-    learned); where no checkpoint file exists, the replay alone.
+    """The cost model ``--simulator`` names: ``replay`` for the replay alone, ``analytic``
+    for the analytical model, a checkpoint path, or (``None``) the user's trained checkpoint,
+    else the shipped one. A checkpoint's meta names its predictor (``gnn`` when it names none;
+    the replay for one that is not learned); where no checkpoint file exists, the replay alone.
 
     Raises:
         InvalidOptionError: a file that is not a cost-model checkpoint.
     """
     if choice == "replay":
         return ReplayCostModel()
+    if choice == "analytic":
+        return AnalyticCostModel()
     path = Path(choice) if choice else default_checkpoint()
     if not path.is_file():
         return ReplayCostModel()

@@ -20,7 +20,10 @@ once.
   (one under data and tensor parallelism and gradient accumulation; all of them under GPipe; up
   to ``pp`` under 1F1B; the warm-up chunks of interleaved 1F1B on the first rank), with the
   stack's share per stage; tensor parallelism shards the activations inside attention and MLP,
-  taken as half of them.
+  taken as half of them. A grid plan (``parallel.grid``) holds ``1 / tp`` of the block stack's
+  weights as shards plus each layer's block gathered over depth (``1 / (rows * cols)``, kept
+  from forward to backward), and ``1 / depth`` of the activations (its samples), those inside
+  attention and MLP on ``1 / cols``.
 - **Transients**: the largest forward output once more (its gradient is born in backward while
   it is still held: the logits of a language-model head) and a weights-sized temporary of the
   optimizer's step (torch's multi-tensor AdamW works on whole lists at once).
@@ -129,6 +132,14 @@ def peak_memory(
             activations_bytes=activations,
             transient_bytes=largest + shard,
         )
+    if plan.grid:
+        axes = plan.grid_axes
+        shards = outside + in_blocks // plan.tp
+        gathered = in_blocks // (axes["rows"] * axes["cols"])
+        samples = activations // axes["depth"]
+        held = (samples + samples // axes["cols"]) // 2
+        estimate = _unsharded(shards, states, held, largest // axes["depth"] + shards)
+        return dataclasses.replace(estimate, weights_bytes=shards + gathered)
     if plan.layers and len(plan.layers) == len(blocks):
         # Per-layer placements: only the tp blocks are split; batch and replicate blocks whole.
         per_block = [sum(n for name, n in sizes.items() if _under(name, [b])) for b in blocks]

@@ -8,7 +8,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.grid import grid_layers
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.strategy import ParallelPlan
@@ -16,6 +18,7 @@ from ddlsim.data.stages import block_stack, default_groups, stage_count, tied_pa
 from ddlsim.data.tp_plans import PLANS, tp_family
 from ddlsim.simulator.costs import LinkFitLike, comm_models
 from ddlsim.simulator.fsdp import replay_fsdp
+from ddlsim.simulator.grid import GridCosts, GridModels, analytic_grid, replay_grid
 from ddlsim.simulator.pipeline import TensorStage, replay_pipeline, stage_costs, stage_spans
 from ddlsim.simulator.replay import ReplayResult, UnsupportedPlanError
 from ddlsim.simulator.runtime import RuntimeCosts
@@ -66,11 +69,42 @@ def replay_parallel_plan(
     plan = graph.strategy.parallel
     if plan.pp > 1:
         return replay.pipeline()
+    if plan.grid:
+        return replay.grid()
     if plan.tp > 1 and not plan.fsdp:
         return replay.tensor_parallel()
     if plan.fsdp:
         return replay.fsdp()
     raise UnsupportedPlanError("plain data parallelism is replayed by simulator.replay")
+
+
+def analytic_parallel_plan(
+    graph: IterationGraph,
+    durations: Mapping[int, float],
+    fits: Sequence[LinkFitLike],
+    models: Mapping[str, AlphaBeta],
+    *,
+    world_size: int,
+    bandwidth: str,
+) -> float | None:
+    """The analytical model's iteration time (ms) of ``graph``'s plan
+    (:func:`simulator.grid.analytic_grid`), or ``None`` for a plan it has no closed form of
+    (every plan but grids: their replay stands).
+
+    Raises:
+        UnsupportedPlanError: a model the grid cannot split.
+    """
+    if not graph.strategy.parallel.grid:
+        return None
+    replay = _PlanReplay(graph, durations, fits, models, world_size, bandwidth, RuntimeCosts())
+    costs, grid_models = replay.grid_inputs()
+    return analytic_grid(
+        graph,
+        durations,
+        costs,
+        grid_models,
+        micro_batches=graph.strategy.parallel.micro_batches,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +245,37 @@ class _PlanReplay:
             vocab=plan.vocab,
             compute_scale=self.compute_scale,
         )
+
+    def grid(self) -> ReplayResult:
+        """A grid plan: each axis' collectives from fits of that many ranks on the link."""
+        costs, models = self.grid_inputs()
+        return replay_grid(
+            self.graph,
+            self.durations,
+            costs,
+            models,
+            micro_batches=self.graph.strategy.parallel.micro_batches,
+            compute_scale=self.compute_scale,
+        )
+
+    def grid_inputs(self) -> tuple[GridCosts, GridModels]:
+        """The grid's layers and collectives, and the collective models of its axes."""
+        plan = self.graph.strategy.parallel
+        axes = plan.grid_axes
+        family = tp_family(self.graph.model)
+        try:
+            layers = grid_layers(self.graph.model, axes)
+        except InvalidStrategyError as exc:
+            raise UnsupportedPlanError(str(exc)) from exc
+        assert family is not None  # grid_layers refused the others
+        costs = GridCosts.of(self.graph, PLANS[family], layers, axes, overlap=plan.grid_overlap)
+        dp = plan.resolve_dp(self.world_size)
+        models = GridModels(
+            axes={axis: self._link_models(size) for axis, size in axes.items()},
+            samples_all_reduce=self._link_models(dp * axes["depth"])["all_reduce"],
+            dp_all_reduce=self.models["all_reduce"],
+        )
+        return costs, models
 
     def _link_models(self, ranks: int) -> dict[str, AlphaBeta]:
         """Collective models over ``ranks`` ranks of the link (no DeAR ring)."""

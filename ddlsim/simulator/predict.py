@@ -17,7 +17,11 @@ from ddlsim.simulator.cost_model import SIMULATOR_VERSION, CostModel, ReplayCost
 from ddlsim.simulator.costs import comm_models, scaled, uses_ring
 from ddlsim.simulator.dp_replay import DataParallelReplay, ReplaySummary
 from ddlsim.simulator.features import block_sample, model_graph, strategy_sample
-from ddlsim.simulator.plans import is_data_parallel, replay_parallel_plan
+from ddlsim.simulator.plans import (
+    analytic_parallel_plan,
+    is_data_parallel,
+    replay_parallel_plan,
+)
 from ddlsim.simulator.replay import ReplayResult, replay, transfer_durations
 from ddlsim.simulator.runtime import shipped_runtime_costs
 
@@ -115,8 +119,9 @@ def predict(
         compute_scale: how much slower a rank computes than the profile (ranks sharing
             cores, :func:`simulator.costs.compute_scale`).
         cost_model: a learned one (``gnn`` or ``blend``) corrects the replay of any plan and
-            prices each compiled block (its fused-block head); the replay's
-            (:class:`ReplayCostModel`, the default) leaves the replay as it is.
+            prices each compiled block (its fused-block head); the analytical one prices grid
+            plans in closed form; the replay's (:class:`ReplayCostModel`, the default) leaves
+            the replay as it is.
 
     Raises:
         InvalidOptionError: the profiled graph is of another model or inputs.
@@ -158,6 +163,17 @@ def predict(
         compute_scale=compute_scale,
     )
     cost_model = cost_model or ReplayCostModel()
+    if cost_model.name == "analytic" and not is_data_parallel(graph.strategy.parallel):
+        analytic_ms = analytic_parallel_plan(
+            graph, durations, fits, models.models, world_size=world_size, bandwidth=bandwidth
+        )
+        if analytic_ms is not None:
+            return dataclasses.replace(
+                prediction,
+                predictor="analytic",
+                corrected_ms=analytic_ms,
+                simulator_version=cost_model.version,
+            )
     if not cost_model.learned:
         return prediction
     data_parallel = is_data_parallel(graph.strategy.parallel)

@@ -26,6 +26,7 @@ exception through."""
 SEARCH_ALGORITHMS = ("backtrack", "tpe", "cmaes", "nsga2", "random", "autotune")
 OPTUNA_SAMPLERS = ("tpe", "cmaes", "nsga2", "random")
 SEARCH_SPACES = ("all", "fusion")
+SEARCH_PRIORS = ("analytic", "none")
 OPTIMIZERS = ("adamw", "sgd")
 
 
@@ -117,7 +118,9 @@ class SearchRequest:
     held-out speed-up errors (``None``: the predicted time alone). Optuna samplers keep their
     study in ``storage`` (``None``: in memory, or a temporary journal with ``workers`` > 1).
     ``verify`` runs the pick (and up to ``verify_top`` candidates) beside DDP's defaults on the
-    executor, ``verify_rounds`` turns each, under ``measure``.
+    executor, ``verify_rounds`` turns each, under ``measure``. ``prior`` (:data:`SEARCH_PRIORS`)
+    orders and prunes the grid plans by the analytical model before any is scored
+    (``search/prior.py``).
     """
 
     model: ModelSpec
@@ -140,8 +143,10 @@ class SearchRequest:
     verify_rounds: int = 3
     verify_top: int = 1
     measure: MeasureSettings = SEARCH_MEASURE
+    prior: str = "analytic"
 
     def __post_init__(self) -> None:
+        _one_of("prior", self.prior, SEARCH_PRIORS)
         if self.world_size < 2:
             raise InvalidOptionError(
                 f"world_size({self.world_size}) must be >= 2: a search splits work between ranks"

@@ -43,6 +43,7 @@ from ddlsim.search import (
 from ddlsim.search.autotune import MAX_RUNS
 from ddlsim.search.optuna_search import Helpers, OptunaSearch, SharedStudy
 from ddlsim.search.plans import candidate_plans
+from ddlsim.search.prior import grid_prior
 from ddlsim.search.strategy_evaluator import Cluster, Profiles, StrategyEvaluator
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE
 from ddlsim.simulator.cost_model import load_cost_model
@@ -184,6 +185,8 @@ def _space(
         if request.space == "all"
         else [ParallelPlan()]
     )
+    if request.prior == "analytic":
+        plans = grid_prior(plans, evaluator.analytic)
     blocks = evaluator.blocks if request.space == "all" else ()
     layer_blocks = 0
     if any(plan.tp > 1 for plan in plans):
