@@ -9,7 +9,8 @@ overlap off, beside DDP's defaults, in one launch under the measurement protocol
 95 % interval and the three predictions; the summary gives, per model and pooled, Kendall's tau
 of the analytical model and of the replay against the measured times, the replay's median
 error, and for each grid with both overlap settings the predicted gain of overlap beside the
-measured one.
+measured one. The runs are stored in ``--db`` as a batch's ``compare`` job stores them, so that
+``ddlsim simulator dataset export`` takes them into the dataset.
 
     .venv/bin/python benchmarks/grid_plans.py --db sqlite:///bench.db \\
         --models gpt2-tiny llama-tiny bert-tiny --out grid.jsonl
@@ -31,6 +32,7 @@ from ddlsim.data.store import Store
 from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.protocol import speedup
 from ddlsim.executor.run import RunOptions, compare_training
+from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.profiles import normalized_bandwidth
 from ddlsim.workflows.requests import SearchRequest
 from ddlsim.workflows.search import build_evaluator
@@ -89,6 +91,11 @@ def run_model(model: str, args: argparse.Namespace, store: Store) -> list[dict[s
         warmup=args.warmup,
     )
     runs = compare_training(spec, strategies, options, rounds=args.rounds)
+    # Stored as a batch's compare job stores them, so that the session can be exported into
+    # the dataset (``ddlsim simulator dataset export``).
+    with store.transaction() as session:
+        for run in runs:
+            add_result(session, run)
     ddp = runs[-1]
     rows = []
     for index, (strategy, run) in enumerate(zip(strategies[:-1], runs, strict=False)):

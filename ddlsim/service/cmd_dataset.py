@@ -30,6 +30,7 @@ from ddlsim.simulator.dataset import (
     add_session,
     drop_done,
     export_dataset,
+    grid_pool,
     interleaved_pool,
     layers_pool,
     load_dataset,
@@ -47,6 +48,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     done = load_dataset(Path(args.done)) if args.done else None  # a bad file fails first
     pools: dict[str, list[Strategy]] = {}
     for spec in models:
+        if args.plans == "grid":
+            if args.version == "cpu-v2":
+                raise InvalidOptionError("--plans grid is a cpu-v3 session")
+            pools[spec.label] = [s for s in grid_pool() if model_supports(spec, s)]
+            continue
         if args.plans == "layers":
             if args.version == "cpu-v2":
                 raise InvalidOptionError("--plans layers is a cpu-v3 session")
@@ -178,12 +184,13 @@ def register(commands: Any) -> None:
     _version_argument(plan)
     plan.add_argument(
         "--plans",
-        choices=("dp", "parallel", "interleaved", "layers"),
+        choices=("dp", "parallel", "interleaved", "layers", "grid"),
         default="dp",
         help="cpu-v2 (cpu-v3 mixes every kind): data-parallel strategies (bucketing, "
         "DeAR, compiled blocks; the default), parallel plans (FSDP, tensor parallel, "
         "pipelines) or interleaved 1F1B pipelines; cpu-v3: `layers` plans a session of "
-        "per-layer placements only (each beside DDP's defaults), to add with add-session",
+        "per-layer placements only (each beside DDP's defaults), `grid` one of grid tensor "
+        "parallelism, to add with add-session",
     )
     plan.add_argument(
         "--per-group",

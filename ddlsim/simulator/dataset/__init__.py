@@ -33,6 +33,7 @@ from ddlsim.simulator.dataset.plan import (
 )
 from ddlsim.simulator.dataset.pools import (
     FEATURES,
+    grid_pool,
     interleaved_pool,
     layers_pool,
     mixed_pool,
@@ -61,6 +62,7 @@ __all__ = [
     "dataset_models_v3",
     "drop_done",
     "export_dataset",
+    "grid_pool",
     "interleaved_pool",
     "layers_pool",
     "load_dataset",

@@ -132,6 +132,31 @@ def layers_pool(blocks: int) -> list[Strategy]:
     return placed_pool + staged
 
 
+def grid_pool() -> list[Strategy]:
+    """Grid tensor parallelism (``parallel.grid``): every rows x cols x depth of 2 and 4 ranks
+    with overlap, and the 4-rank grids that split two axes or more without it (the model's
+    heads and widths decide which it takes)."""
+    shapes = [
+        (rows, cols, depth)
+        for rows in (1, 2, 4)
+        for cols in (1, 2, 4)
+        for depth in (1, 2, 4)
+        if rows * cols * depth in (2, 4)
+    ]
+    pool = [Strategy.from_dict({"parallel": {"grid": list(shape)}}) for shape in shapes]
+    pool += [
+        Strategy.from_dict({"parallel": {"grid": list(shape), "grid_overlap": False}})
+        for shape in shapes
+        if rows_cols_depth_split(shape) >= 2
+    ]
+    return pool
+
+
+def rows_cols_depth_split(shape: Sequence[int]) -> int:
+    """How many of a grid's axes split (are above 1)."""
+    return sum(1 for size in shape if size > 1)
+
+
 def mixed_pool(data_parallel: Sequence[Strategy], parallel: Sequence[Strategy]) -> list[Strategy]:
     """Two data-parallel strategies, then a parallel plan, in turn (the rest of the longer
     pool at the end), so that consecutive picks from it mix kinds."""
@@ -162,7 +187,8 @@ FEATURES: dict[str, Callable[[Strategy], bool]] = {
     ),
     "compiled": lambda s: bool(s.op_fusion.compiled),
     "fsdp": lambda s: s.parallel.fsdp,
-    "tensor": lambda s: s.parallel.tp > 1,
+    "tensor": lambda s: s.parallel.tp > 1 and not s.parallel.grid,
+    "grid": lambda s: bool(s.parallel.grid),
     "layers": lambda s: s.parallel.per_layer,
     "pipeline": lambda s: s.parallel.pp > 1,
     "stages": lambda s: "tp" in s.parallel.stages,
