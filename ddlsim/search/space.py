@@ -53,8 +53,8 @@ class Space:
     def layer_layouts(self, plan: ParallelPlan) -> tuple[str, ...]:
         """The per-layer layouts a tensor-parallel ``plan`` may give its ``layer_blocks``
         blocks: ``batch`` only where ``tp`` divides the rank's micro-batch; none without
-        blocks or tensor parallelism."""
-        if plan.tp == 1 or not self.layer_blocks:
+        blocks or tensor parallelism, and none for a grid (which splits every block alike)."""
+        if plan.tp == 1 or plan.grid or not self.layer_blocks:
             return ()
         rank_batch = plan.rank_batch_size(self.batch_size, self.world_size)
         return tuple(

@@ -4,11 +4,13 @@ from collections.abc import Sequence
 
 import pytest
 
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.plan import model_supports
 from ddlsim.search.plans import candidate_plans, grid_shapes
 from ddlsim.search.prior import grid_prior
+from ddlsim.search.space import Space
 
 
 def test_grid_shapes_are_every_factorisation_that_divides_the_ranks() -> None:
@@ -59,3 +61,25 @@ def test_without_grids_the_prior_changes_nothing() -> None:
         pytest.fail("no grid to price")
 
     assert grid_prior(plans, analytic) == plans
+
+
+def test_the_evaluator_prices_grids_analytically_without_counting_evaluations() -> None:
+    from tests.search.test_space import _evaluator
+
+    evaluator = _evaluator(world_size=4)
+    grids = [Strategy(parallel=ParallelPlan(grid=shape)) for shape in ((1, 2, 2), (2, 2, 1))]
+    analytic = evaluator.analytic(grids)
+    assert all(ms > 0 for ms in analytic) and evaluator.evaluations == 0
+    replayed = evaluator.predicted(grids)
+    assert evaluator.evaluations == 2
+    # the closed form charges every collective in full: never below the overlapped replay
+    assert all(a >= r * 0.999 for a, r in zip(analytic, replayed, strict=True))
+    with pytest.raises(InvalidOptionError, match="prices grid plans"):
+        evaluator.analytic([Strategy(parallel=ParallelPlan(tp=2))])
+    space = Space(plans=(ParallelPlan(),), total_grad_mb=1.0, layer_blocks=2, batch_size=8)
+    assert space.layer_layouts(ParallelPlan(grid=(1, 2, 1))) == ()
+    # the grid's memory: a quarter of the blocks' weights as shards, half gathered
+    tp_memory = evaluator.memory(Strategy(parallel=ParallelPlan(tp=4)))
+    grid_memory = evaluator.memory(grids[0])
+    assert grid_memory.grads_bytes <= tp_memory.grads_bytes
+    assert grid_memory.activations_bytes < tp_memory.activations_bytes
