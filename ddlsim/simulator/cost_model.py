@@ -35,9 +35,11 @@ from ddlsim.simulator.gnn import IterationCostModel
 from ddlsim.simulator.train import load_checkpoint
 
 # 2: compute scaled for ranks sharing cores; FSDP, tensor and pipeline plans.
-SIMULATOR_VERSION = "replay-2"
+# 3: grid plans.
+SIMULATOR_VERSION = "replay-3"
 # 2: corrects FSDP, tensor-parallel and pipeline plans too (plan features, trained on them).
-COST_MODEL_VERSION = "gnn-2"
+# 3: grid plans' features (each axis' size, overlap).
+COST_MODEL_VERSION = "gnn-3"
 
 _Item = TypeVar("_Item", StrategySample, BlockSample)
 
@@ -98,7 +100,7 @@ class CostModel(abc.ABC):
 
     @property
     def version(self) -> str:
-        """The simulator version predictions carry (``replay-2``, ``gnn-2+replay-2``)."""
+        """The simulator version predictions carry (``replay-3``, ``gnn-3+replay-3``)."""
         return SIMULATOR_VERSION
 
     @property

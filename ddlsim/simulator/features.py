@@ -61,6 +61,10 @@ GLOBAL_FEATURES: tuple[str, ...] = (
     "fsdp",
     "schedule_1f1b",
     "schedule_interleaved",
+    "log2_grid_rows",
+    "log2_grid_cols",
+    "log2_grid_depth",
+    "grid_overlap",
 )
 
 
@@ -307,6 +311,8 @@ def strategy_sample(
         float(plan.fsdp),
         float(plan.pp > 1 and plan.pp_schedule in ("1f1b", "eager_1f1b")),
         float(plan.pp > 1 and plan.pp_schedule == "interleaved_1f1b"),
+        *(math.log2(size) for size in plan.grid_axes.values()),
+        float(bool(plan.grid) and plan.grid_overlap),
     )
     return StrategySample(
         model_key=model_key,

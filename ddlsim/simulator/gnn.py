@@ -41,8 +41,8 @@ from ddlsim.simulator.features import (
 )
 
 # 2: plan features (tensor and pipeline degrees, FSDP, schedule, bubble) among the globals, and
-# the fused-block head.
-CHECKPOINT_FORMAT = 2
+# the fused-block head. 3: grid plans' features.
+CHECKPOINT_FORMAT = 3
 DURATION_COLUMN = NODE_FEATURES.index("log1p_duration_us")
 KNOWN_COLUMN = NODE_FEATURES.index("duration_known")
 

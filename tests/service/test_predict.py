@@ -28,7 +28,7 @@ def test_predict_profiles_once_then_reuses_the_profile(
     first = _predict(capsys, "--world-size", "2", "--bandwidth", "1gbit", "--json")
     assert first["kernel_profile"]["profiled_now"] is True
     assert first["rank_batch_size"] == 8
-    assert first["simulator_version"] == "replay-2"
+    assert first["simulator_version"] == "replay-3"
     parts = first["breakdown"]
     assert first["iteration_time_ms"] == pytest.approx(
         parts["compute_ms"] + parts["exposed_comm_ms"]

@@ -68,7 +68,7 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
     predict = ["predict", "mlp", "--world-size", "2", "--bandwidth", "1gbit"]
     predicted = _json(capsys, *predict, "--profile-iters", "2")
     assert predicted["predictor"] == "gnn"
-    assert predicted["simulator_version"] == "gnn-2+replay-2"
+    assert predicted["simulator_version"] == "gnn-3+replay-3"
     assert predicted["breakdown"]["replay_ms"] > 0
     parts = predicted["breakdown"]
     assert predicted["iteration_time_ms"] == pytest.approx(
