@@ -84,12 +84,59 @@ def run_model(model: str, args: argparse.Namespace, store: Store) -> list[dict[s
             simulator=None if name == "shipped" else name,
         )
         predicted[name] = build_evaluator(request, store).predicted(strategies)
+    by_strategy = {
+        strategy.to_json(): {name: predicted[name][i] for name in PREDICTORS}
+        for i, strategy in enumerate(strategies)
+    }
+
+    def predicted_of(launch: list[Strategy]) -> dict[str, dict[str, float]]:
+        return {s.to_json(): by_strategy[s.to_json()] for s in [*launch, Strategy()]}
+
     options = RunOptions(
         world_size=WORLD_SIZE,
         bandwidth=normalized_bandwidth(args.bandwidth),
         iters=args.iters,
         warmup=args.warmup,
     )
+    rows = []
+    for launch in launches(plans, args.per_launch):
+        rows += measure(
+            spec,
+            model,
+            strategies=[*launch, Strategy()],
+            predicted=predicted_of(launch),
+            args=args,
+            options=options,
+            store=store,
+        )
+    return rows
+
+
+def launches(plans: list[Strategy], per_launch: int) -> list[list[Strategy]]:
+    """``plans`` cut into launches of at most ``per_launch`` (each then run beside DDP's
+    defaults), a grid's overlap-on and -off runs always in the same launch."""
+    pairs: dict[tuple[int, ...], list[Strategy]] = {}
+    for strategy in plans:
+        pairs.setdefault(strategy.parallel.grid, []).append(strategy)
+    out: list[list[Strategy]] = [[]]
+    for group in pairs.values():
+        if out[-1] and len(out[-1]) + len(group) > per_launch:
+            out.append([])
+        out[-1].extend(group)
+    return out
+
+
+def measure(
+    spec: Any,
+    model: str,
+    *,
+    strategies: list[Strategy],
+    predicted: dict[str, dict[str, float]],
+    args: argparse.Namespace,
+    options: RunOptions,
+    store: Store,
+) -> list[dict[str, Any]]:
+    """One launch: ``strategies`` (DDP's defaults last) side by side, stored, as rows."""
     runs = compare_training(spec, strategies, options, rounds=args.rounds)
     # Stored as a batch's compare job stores them, so that the session can be exported into
     # the dataset (``ddlsim simulator dataset export``).
@@ -97,8 +144,9 @@ def run_model(model: str, args: argparse.Namespace, store: Store) -> list[dict[s
         for run in runs:
             add_result(session, run)
     ddp = runs[-1]
+    ddp_predicted = predicted[Strategy().to_json()]
     rows = []
-    for index, (strategy, run) in enumerate(zip(strategies[:-1], runs, strict=False)):
+    for strategy, run in zip(strategies[:-1], runs, strict=False):
         against_ddp = speedup(
             ddp.samples_ms,
             run.samples_ms,
@@ -122,8 +170,8 @@ def run_model(model: str, args: argparse.Namespace, store: Store) -> list[dict[s
                     "interval": list(against_ddp.interval),
                 },
                 "ddp_measured_ms": ddp.median_ms,
-                **{f"{name}_ms": predicted[name][index] for name in PREDICTORS},
-                "ddp_predicted_ms": {name: predicted[name][-1] for name in PREDICTORS},
+                **{f"{name}_ms": predicted[strategy.to_json()][name] for name in PREDICTORS},
+                "ddp_predicted_ms": ddp_predicted,
                 "launch_id": run.launch_id,
             }
         )
@@ -247,6 +295,13 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--bandwidth", default="1gbit")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--per-launch",
+        type=int,
+        default=15,
+        help="grid plans a launch runs beside DDP's defaults (each rank's process holds a "
+        "model and optimizer a plan: llama-tiny's 32k vocabulary runs out of memory at 13)",
+    )
     parser.add_argument("--iters", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out", type=Path)
