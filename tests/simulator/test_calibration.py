@@ -81,6 +81,10 @@ def test_quantiles_fall_back_to_the_pool_and_never_touch_the_defaults() -> None:
     assert summary["dear"]["runs"] == MIN_ERRORS
     assert summary["default"]["factor"] == 1.0
     assert Calibration(predictor="gnn", errors={}).quantile("dear", 0.8) == 0.0
+    # speed-ups measured better than predicted add no margin, and never a discount
+    better = Calibration(predictor="gnn", errors={"fsdp": (-0.3,) * MIN_ERRORS})
+    assert better.quantile("fsdp", 0.8) == pytest.approx(-0.3)
+    assert better.kind_factor("fsdp", 0.8) == 1.0
 
 
 def test_json_round_trip_and_bad_json() -> None:
