@@ -40,7 +40,7 @@ def _plans() -> list[ParallelPlan]:
 
 
 def test_the_prior_orders_grids_and_drops_the_slow_ones() -> None:
-    times = {(2, 1, 1): 130.0, (1, 2, 1): 100.0, (1, 1, 2): 120.0}
+    times: dict[tuple[int, ...], float] = {(2, 1, 1): 130.0, (1, 2, 1): 100.0, (1, 1, 2): 120.0}
     asked: list[int] = []
 
     def analytic(strategies: Sequence[Strategy]) -> list[float]:
