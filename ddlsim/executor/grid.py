@@ -54,7 +54,7 @@ from ddlsim.executor.context import (
     local_loss,
     split_batch,
 )
-from ddlsim.executor.tensor_parallel import _HEAD_ATTRIBUTES, PREPARE
+from ddlsim.executor.tensor_parallel import PREPARE, divide_heads
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -271,10 +271,7 @@ def apply_grid(
         if not path:
             continue
         if matches(plan.attention, path):
-            for attribute in _HEAD_ATTRIBUTES:
-                value = getattr(module, attribute, None)
-                if isinstance(value, int) and not isinstance(value, bool):
-                    setattr(module, attribute, value // axes.cols)
+            divide_heads(module, axes.cols)
         for pattern, style in plan.modules.items():
             if matches(pattern, path):
                 if style in GRID_STYLES and isinstance(module, nn.Linear):

@@ -83,6 +83,16 @@ _HEAD_ATTRIBUTES = (
     "inner_dim",
 )
 
+
+def divide_heads(module: nn.Module, ways: int) -> None:
+    """Divide ``module``'s head-counting attributes (``_HEAD_ATTRIBUTES``) by ``ways``, so that
+    an attention module computes with its local heads."""
+    for attribute in _HEAD_ATTRIBUTES:
+        value = getattr(module, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(module, attribute, value // ways)
+
+
 # Style names, as ``applied()`` reports them, and the DTensor style each one stands for.
 _STYLES: dict[str, Callable[[], ParallelStyle]] = {
     # Output features split: each rank computes whole heads / a slice of the intermediate size.
@@ -217,10 +227,7 @@ def apply_tensor_parallel(
                     styles[path] = style
                 break
         if matches(plan.attention, path):
-            for attribute in _HEAD_ATTRIBUTES:
-                value = getattr(module, attribute, None)
-                if isinstance(value, int) and not isinstance(value, bool):
-                    setattr(module, attribute, value // tp)
+            divide_heads(module, tp)
     parallelize_module(model, mesh, {path: _STYLES[style]() for path, style in styles.items()})
     _retie(tied)
     _keep_gradients_split(model)
