@@ -5,8 +5,10 @@ The replay prices a rank's compute as its one-process kernel profile times
 (``profiler.speed``). This program checks both factors on whole steps of zoo models: for each
 (model, batch) it times the training step (forward, backward, AdamW; one thread) in one process
 pinned to one core, then in ``--ranks`` processes pinned round-robin to the machine's cores
-(no communication), and the speed probe before each, so that a step that slows less or more
-than the probe says shows as a ``step / probe`` ratio away from 1.
+(no communication), and records the speed probe taken before them. ``shared_scale`` (shared
+over alone) checks the first factor; comparing ``alone_ms`` and ``probe_ms`` with a kernel
+profile of the same model and batch (its ``iteration_time_ms`` and ``probe_ms``) checks the
+second: a step that slows less or more than the probe says.
 
     .venv/bin/python benchmarks/shared_cores.py --models bert-tiny:4 bert-tiny:16 \\
         gpt2-tiny:16 --json shared_cores.json
@@ -16,6 +18,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import queue as queue_module
 import statistics
 import time
 from pathlib import Path
@@ -50,19 +53,42 @@ def _worker(core: int, model: str, batch: int, steps: int, queue: Any) -> None:
     queue.put(statistics.median(times))
 
 
-def timed(model: str, batch: int, cores: list[int], steps: int) -> list[float]:
-    """Each process's median step (ms), one process a listed core, all started together."""
-    queue: Any = mp.get_context("spawn").Queue()
+def timed(
+    model: str, batch: int, cores: list[int], steps: int, timeout_s: float = 900.0
+) -> list[float]:
+    """Each process's median step (ms), one process a listed core, all started together.
+
+    Raises:
+        SystemExit: a process failed or took longer than ``timeout_s`` (all are stopped).
+    """
+    context = mp.get_context("spawn")
+    queue: Any = context.Queue()
     processes = [
-        mp.get_context("spawn").Process(target=_worker, args=(c, model, batch, steps, queue))
-        for c in cores
+        context.Process(target=_worker, args=(c, model, batch, steps, queue)) for c in cores
     ]
     for process in processes:
         process.start()
-    got = [queue.get() for _ in processes]
-    for process in processes:
-        process.join()
+    try:
+        got = [queue.get(timeout=timeout_s) for _ in processes]
+    except queue_module.Empty:
+        raise SystemExit(
+            f"{model} batch {batch}: a process failed or ran past {timeout_s} s"
+        ) from None
+    finally:
+        for process in processes:
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()
     return got
+
+
+def parse_item(item: str) -> tuple[str, int]:
+    """``MODEL[:BATCH]`` (batch 8 when left out)."""
+    model, _, batch = item.partition(":")
+    if not model or (batch and (not batch.isdigit() or int(batch) < 1)):
+        raise SystemExit(f"--models item {item!r}: expected MODEL or MODEL:BATCH, BATCH >= 1")
+    return model, int(batch or 8)
 
 
 def main() -> None:
@@ -76,16 +102,15 @@ def main() -> None:
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     rows = []
-    for item in args.models:
-        model, _, batch = item.partition(":")
+    for model, batch in [parse_item(item) for item in args.models]:
         probe = probe_ms()
-        alone = timed(model, int(batch or 8), cores[:1], args.steps)[0]
+        alone = timed(model, batch, cores[:1], args.steps)[0]
         shared = timed(
-            model, int(batch or 8), [cores[i % len(cores)] for i in range(args.ranks)], args.steps
+            model, batch, [cores[i % len(cores)] for i in range(args.ranks)], args.steps
         )
         row = {
             "model": model,
-            "batch_size": int(batch or 8),
+            "batch_size": batch,
             "probe_ms": probe,
             "alone_ms": alone,
             "shared_ms": shared,
