@@ -31,6 +31,9 @@ def _worker(core: int, model: str, batch: int, steps: int, queue: Any) -> None:
 
     from ddlsim.data.models import build_model, make_batch, training_loss
     from ddlsim.data.zoo import resolve_model
+    from ddlsim.profiler.allocator import use_rank_allocator
+
+    use_rank_allocator()  # as the executor's ranks allocate
 
     torch.set_num_threads(1)
     spec = resolve_model(model).with_inputs(batch_size=batch)

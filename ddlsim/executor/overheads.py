@@ -41,6 +41,7 @@ from ddlsim.data.stages import default_groups
 from ddlsim.data.tp_plans import PLANS, tp_family
 from ddlsim.executor.context import disable_dropout, local_loss, make_optimizer
 from ddlsim.executor.tensor_parallel import apply_tensor_parallel
+from ddlsim.profiler.allocator import use_rank_allocator
 
 
 @contextlib.contextmanager
@@ -101,6 +102,7 @@ def measure_plan_overheads(
         raise InvalidOptionError(
             f"iterations({iterations}) must be >= 1 and warmup({warmup}) >= 0"
         )
+    use_rank_allocator()  # timed as a rank runs (profiler.allocator)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
 

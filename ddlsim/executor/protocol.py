@@ -8,9 +8,10 @@ dataset's runs, ``simulator validate``, the demo, the autotune baseline) goes th
   the whole process (its gloo threads and a plan's helper threads share the rank's core), with
   one intra-op thread. Where ranks outnumber cores the sharing is the same in every run (ranks
   ``r`` and ``r + n`` share a core) and recorded (``rank_cores``, ``ranks_per_core``).
-- **Allocator.** glibc's malloc keeps what it frees (``ALLOCATOR_ENV``): without it, every
-  step's large tensors were new ``mmap`` regions whose first touch page-faulted, and one
-  launch's median differed from the next's by up to 10 % on one process.
+- **Allocator.** glibc's malloc keeps what it frees (``profiler.allocator.ALLOCATOR_ENV``):
+  without it, every step's large tensors were new ``mmap`` regions whose first touch
+  page-faulted, and one launch's median differed from the next's by up to 10 % on one process.
+  Kernel profiles are taken under the same setting (``profiler.allocator``).
 - **Warm-up** until the step time is stable: at least ``warmup`` steps, then until the median of
   the last ``WARMUP_WINDOW`` steps is within ``WARMUP_TOLERANCE`` of the window before, or
   ``max_warmup`` steps, or half the time budget.
@@ -38,14 +39,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddlsim.data.errors import InvalidOptionError
-
-# glibc malloc tunables: serve every allocation below 4 GiB from the heap, never give freed
-# memory back to the system (the next step reuses it without page faults).
-ALLOCATOR_ENV: Mapping[str, str] = {
-    "MALLOC_MMAP_THRESHOLD_": str(4 * 2**30),
-    "MALLOC_TRIM_THRESHOLD_": str(64 * 2**30),
-    "MALLOC_TOP_PAD_": str(256 * 2**20),
-}
 
 WARMUP_WINDOW = 3
 WARMUP_TOLERANCE = 0.05

@@ -29,12 +29,12 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.executor.context import OPTIMIZERS
 from ddlsim.executor.plan import check_strategy
 from ddlsim.executor.protocol import (
-    ALLOCATOR_ENV,
     StoppingRule,
     median_interval,
     ranks_per_core,
     relative_half_width,
 )
+from ddlsim.profiler.allocator import ALLOCATOR_ENV
 from ddlsim.profiler.capture import CaptureOptions, Optimizer, capture_graph
 from ddlsim.profiler.cluster import MAX_WORLD_SIZE, EmulatedCluster, LoopbackFallbackWarning
 

@@ -29,6 +29,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model, make_batch, repeated_blocks, training_loss
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import OpFusionPlan
+from ddlsim.profiler.allocator import use_rank_allocator
 from ddlsim.profiler.capture import capture_graph
 
 
@@ -97,6 +98,7 @@ def profile_fusion(
         raise InvalidOptionError(f"{spec.label} has no repeated blocks to compile; name some")
     backend = OpFusionPlan(compiled=tuple(chosen)).backend  # a strategy's checks, its backend
     say = progress or (lambda message: None)
+    use_rank_allocator()  # the ranks' allocator (profiler.allocator)
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)

@@ -41,6 +41,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model, make_batch, training_loss
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.store.records import KernelTimes
+from ddlsim.profiler.allocator import use_rank_allocator
 from ddlsim.profiler.capture import CaptureOptions, OpMode, Optimizer, capture_graph
 from ddlsim.profiler.speed import probe_ms
 
@@ -256,6 +257,8 @@ def _profile(
     progress: Callable[[str], None] | None,
 ) -> tuple[IterationGraph, KernelProfile]:
     say = progress or (lambda message: None)
+    # The ranks' allocator: the steps timed here must reuse their large tensors as a rank does.
+    use_rank_allocator()
     # Kineto logs every profiler start and stop at its highest level, and a profile starts once an
     # iteration: silence its log unless the user set a level. It is read at the first start.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")

@@ -9,6 +9,7 @@ import torch
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.zoo import ZOO
+from ddlsim.profiler import kernels
 from ddlsim.profiler.kernels import profile_kernels
 
 
@@ -89,3 +90,10 @@ def test_cuda_profile() -> None:
     graph, profile = profile_kernels(ZOO["gpt2-tiny"], iters=5, device="cuda")
     assert profile.device == "cuda"
     assert profile.num_nodes_timed > 0.5 * len(graph.nodes_of("compute"))
+
+
+def test_profiles_are_taken_under_the_ranks_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[bool] = []
+    monkeypatch.setattr(kernels, "use_rank_allocator", lambda: calls.append(True) or True)
+    profile_kernels(ZOO["mlp"].with_inputs(batch_size=8), iters=1, warmup=0)
+    assert calls == [True]
