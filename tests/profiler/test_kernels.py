@@ -94,6 +94,11 @@ def test_cuda_profile() -> None:
 
 def test_profiles_are_taken_under_the_ranks_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[bool] = []
-    monkeypatch.setattr(kernels, "use_rank_allocator", lambda: calls.append(True) or True)
+
+    def record() -> bool:
+        calls.append(True)
+        return True
+
+    monkeypatch.setattr(kernels, "use_rank_allocator", record)
     profile_kernels(ZOO["mlp"].with_inputs(batch_size=8), iters=1, warmup=0)
     assert calls == [True]
