@@ -5,8 +5,8 @@ With glibc's defaults an allocation above the dynamic ``mmap`` threshold (at mos
 region of its own, returned to the system when freed; the next step's tensor of the same size
 page-faults on every first touch. The executor's ranks start with ``ALLOCATOR_ENV`` (read by
 glibc at process start) and never pay it; a kernel profile taken in a process without it paid
-it on every large tensor: an LM head's logits (bert-tiny at batch 16: 250 MB) profiled up to
-1.5x slower than the ranks ran them, the more the larger the batch
+it on every large tensor: models with a tensor of 32 MiB or more (an LM head's logits:
+bert-tiny's at batch 16 are 238 MiB) profiled 1.24-1.41x slower than the ranks ran them
 (``benchmarks/allocator.py``). :func:`use_rank_allocator` gives a running process the same
 setting through ``mallopt``, which takes a C ``int``: in-process the thresholds are 2 GiB, the
 largest it accepts, instead of the environment's 4 and 64 GiB.
