@@ -3,6 +3,7 @@ dataset, the dataset file made from a store, and a later session added apart."""
 
 import argparse
 import platform
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(
             f"{counts['runs']} runs, {counts['kernels']} kernel profiles, {counts['fusion']} "
             f"fusion profiles and {counts['links']} collective fits written to {args.out}"
+        )
+    if counts["runs_left_out"]:
+        # on stderr, also under --json: a store of other settings otherwise exports nothing
+        print(
+            f"{counts['runs_left_out']} of the store's runs left out: their model or setting "
+            f"is not among {args.version}'s (--all-models keeps every run)",
+            file=sys.stderr,
         )
     return 0
 

@@ -224,3 +224,16 @@ def test_dataset_plan_v3_runs_every_group_side_by_side(
     assert all(j["rounds"] == 3 and j["ci_target"] == 0.01 for j in compares)
     links = [j for j in jobs if j["kind"] == "collectives"]
     assert all("reduce_scatter" in j["collectives"] for j in links)
+
+
+def test_export_says_how_many_runs_the_version_left_out(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    counts = {"kernels": 2, "fusion": 0, "links": 3, "runs": 0, "runs_left_out": 5}
+    monkeypatch.setattr(cmd_dataset, "export_dataset", lambda *args, **kwargs: counts)
+    out = str(tmp_path / "d.json.gz")
+    assert main(["simulator", "dataset", "export", "--out", out, "--version", "cpu-v3"]) == 0
+    captured = capsys.readouterr()
+    assert "0 runs, 2 kernel profiles" in captured.out
+    assert "5 of the store's runs left out" in captured.err
+    assert "cpu-v3's (--all-models keeps every run)" in captured.err

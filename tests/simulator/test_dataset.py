@@ -328,10 +328,10 @@ def test_export_and_load_round_trip(tmp_path: Path, zoo_graph: GraphOf) -> None:
     out = tmp_path / "d.json.gz"
     # only the named models' runs and profiles: another model's store exports nothing
     other = export_dataset(store, tmp_path / "o.json.gz", meta={}, models=[ZOO["gpt2-tiny"]])
-    assert other == {"kernels": 0, "fusion": 0, "links": 1, "runs": 0}
+    assert other == {"kernels": 0, "fusion": 0, "links": 1, "runs": 0, "runs_left_out": 1}
     counts = export_dataset(store, out, meta={"note": "test"}, models=[graph.model])
     store.close()
-    assert counts == {"kernels": 1, "fusion": 1, "links": 1, "runs": 1}
+    assert counts == {"kernels": 1, "fusion": 1, "links": 1, "runs": 1, "runs_left_out": 0}
     dataset = load_dataset(out)
     (run,) = dataset.runs
     assert run.strategy == strategy and run.model == graph.model

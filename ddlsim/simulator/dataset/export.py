@@ -34,7 +34,7 @@ def export_dataset(
     measurements) to ``out`` (gzip JSON); with ``models``, only the runs of those specs and the
     profiles of their labels (a store also used for other runs keeps them out of the dataset);
     with ``merge``, together with what ``out`` already holds (``merge_datasets``). Returns
-    counts of what was written."""
+    counts of what was written, and of the store's runs ``models`` left out."""
     specs = None if models is None else {spec_key(m) for m in models}
     labels = None if models is None else {m.label for m in models}
     kernels: dict[tuple[str, int], KernelEntry] = {}
@@ -64,9 +64,11 @@ def export_dataset(
             blocks=tuple(dict(b) for b in fused.blocks),
         )
     runs = []
+    left_out = 0
     for m in store.measurements():
         graph = store.load_graph(graph_hash=m.graph_hash)
         if specs is not None and spec_key(graph.model) not in specs:
+            left_out += 1
             continue
         runs.append(
             RunEntry(
@@ -101,6 +103,8 @@ def export_dataset(
         "fusion": len(dataset.fusion),
         "links": len(dataset.links),
         "runs": len(dataset.runs),
+        # the store's runs of other models or settings than ``models``
+        "runs_left_out": left_out,
     }
 
 
