@@ -104,7 +104,8 @@ def run_demo(
                     "kind": "collectives",
                     "world_size": world_size,
                     "bandwidth": bandwidth,
-                    "collectives": ["all_reduce"],
+                    # DDP's all-reduce and DeAR's ring (the fusion space holds DeAR)
+                    "collectives": ["all_reduce", "ring_reduce_scatter", "ring_all_gather"],
                     "sizes": [65536, 1048576, 4194304, 16777216],
                 },
             ]

@@ -85,8 +85,13 @@ def comm_models(
     ``ring`` (DeAR on gloo), reduce-scatter and all-gather are the executor's ring: its own
     fits (``ring_reduce_scatter``, ``ring_all_gather``: the ring measured on its thread) where
     there are, else ``world_size - 1`` send/recv steps, each of ``1 / world_size`` of the
-    buffer, from the send/recv fit. Collectives without a fit run at the link's nominal rate
-    (``UNSHAPED_GBPS`` for an unshaped link) with no latency.
+    buffer, from the send/recv fit. A collective without a fit of its own (nor, for the ring,
+    a send/recv fit) takes the all-reduce's fit of the link: its latency, bus bandwidth and
+    CPU work (a reduce-scatter or all-gather then moves half an all-reduce's bytes; priced
+    free of latency, DeAR's many small buckets looked free, and the quickstart's search, whose
+    store has only all-reduce fits, picked 28 of them measured at 0.51x of DDP's defaults).
+    Without an all-reduce fit either, the link's nominal rate (``UNSHAPED_GBPS`` for an
+    unshaped link) with no latency.
     """
     newest: dict[str, LinkFitLike] = {}
     for profile in profiles:
@@ -101,6 +106,9 @@ def comm_models(
         if ring and op in ("reduce_scatter", "all_gather"):
             fitted = f"ring_{op}" if f"ring_{op}" in newest else "sendrecv"
         record = newest.get(fitted)
+        missing = ""
+        if (record is None or not record.busbw_gbps > 0) and _usable(newest.get("all_reduce")):
+            missing, fitted, record = f" (no {fitted} profile)", "all_reduce", newest["all_reduce"]
         if record is None or not record.busbw_gbps > 0:
             models[op] = AlphaBeta(collective=op, world_size=n, alpha_us=0.0, busbw_gbps=line_gbps)
             sources[op] = f"line rate {line_gbps:g} Gb/s (no {fitted} profile)"
@@ -119,8 +127,13 @@ def comm_models(
             cpu_us_per_byte=per_byte,
         )
         name = getattr(record, "id", None)
-        sources[op] = f"{fitted} profile {name}" if name is not None else f"{fitted} fit"
+        source = f"{fitted} profile {name}" if name is not None else f"{fitted} fit"
+        sources[op] = source + missing
     return CommModels(models=models, sources=sources)
+
+
+def _usable(record: LinkFitLike | None) -> bool:
+    return record is not None and record.busbw_gbps > 0
 
 
 def compute_scale(ranks_on_machine: int, cores: int) -> float:

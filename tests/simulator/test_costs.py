@@ -99,3 +99,22 @@ def test_rank_spec_takes_the_micro_batch() -> None:
     assert rank_spec(spec, Strategy(), world_size=1).inputs.batch_size == 8
     with pytest.raises(InvalidStrategyError, match=r"batch_size\(8\) is not divisible by dp\(8\)"):
         rank_spec(spec, plan, world_size=8)
+
+
+def test_a_collective_without_a_fit_takes_the_all_reduce_fit_not_a_free_latency() -> None:
+    all_reduce = _fit("all_reduce", 400.0, 0.9)
+    models = comm_models(
+        [all_reduce], world_size=4, bandwidth="1gbit", bandwidth_gbps=1.0, ring=True
+    )
+    for op in ("reduce_scatter", "all_gather", "sendrecv"):
+        model = models.models[op]
+        assert (model.alpha_us, model.busbw_gbps) == (400.0, 0.9)
+    # DeAR's ring without its fits or send/recv's: the all-reduce's latency a bucket
+    assert models.sources["reduce_scatter"] == "all_reduce profile 7 (no sendrecv profile)"
+    # half an all-reduce's bytes: (n - 1) / n of the buffer
+    scatter = models.models["reduce_scatter"].time_us(MIB)
+    assert scatter == pytest.approx(400.0 + 0.75 * MIB * 8 / 0.9e3)
+    plain = comm_models(
+        [all_reduce], world_size=4, bandwidth="1gbit", bandwidth_gbps=1.0, ring=False
+    )
+    assert plain.sources["all_gather"] == "all_reduce profile 7 (no all_gather profile)"
