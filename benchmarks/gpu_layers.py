@@ -142,10 +142,18 @@ def _time(fn: Callable[[], Any], calls: int, warmup: int = 2) -> dict[str, Any]:
 
 
 def measure_case(
-    case: tuple[str, int, int, int], *, layers: int, calls: int, device: torch.device
+    case: tuple[str, int, int, int],
+    *,
+    layers: int,
+    calls: int,
+    device: torch.device,
+    compiled: bool = False,
 ) -> dict[str, Any]:
     shape, tp, batch, seq = case
     stack, rotary, params = build_layers(shape, tp, layers, device)
+    if compiled:
+        # Each layer compiled on its own, as torchtitan compiles its transformer blocks.
+        stack = torch.nn.ModuleList([torch.compile(layer) for layer in stack])  # type: ignore[misc]
     hidden = SHAPES[shape][1]
     x = torch.randn(batch, seq, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)
     grad = torch.randn_like(x)
@@ -159,7 +167,23 @@ def measure_case(
         "layers": layers,
         "params_per_layer": params,
         "forward_flops_per_layer": 2 * params * tokens + attn_flops,
+        "compiled": compiled,
     }
+    if compiled:
+        # Forward + backward only: every other variant would compile graphs of its own.
+        def step() -> None:
+            _run(stack, rotary, x, False).backward(grad)
+            for p in stack.parameters():
+                p.grad = None
+
+        started = time.monotonic()
+        step()
+        torch.cuda.synchronize()
+        record["compile_s"] = round(time.monotonic() - started, 1)
+        torch.cuda.reset_peak_memory_stats()
+        record["forward_backward"] = _time(step, calls)
+        record["peak_bytes"] = torch.cuda.max_memory_allocated()
+        return record
     with torch.no_grad():
         record["forward"] = _time(lambda: _run(stack, rotary, x, False), calls)
 
@@ -183,23 +207,41 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=8)
     parser.add_argument("--budget-s", type=float, default=120.0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--compile", action="store_true", help="also each case with every layer compiled"
+    )
+    parser.add_argument(
+        "--cases", nargs="*", help="only these cases, as SHAPE:TP:BATCH:SEQ (default: all)"
+    )
     args = parser.parse_args()
+    cases = (
+        [
+            (shape, int(tp), int(batch), int(seq))
+            for shape, tp, batch, seq in (text.split(":") for text in args.cases)
+        ]
+        if args.cases
+        else CASES
+    )
     device = torch.device("cuda")
     deadline = time.monotonic() + args.budget_s
     records: list[dict[str, Any]] = []
     stopped = None
-    for case in CASES:
-        if time.monotonic() > deadline:
-            stopped = case[0]
-            break
-        record = measure_case(case, layers=args.layers, calls=args.calls, device=device)
-        records.append(record)
-        print(
-            json.dumps({k: record[k] for k in ("shape", "tp", "batch", "seq")}),
-            round(record["forward_backward"]["median_ms"], 2),
-            flush=True,
-        )
-        torch.cuda.empty_cache()
+    variants = (False, True) if args.compile else (False,)
+    for case in cases:
+        for compiled in variants:
+            if time.monotonic() > deadline:
+                stopped = case[0]
+                break
+            record = measure_case(
+                case, layers=args.layers, calls=args.calls, device=device, compiled=compiled
+            )
+            records.append(record)
+            print(
+                json.dumps({k: record[k] for k in ("shape", "tp", "batch", "seq", "compiled")}),
+                round(record["forward_backward"]["median_ms"], 2),
+                flush=True,
+            )
+            torch.cuda.empty_cache()
     import transformers
 
     meta = {

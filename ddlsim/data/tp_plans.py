@@ -127,6 +127,29 @@ PLANS: dict[str, TensorParallelPlan] = {
 PLANS["mistral"] = dataclasses.replace(PLANS["llama"], family="mistral")
 
 
+# Attributes of attention modules that count heads or widths derived from the head count; each is
+# divided by ``tp`` so that the module computes with its local heads.
+_HEAD_ATTRIBUTES = (
+    "num_heads",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "n_heads",
+    "embed_dim",
+    "split_size",
+    "all_head_size",
+    "inner_dim",
+)
+
+
+def divide_heads(module: "torch.nn.Module", ways: int) -> None:
+    """Divide ``module``'s head-counting attributes (``_HEAD_ATTRIBUTES``) by ``ways``, so that
+    an attention module computes with its local heads."""
+    for attribute in _HEAD_ATTRIBUTES:
+        value = getattr(module, attribute, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(module, attribute, value // ways)
+
+
 def tp_family(spec: ModelSpec) -> str | None:
     """The model family (transformers ``model_type``) whose plan applies, or ``None``."""
     if spec.source != "transformers":

@@ -59,6 +59,7 @@ from ddlsim.data.tp_plans import (
     block_of,
     block_paths,
     check_tensor_parallel,
+    divide_heads,
     matches,
     tp_family,
 )
@@ -69,29 +70,6 @@ from ddlsim.executor.context import (
     local_loss,
     split_batch,
 )
-
-# Attributes of attention modules that count heads or widths derived from the head count; each is
-# divided by ``tp`` so that the module computes with its local heads.
-_HEAD_ATTRIBUTES = (
-    "num_heads",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "n_heads",
-    "embed_dim",
-    "split_size",
-    "all_head_size",
-    "inner_dim",
-)
-
-
-def divide_heads(module: nn.Module, ways: int) -> None:
-    """Divide ``module``'s head-counting attributes (``_HEAD_ATTRIBUTES``) by ``ways``, so that
-    an attention module computes with its local heads."""
-    for attribute in _HEAD_ATTRIBUTES:
-        value = getattr(module, attribute, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            setattr(module, attribute, value // ways)
-
 
 # Style names, as ``applied()`` reports them, and the DTensor style each one stands for.
 _STYLES: dict[str, Callable[[], ParallelStyle]] = {

@@ -280,9 +280,17 @@ def _param_infos(model: nn.Module) -> tuple[list[ParamInfo], dict[int, str], dic
     return infos, name_of, module_of
 
 
-def capture_graph(spec: ModelSpec, options: CaptureOptions | None = None) -> IterationGraph:
+def capture_graph(
+    spec: ModelSpec,
+    options: CaptureOptions | None = None,
+    *,
+    prepare: Callable[[nn.Module], None] | None = None,
+) -> IterationGraph:
     """Capture one training iteration of ``spec``: forward, backward, gradient readiness,
     the strategy's gradient collectives and the optimizer step.
+
+    ``prepare`` changes the fake model before the iteration runs, inside its fake mode (a
+    tensor-parallel shard's local weights, a dtype: :mod:`.shard`).
 
     Raises:
         InvalidModelSpecError: when the spec is invalid or the model cannot run on its inputs.
@@ -295,6 +303,8 @@ def capture_graph(spec: ModelSpec, options: CaptureOptions | None = None) -> Ite
     model, batch = fake.model, fake.batch
     _check_module_paths(model, options.strategy)
     with fake.mode:
+        if prepare is not None:
+            prepare(model)
         params, name_of, module_of = _param_infos(model)
         recorder = _Recorder(module_of)
         handles = _module_hooks(model, recorder)

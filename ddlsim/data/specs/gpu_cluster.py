@@ -1,0 +1,254 @@
+"""``GpuClusterSpec``: a real GPU cluster on paper (nodes of GPUs, NVLink inside, NICs across),
+with presets for the machines published training runs use.
+
+The emulated CPU clusters of :mod:`ddlsim.data.specs.cluster` are measured; these are priced
+from their data sheets and the kernel and collective models of :mod:`ddlsim.simulator.gpu`.
+Bandwidths are per GPU and per direction, in GB/s (bytes) for memory and NVLink, in Gbit/s for
+NICs, as their data sheets give them.
+"""
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ddlsim.data.errors import InvalidClusterError
+from ddlsim.data.specs._serde import check_keys, expect_int, expect_number, load_json_or_file
+
+DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class AcceleratorSpec:
+    """One GPU: dense peak TFLOP/s per dtype (no sparsity), HBM bandwidth and capacity.
+
+    ``measured`` names the folder of :mod:`ddlsim.data.measured` whose per-op times calibrate
+    the efficiency curves (``h100``, ``h200``); ``None`` borrows the closest measured GPU's
+    curves, scaled to this one's peaks.
+    """
+
+    name: str
+    peak_tflops: Mapping[str, float]
+    hbm_gbps: float
+    memory_gib: float
+    measured: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidClusterError(f"gpu.name must be a non-empty string, got {self.name!r}")
+        check_keys(self.peak_tflops, set(DTYPES), "gpu.peak_tflops", InvalidClusterError)
+        for dtype, value in self.peak_tflops.items():
+            expect_number(value, f"gpu.peak_tflops.{dtype}", InvalidClusterError)
+        if "bf16" not in self.peak_tflops:
+            raise InvalidClusterError("gpu.peak_tflops needs at least 'bf16'")
+        expect_number(self.hbm_gbps, "gpu.hbm_gbps", InvalidClusterError)
+        expect_number(self.memory_gib, "gpu.memory_gib", InvalidClusterError)
+        object.__setattr__(self, "peak_tflops", dict(self.peak_tflops))
+
+    def peak(self, dtype: str) -> float:
+        """Peak TFLOP/s for ``dtype``; fp16 falls back to bf16's, and the reverse.
+
+        Raises:
+            InvalidClusterError: when the GPU has no figure for ``dtype`` (fp8 on an A100).
+        """
+        if dtype in self.peak_tflops:
+            return self.peak_tflops[dtype]
+        if dtype in {"fp16", "bf16"}:
+            return self.peak_tflops["bf16" if dtype == "fp16" else "fp16"]
+        raise InvalidClusterError(
+            f"gpu {self.name!r} has no {dtype} peak; it has: {', '.join(self.peak_tflops)}"
+        )
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class GpuClusterSpec:
+    """``nodes`` machines of ``gpus_per_node`` GPUs, all-to-all NVLink (NVSwitch) inside a node,
+    ``nics_per_node`` NICs of ``nic_gbits`` each across nodes (a rail-optimised fat tree: every
+    NIC reaches every other node at its full rate), NCCL as the backend.
+
+    ``nvlink_gbps`` is one GPU's NVLink bandwidth per direction (GB/s). The latencies are one
+    step of a collective over the fabric (``nvlink_latency_us``, ``net_latency_us``).
+
+    Raises:
+        InvalidClusterError: for a non-positive count, rate or latency.
+    """
+
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gpu: AcceleratorSpec
+    nvlink_gbps: float
+    nics_per_node: int
+    nic_gbits: float
+    nvlink_latency_us: float = 1.0
+    net_latency_us: float = 5.0
+
+    def __post_init__(self) -> None:
+        expect_int(self.nodes, "nodes", InvalidClusterError)
+        expect_int(self.gpus_per_node, "gpus_per_node", InvalidClusterError)
+        expect_int(self.nics_per_node, "nics_per_node", InvalidClusterError)
+        expect_number(self.nvlink_gbps, "nvlink_gbps", InvalidClusterError)
+        expect_number(self.nic_gbits, "nic_gbits", InvalidClusterError)
+        expect_number(self.nvlink_latency_us, "nvlink_latency_us", InvalidClusterError)
+        expect_number(self.net_latency_us, "net_latency_us", InvalidClusterError)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def nic_gbps_per_gpu(self) -> float:
+        """Network bandwidth one GPU has across nodes when all of them send at once (GB/s)."""
+        return self.nics_per_node * self.nic_gbits / 8 / self.gpus_per_node
+
+    def with_nodes(self, nodes: int) -> "GpuClusterSpec":
+        return dataclasses.replace(self, nodes=nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "gpu": {
+                "name": self.gpu.name,
+                "peak_tflops": dict(self.gpu.peak_tflops),
+                "hbm_gbps": self.gpu.hbm_gbps,
+                "memory_gib": self.gpu.memory_gib,
+                "measured": self.gpu.measured,
+            },
+            "nvlink_gbps": self.nvlink_gbps,
+            "nics_per_node": self.nics_per_node,
+            "nic_gbits": self.nic_gbits,
+            "nvlink_latency_us": self.nvlink_latency_us,
+            "net_latency_us": self.net_latency_us,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "GpuClusterSpec":
+        """A cluster from its JSON form; ``{"preset": "dgx-h100", "nodes": 4}`` starts from a
+        preset and overrides the fields given.
+
+        Raises:
+            InvalidClusterError: naming the bad key or value.
+        """
+        fields = {field.name for field in dataclasses.fields(cls)}
+        check_keys(raw, fields | {"preset"}, "gpu cluster spec", InvalidClusterError)
+        values = dict(raw)
+        if "preset" in values:
+            base = preset(str(values.pop("preset")), nodes=1).to_dict()
+            values = {**base, **values}
+        missing = sorted(fields - {"nvlink_latency_us", "net_latency_us"} - set(values))
+        if missing:
+            raise InvalidClusterError(
+                f"gpu cluster spec misses {', '.join(missing)} (or give 'preset')"
+            )
+        gpu_raw = values["gpu"]
+        check_keys(
+            gpu_raw,
+            {"name", "peak_tflops", "hbm_gbps", "memory_gib", "measured"},
+            "gpu",
+            InvalidClusterError,
+        )
+        values["gpu"] = AcceleratorSpec(**gpu_raw)
+        return cls(**values)
+
+    @classmethod
+    def parse(cls, text: str) -> "GpuClusterSpec":
+        """``PRESET:NODES`` (``dgx-h100:32``), a preset alone (one node), inline JSON or a
+        JSON/YAML file.
+
+        Raises:
+            InvalidClusterError: for an unknown preset, a bad node count or a bad spec.
+        """
+        match = re.fullmatch(r"\s*([a-z0-9][a-z0-9._-]*)(?::(\S+))?\s*", text)
+        if match and match.group(1) in PRESETS:
+            nodes_text = match.group(2) or "1"
+            if not nodes_text.isdigit() or int(nodes_text) < 1:
+                raise InvalidClusterError(
+                    f"node count {nodes_text!r} in {text!r} must be a positive integer"
+                )
+            return preset(match.group(1), nodes=int(nodes_text))
+        stripped = text.strip()
+        if match and not stripped.startswith("{") and not stripped.endswith((".json", ".yaml")):
+            raise InvalidClusterError(
+                f"cluster {text!r} is not a preset; allowed: {', '.join(PRESETS)} "
+                "(as PRESET:NODES), inline JSON or a JSON/YAML file"
+            )
+        return cls.from_dict(load_json_or_file(text, "gpu cluster", InvalidClusterError))
+
+
+# Data-sheet figures: dense tensor-core peaks (no sparsity), HBM bandwidth and NVLink per GPU
+# per direction (NVIDIA A100 datasheet: 312 TFLOP/s bf16, 2,039 GB/s, NVLink3 600 GB/s both
+# ways; H100 SXM5: 989 TFLOP/s bf16, 1,979 fp8, 3.35 TB/s, NVLink4 900 GB/s both ways; H200:
+# the H100's compute with 4.8 TB/s and 141 GB). DGX A100: 8 ConnectX-6 HDR 200 Gb/s compute
+# NICs; DGX H100: 8 ConnectX-7 NDR 400 Gb/s. The latencies are NCCL's own per-hop estimates
+# for NVLink and the network (its tuning model), rounded.
+A100_80G = AcceleratorSpec(
+    name="A100-SXM4-80GB",
+    peak_tflops={"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+    hbm_gbps=2039.0,
+    memory_gib=80.0,
+)
+H100_SXM = AcceleratorSpec(
+    name="H100-SXM5-80GB",
+    peak_tflops={"fp32": 66.9, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4, "fp8": 1978.9},
+    hbm_gbps=3350.0,
+    memory_gib=80.0,
+    measured="h100",
+)
+H200_SXM = dataclasses.replace(
+    H100_SXM, name="H200-SXM5-141GB", hbm_gbps=4800.0, memory_gib=141.0, measured="h200"
+)
+
+
+def dgx_a100_80g(*, nodes: int = 1) -> GpuClusterSpec:
+    return GpuClusterSpec(
+        name="dgx-a100-80g",
+        nodes=nodes,
+        gpus_per_node=8,
+        gpu=A100_80G,
+        nvlink_gbps=300.0,
+        nics_per_node=8,
+        nic_gbits=200.0,
+    )
+
+
+def dgx_h100(*, nodes: int = 1) -> GpuClusterSpec:
+    return GpuClusterSpec(
+        name="dgx-h100",
+        nodes=nodes,
+        gpus_per_node=8,
+        gpu=H100_SXM,
+        nvlink_gbps=450.0,
+        nics_per_node=8,
+        nic_gbits=400.0,
+    )
+
+
+def dgx_h200(*, nodes: int = 1) -> GpuClusterSpec:
+    return dataclasses.replace(dgx_h100(nodes=nodes), name="dgx-h200", gpu=H200_SXM)
+
+
+PRESETS: dict[str, Callable[..., GpuClusterSpec]] = {
+    "dgx-a100-80g": dgx_a100_80g,
+    "dgx-h100": dgx_h100,
+    "dgx-h200": dgx_h200,
+}
+
+
+def preset(name: str, *, nodes: int = 1) -> GpuClusterSpec:
+    """The preset ``name`` with ``nodes`` nodes.
+
+    Raises:
+        InvalidClusterError: for an unknown name.
+    """
+    if name not in PRESETS:
+        raise InvalidClusterError(
+            f"cluster preset {name!r} is unknown; allowed: {', '.join(PRESETS)}"
+        )
+    expect_int(nodes, "nodes", InvalidClusterError)
+    return PRESETS[name](nodes=nodes)

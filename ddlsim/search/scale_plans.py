@@ -1,0 +1,147 @@
+"""The layouts of a large job on a GPU cluster, and the search over them.
+
+The space: tensor-parallel degrees inside a node that divide the model's split dimensions,
+pipeline depths up to the layer count, data parallelism filling the rest, micro-batch sizes
+dividing each replica's share of the global batch, the pipeline schedule (1F1B, interleaved
+with 2 or 4 chunks where the layers and micro-batches divide), recomputation (none, selective,
+full), FSDP sharding when there is data parallelism. Sequence parallelism goes with every
+``tp > 1``: it costs no time in the model and saves activation memory, so a layout without
+it is never better.
+
+Every layout is priced in closed form (the schedule's bubble formula), those that do not fit
+the GPU's memory are dropped, and the best few are priced again with the schedule replayed;
+the answer is the best of those.
+"""
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+
+from ddlsim.data.errors import DdlsimError
+from ddlsim.data.specs.scale_plan import ScalePlan
+
+TOP_REPLAYED = 8
+MICRO_BATCH_SIZES = (1, 2, 4, 8)
+RECOMPUTE_OPTIONS = ("none", "selective", "full")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleSpace:
+    """What the layouts must respect: ``gpus`` in nodes of ``gpus_per_node``, the model's
+    ``layers``, the ``tp`` degrees the model can be split, the global batch, the precision."""
+
+    gpus: int
+    gpus_per_node: int
+    layers: int
+    tp_options: tuple[int, ...]
+    global_batch: int
+    precision: str = "bf16"
+    allow_fsdp: bool = True
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(space: ScaleSpace) -> Iterator[ScalePlan]:
+    """Every layout of the space (see the module's docstring)."""
+    for tp in space.tp_options:
+        if space.gpus % tp or tp > space.gpus_per_node:
+            continue
+        for pp in _divisors(space.gpus // tp):
+            if pp > space.layers:
+                continue
+            dp = space.gpus // (tp * pp)
+            if space.global_batch % dp:
+                continue
+            per_replica = space.global_batch // dp
+            for mbs in MICRO_BATCH_SIZES:
+                if per_replica % mbs:
+                    continue
+                m = per_replica // mbs
+                schedules: list[tuple[str, int]] = [("1f1b", 1)]
+                if pp > 1:
+                    schedules += [
+                        ("interleaved", v)
+                        for v in (2, 4)
+                        if space.layers % (pp * v) == 0 and m % pp == 0
+                    ]
+                for schedule, chunks in schedules:
+                    for recompute in RECOMPUTE_OPTIONS:
+                        for fsdp in (False, True) if dp > 1 and space.allow_fsdp else (False,):
+                            yield ScalePlan(
+                                dp=dp,
+                                tp=tp,
+                                pp=pp,
+                                micro_batches=m,
+                                pp_schedule=schedule,
+                                virtual_stages=chunks,
+                                recompute=recompute,
+                                sequence_parallel=tp > 1,
+                                fsdp=fsdp,
+                                precision=space.precision,
+                            )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Ranked:
+    """A layout and its predicted iteration time (s) and memory (GiB)."""
+
+    plan: ScalePlan
+    iteration_s: float
+    memory_gib: float
+    replayed: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleSearchResult:
+    best: Ranked | None
+    ranked: list[Ranked]
+    evaluated: int
+    refused_memory: int
+    failed: int
+    seconds: float
+
+
+Evaluate = Callable[[ScalePlan, bool], tuple[float, float, bool]]
+
+
+def search_layouts(
+    space: ScaleSpace,
+    evaluate: Evaluate,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> ScaleSearchResult:
+    """Price every layout with ``evaluate(plan, replay) -> (iteration_s, memory_gib, fits)``,
+    keep those that fit, replay the best :data:`TOP_REPLAYED` and rank them."""
+    started = time.perf_counter()
+    fitting: list[Ranked] = []
+    evaluated = refused = failed = 0
+    for plan in layouts(space):
+        try:
+            seconds, memory, fits = evaluate(plan, False)
+        except DdlsimError:
+            failed += 1
+            continue
+        evaluated += 1
+        if progress is not None:
+            progress(evaluated)
+        if not fits:
+            refused += 1
+            continue
+        fitting.append(Ranked(plan=plan, iteration_s=seconds, memory_gib=memory, replayed=False))
+    fitting.sort(key=lambda r: r.iteration_s)
+    replayed: list[Ranked] = []
+    for candidate in fitting[:TOP_REPLAYED]:
+        seconds, memory, _ = evaluate(candidate.plan, True)
+        replayed.append(dataclasses.replace(candidate, iteration_s=seconds, replayed=True))
+    replayed.sort(key=lambda r: r.iteration_s)
+    ranked = replayed + fitting[TOP_REPLAYED:]
+    return ScaleSearchResult(
+        best=ranked[0] if ranked else None,
+        ranked=ranked,
+        evaluated=evaluated,
+        refused_memory=refused,
+        failed=failed,
+        seconds=time.perf_counter() - started,
+    )

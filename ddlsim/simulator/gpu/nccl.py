@@ -1,0 +1,119 @@
+"""NCCL's collectives on a GPU cluster: an alpha-beta model per level of the fabric.
+
+A group of ``size`` ranks with ``per_node`` of them on each of ``size / per_node`` nodes runs a
+collective over NVLink alone (one node) or over NVLink and the NICs (several). Its bus
+bandwidth (nccl-tests' busbw) is the slowest level's: NVLink's per-GPU rate, or across nodes
+the NICs the group's ``per_node`` ranks drive (one each on a rail-optimised DGX, every group of
+the job running at once), each times the efficiency NCCL reaches on it. Time follows
+nccl-tests' definitions:
+
+    all_reduce      2 (n-1)/n * S / busbw     reduce_scatter, all_gather   (n-1)/n * S / busbw
+    sendrecv        S / (link rate)           all_to_all                   (n-1)/n * S / busbw
+
+(``S`` the buffer size as nccl-tests counts it: the whole buffer of all-reduce, all-gather's
+output, reduce-scatter's input), plus a latency term: ring algorithms take ``2 (n-1)`` (or
+``n-1``) steps, the tree NCCL uses across nodes takes ``2 log2(nodes)`` network steps and a ring
+inside each node; NCCL picks the faster, and so does the model.
+"""
+
+import dataclasses
+import math
+
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
+
+COLLECTIVES: tuple[str, ...] = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "sendrecv",
+    "all_to_all",
+)
+# The share of a link's rate NCCL's bandwidth-bound protocol (Simple) delivers as bus
+# bandwidth: its chunked copies through FIFOs in GPU memory on NVLink, the InfiniBand headers and
+# the proxy's pipelining on the network.
+NVLINK_EFFICIENCY = 0.80
+NET_EFFICIENCY = 0.92
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Group:
+    """``size`` ranks, ``per_node`` of them in each node they span."""
+
+    size: int
+    per_node: int
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or self.per_node < 1 or self.size % self.per_node:
+            raise InvalidOptionError(
+                f"group of size({self.size}) with per_node({self.per_node}): per_node must "
+                "divide size, both >= 1"
+            )
+
+    @property
+    def nodes(self) -> int:
+        return self.size // self.per_node
+
+
+def _factor(collective: str, n: int) -> float:
+    factors = {
+        "all_reduce": 2 * (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "sendrecv": 1.0,
+        "all_to_all": (n - 1) / n,
+    }
+    if collective not in factors:
+        raise InvalidOptionError(
+            f"collective {collective!r} is not supported; allowed: {', '.join(COLLECTIVES)}"
+        )
+    return factors[collective]
+
+
+class NcclModel:
+    """Collective times on ``cluster`` (immutable, thread-safe)."""
+
+    def __init__(self, cluster: GpuClusterSpec) -> None:
+        self.cluster = cluster
+
+    def busbw_gbps(self, collective: str, group: Group) -> float:
+        """The bus bandwidth (GB/s) a large message reaches, as nccl-tests reports it."""
+        _factor(collective, group.size)
+        nvlink = self.cluster.nvlink_gbps * NVLINK_EFFICIENCY
+        if group.nodes == 1:
+            return nvlink
+        net = self.cluster.nic_gbps_per_gpu * NET_EFFICIENCY
+        if collective == "sendrecv":
+            return net
+        if collective == "all_to_all":
+            # Each rank sends (n - per_node) / (n - 1) of its data off the node through its NIC.
+            off_node = (group.size - group.per_node) / max(group.size - 1, 1)
+            return min(nvlink, net / off_node)
+        # A ring (or tree) through the node's ranks crosses the network once per node, on the
+        # NICs of the group's ranks in it: per rank, one NIC's worth.
+        return min(nvlink, net * group.per_node)
+
+    def latency_us(self, collective: str, group: Group) -> float:
+        """The size-independent time: ring steps or the tree's, whichever NCCL would pick."""
+        n = group.size
+        if n == 1:
+            return 0.0
+        a_nvl = self.cluster.nvlink_latency_us
+        a_net = self.cluster.net_latency_us
+        if collective == "sendrecv":
+            return a_net if group.nodes > 1 else a_nvl
+        steps = 2 * (n - 1) if collective == "all_reduce" else n - 1
+        inter_steps = steps * (group.nodes - 1) / n if group.nodes > 1 else 0
+        ring = (steps - inter_steps) * a_nvl + inter_steps * a_net
+        if collective != "all_reduce" or group.nodes == 1:
+            return ring
+        tree = 2 * math.log2(group.nodes) * a_net + 2 * (group.per_node - 1) * a_nvl
+        return min(ring, tree)
+
+    def time_us(self, collective: str, nbytes: float, group: Group) -> float:
+        """Microseconds for ``collective`` over a buffer of ``nbytes`` on ``group``."""
+        if group.size == 1 and collective != "sendrecv":
+            return 0.0
+        factor = _factor(collective, group.size)
+        bandwidth = self.busbw_gbps(collective, group) * 1e3  # bytes per us
+        return self.latency_us(collective, group) + factor * nbytes / bandwidth

@@ -1,0 +1,171 @@
+"""Predict and search large jobs on GPU clusters on paper (issue 21's path): capture one
+tensor-parallel shard's block on fake tensors, price it with the GPU's measured op costs, and
+lay it out over the cluster (:mod:`ddlsim.simulator.gpu.scale`)."""
+
+import dataclasses
+import functools
+import json
+from collections.abc import Callable
+
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.scale_plan import ScalePlan
+from ddlsim.data.tp_plans import check_tensor_parallel
+from ddlsim.profiler.shard import ShardGraph, capture_shard, layer_count
+from ddlsim.search.scale_plans import ScaleSearchResult, ScaleSpace, search_layouts
+from ddlsim.simulator.gpu.roofline import GpuOpCosts
+from ddlsim.simulator.gpu.scale import (
+    ModelDims,
+    ScalePrediction,
+    micro_batch_size,
+    predict_scale,
+)
+from ddlsim.simulator.gpu.shard_costs import ShardCosts, shard_costs
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ScaleRequest:
+    """``model`` trained on ``cluster`` with ``plan``: ``global_batch`` sequences of ``seq_len``
+    tokens per iteration."""
+
+    model: ModelSpec
+    cluster: GpuClusterSpec
+    plan: ScalePlan
+    global_batch: int
+    seq_len: int
+
+
+@functools.lru_cache(maxsize=64)
+def _shard(spec_json: str, tp: int, micro_batch: int, seq_len: int, dtype: str) -> ShardGraph:
+    return capture_shard(
+        ModelSpec.from_dict(json.loads(spec_json)),
+        tp=tp,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        dtype=dtype,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _costs(  # noqa: PLR0917 (lru_cache keys on positional arguments)
+    spec_json: str,
+    tp: int,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    compiled: bool,
+    gpu_key: str,
+) -> tuple[ShardCosts, ModelDims, GpuOpCosts]:
+    dtype = "bf16" if precision == "fp8" else precision
+    shard = _shard(spec_json, tp, micro_batch, seq_len, dtype)
+    gpu = GpuClusterSpec.parse(gpu_key).gpu
+    op_costs = GpuOpCosts(gpu, matmul_dtype="fp8" if precision == "fp8" else "bf16")
+    costs = shard_costs(shard.graph, shard.block, op_costs, compiled=compiled)
+    fused = any("scaled_dot_product" in node.op for node in shard.graph.nodes)
+    dims = ModelDims(
+        layers=shard.layers,
+        hidden=shard.hidden,
+        heads=shard.heads,
+        vocab=shard.vocab,
+        fused_attention=fused,
+    )
+    return costs, dims, op_costs
+
+
+def shard_pricing(
+    model: ModelSpec,
+    cluster: GpuClusterSpec,
+    *,
+    tp: int,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    compiled: bool = False,
+) -> tuple[ShardCosts, ModelDims, GpuOpCosts]:
+    """The priced shard (cached per model, split, micro-batch, precision, compilation and GPU)."""
+    gpu_key = dataclasses.replace(cluster, nodes=1).to_json()
+    spec_json = json.dumps(model.to_dict(), sort_keys=True)
+    return _costs(spec_json, tp, micro_batch, seq_len, precision, compiled, gpu_key)
+
+
+def predict_at_scale(request: ScaleRequest, *, replay: bool = True) -> ScalePrediction:
+    """One iteration of ``request`` on paper.
+
+    Raises:
+        InvalidStrategyError: when the plan does not fit the cluster, model or batch.
+        InvalidModelSpecError: when the model cannot be captured.
+    """
+    plan = request.plan
+    mbs = micro_batch_size(plan, request.global_batch)
+    costs, dims, op_costs = shard_pricing(
+        request.model,
+        request.cluster,
+        tp=plan.tp,
+        micro_batch=mbs,
+        seq_len=request.seq_len,
+        precision=plan.precision,
+        compiled=plan.compile,
+    )
+    return predict_scale(
+        costs,
+        dims,
+        plan,
+        request.cluster,
+        global_batch=request.global_batch,
+        seq_len=request.seq_len,
+        op_costs=op_costs,
+        replay=replay,
+    )
+
+
+def tp_options(model: ModelSpec, cluster: GpuClusterSpec) -> tuple[int, ...]:
+    """The tensor-parallel degrees (powers of two inside a node) that split ``model`` evenly."""
+    options = []
+    tp = 1
+    while tp <= cluster.gpus_per_node:
+        try:
+            check_tensor_parallel(model, tp)
+        except InvalidStrategyError:
+            pass
+        else:
+            options.append(tp)
+        tp *= 2
+    return tuple(options)
+
+
+def search_at_scale(
+    model: ModelSpec,
+    cluster: GpuClusterSpec,
+    *,
+    global_batch: int,
+    seq_len: int,
+    precision: str = "bf16",
+    allow_fsdp: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> ScaleSearchResult:
+    """The fastest layout of ``model`` on ``cluster`` that fits its GPUs' memory
+    (:mod:`ddlsim.search.scale_plans`).
+
+    Raises:
+        InvalidModelSpecError: when the model cannot be captured.
+    """
+    _, layers = layer_count(model)
+    space = ScaleSpace(
+        gpus=cluster.world_size,
+        gpus_per_node=cluster.gpus_per_node,
+        layers=layers,
+        tp_options=tp_options(model, cluster),
+        global_batch=global_batch,
+        precision=precision,
+        allow_fsdp=allow_fsdp,
+    )
+
+    def evaluate(plan: ScalePlan, replay: bool) -> tuple[float, float, bool]:
+        request = ScaleRequest(
+            model=model, cluster=cluster, plan=plan, global_batch=global_batch, seq_len=seq_len
+        )
+        prediction = predict_at_scale(request, replay=replay)
+        return prediction.iteration_s, prediction.memory.total_gib, prediction.fits
+
+    return search_layouts(space, evaluate, progress=progress)
