@@ -47,8 +47,9 @@ def shard_costs(
     graph: IterationGraph, block: str, costs: GpuOpCosts, *, compiled: bool = False
 ) -> ShardCosts:
     """Price every compute node of ``graph`` with ``costs`` and sum them per part;
-    ``compiled``: the memory-bound ops between two matmuls run as one fused kernel each
-    (:func:`fused_groups`), as ``torch.compile`` (or hand-fused kernels) runs them.
+    ``compiled``: the block's memory-bound ops between two matmuls run as one fused kernel
+    each (:func:`fused_groups`), as ``torch.compile`` of each block (or hand-fused kernels)
+    runs them; embeddings, head and loss stay eager.
 
     Shapes:
         graph: one shard with exactly one block matched by ``block``.
@@ -75,7 +76,7 @@ def shard_costs(
         if node.kind != "compute":
             continue
         part = parts[node.id]
-        if compiled and not _is_heavy(node):
+        if compiled and part == "block" and not _is_heavy(node):
             ms = fused.get(node.id, 0.0)
         else:
             ms = costs.node_ms(node, in_block=part == "block")
