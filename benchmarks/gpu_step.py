@@ -78,7 +78,7 @@ def measure(
     if compiled:
         blocks = blocks_of(model)
         for i, block in enumerate(blocks):
-            blocks[i] = torch.compile(block)
+            blocks[i] = torch.compile(block)  # type: ignore[assignment]
     vocab = MODELS[name][1]["vocab_size"]
     ids = torch.randint(0, vocab, (batch, seq), device=device)
 

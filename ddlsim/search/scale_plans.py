@@ -36,6 +36,7 @@ class ScaleSpace:
     tp_options: tuple[int, ...]
     global_batch: int
     precision: str = "bf16"
+    compile: bool = False
     allow_fsdp: bool = True
 
 
@@ -80,6 +81,7 @@ def layouts(space: ScaleSpace) -> Iterator[ScalePlan]:
                                 sequence_parallel=tp > 1,
                                 fsdp=fsdp,
                                 precision=space.precision,
+                                compile=space.compile,
                             )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.data.store import mask_url
-from ddlsim.service import output
+from ddlsim.service import cmd_scale, output
 from ddlsim.simulator.predict import Prediction
 from ddlsim.workflows.predict import predict
 from ddlsim.workflows.requests import OPTIMIZERS, PredictRequest, defaults
@@ -17,6 +17,8 @@ DEFAULTS = defaults(PredictRequest)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return cmd_scale.predict_on_cluster(args)
     request = output.request_from(args, PredictRequest, strategy=output.strategy_argument(args))
     done = output.run_on_store(args, predict, request)
     prediction = done.prediction
@@ -68,5 +70,6 @@ def register(sub: Any) -> None:
     cmd.add_argument("--optimizer", default=DEFAULTS["optimizer"], choices=OPTIMIZERS)
     output.add_prediction_arguments(cmd, profile_iters=DEFAULTS["profile_iters"])
     cmd.add_argument("--trace", help="write the replayed timeline here (Chrome trace JSON)")
+    cmd_scale.add_cluster_arguments(cmd, with_plan=True)
     output.add_store_arguments(cmd)
     cmd.set_defaults(handler=cmd_predict)

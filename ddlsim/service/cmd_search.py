@@ -9,8 +9,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.store import Store
-from ddlsim.service import output
+from ddlsim.service import cmd_scale, output
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE
 from ddlsim.workflows.requests import (
     SEARCH_ALGORITHMS,
@@ -26,6 +27,12 @@ DEFAULTS = defaults(SearchRequest)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return cmd_scale.search_on_cluster(args)
+    if args.world_size is None:
+        raise InvalidOptionError(
+            "ddlsim search needs --world-size, or --cluster for a GPU cluster"
+        )
     request = output.request_from(
         args,
         SearchRequest,
@@ -130,7 +137,10 @@ def register(sub: Any) -> None:
         field = flag.removeprefix("--").replace("-", "_")
         cmd.add_argument(flag, type=output.positive_int, default=DEFAULTS[field], help=asks)
 
-    cmd.add_argument("--world-size", type=output.positive_int, required=True)
+    cmd.add_argument(
+        "--world-size", type=output.positive_int, help="ranks (required without --cluster)"
+    )
+    cmd_scale.add_cluster_arguments(cmd, with_plan=False)
     cmd.add_argument("--bandwidth", help="link rate per host (1gbit, 100mbit, none)")
     cmd.add_argument("--algo", choices=SEARCH_ALGORITHMS, default=DEFAULTS["algo"])
     cmd.add_argument(

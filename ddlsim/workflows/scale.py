@@ -141,6 +141,7 @@ def search_at_scale(
     global_batch: int,
     seq_len: int,
     precision: str = "bf16",
+    compile: bool = False,
     allow_fsdp: bool = True,
     progress: Callable[[int], None] | None = None,
 ) -> ScaleSearchResult:
@@ -158,6 +159,7 @@ def search_at_scale(
         tp_options=tp_options(model, cluster),
         global_batch=global_batch,
         precision=precision,
+        compile=compile,
         allow_fsdp=allow_fsdp,
     )
 

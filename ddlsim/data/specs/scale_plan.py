@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.specs._serde import check_keys, expect_choice, expect_int
+from ddlsim.data.specs._serde import check_keys, expect_choice, expect_int, load_json_or_file
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
@@ -96,6 +96,11 @@ class ScalePlan:
         return cls(
             **parallel, precision=raw.get("precision", "bf16"), compile=raw.get("compile", False)
         )
+
+    @classmethod
+    def parse(cls, text: str) -> "ScalePlan":
+        """A plan from inline JSON or a JSON/YAML file."""
+        return cls.from_dict(load_json_or_file(text, "plan", InvalidStrategyError))
 
     def label(self) -> str:
         parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}", f"mb{self.micro_batches}"]

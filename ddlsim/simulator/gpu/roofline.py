@@ -174,7 +174,8 @@ class GpuOpCosts:
                 if in_block and op.startswith(("aten.mm.", "aten.addmm."))
                 else _dtype(node)
             )
-            return max(self.gemm_ms(node, dtype), self.memory_ms("copy", nbytes))
+            cast_ms = self.fp8_cast_ms(node) if dtype == "fp8" else 0.0
+            return max(self.gemm_ms(node, dtype), self.memory_ms("copy", nbytes)) + cast_ms
         if any(part in op for part in ATTENTION_OPS) and node.flops:
             return self.attention_ms(node)
         return self.memory_ms(_memory_class(op), nbytes)
@@ -182,14 +183,18 @@ class GpuOpCosts:
     def gemm_ms(self, node: GraphNode, dtype: str) -> float:
         """A matrix multiply at the efficiency measured for the nearest (m, k, n): ``m`` folds
         a batched multiply's batch in (its blocks fill the GPU as one taller matrix would)."""
-        out = node.outputs[0].shape
-        n = out[-1]
-        m = max(1, math.prod(out[:-1]))
-        k = max(1, round(node.flops / (2 * m * n)))
+        m, k, n = _mkn(node)
         table = self._gemm.get(dtype) or self._gemm["bf16"]
         eff = _nearest(table, (math.log(m), math.log(k), math.log(n)))
         peak = self.gpu.peak(dtype) * 1e9
         return max(KERNEL_FLOOR_MS, node.flops / (peak * eff))
+
+    def fp8_cast_ms(self, node: GraphNode) -> float:
+        """Float8 training's casts of a matmul's two operands with dynamic scaling: a pass for
+        each operand's absolute maximum (2 bytes an element read) and one casting it (2 read,
+        1 written), memory-bound; the fp8 matmul itself is :meth:`gemm_ms`."""
+        m, k, n = _mkn(node)
+        return self.memory_ms("copy", 5 * (m * k + k * n))
 
     def attention_ms(self, node: GraphNode) -> float:
         """Fused attention at the efficiency measured for the nearest sequence length and
@@ -212,6 +217,14 @@ class GpuOpCosts:
             return 0.0
         nbytes = params * bytes_per_param
         return nbytes / (self.gpu.hbm_gbps * 1e6 * self._adamw(nbytes))
+
+
+def _mkn(node: GraphNode) -> tuple[int, int, int]:
+    """A matmul's (m, k, n) from its output and FLOPs; a batched one folds its batch into m."""
+    out = node.outputs[0].shape
+    n = max(1, out[-1])
+    m = max(1, math.prod(out[:-1]))
+    return m, max(1, round(node.flops / (2 * m * n))), n
 
 
 def _dtype(node: GraphNode) -> str:

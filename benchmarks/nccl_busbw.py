@@ -1,0 +1,212 @@
+"""ddlsim's NCCL model against published nccl-tests bus bandwidths on the two presets.
+
+Every figure below was published by its source as nccl-tests output (or NVIDIA's own statement
+of what nccl-tests reaches) for a DGX A100 / DGX H100 class system: 8 GPUs per node on NVSwitch,
+8 InfiniBand NICs per node. The model's bus bandwidth at the same size is
+``factor * size / time``, nccl-tests' own definition. The model prices NCCL's ring and tree
+algorithms; H100's default all-reduce inside a node uses NVLink SHARP (NVLS), which the model
+does not have: that row is listed and kept out of the acceptance figure (``"algorithm":
+"nvls"``), as are figures from systems whose fabric is uncertain (``"trusted": false``).
+
+    .venv/bin/python benchmarks/nccl_busbw.py --json
+"""
+
+import argparse
+import json
+import statistics
+
+from ddlsim.data.specs.gpu_cluster import preset
+from ddlsim.simulator.gpu.nccl import Group, NcclModel, _factor
+
+GB = 1e9
+# (preset, collective, nodes, size bytes, published busbw GB/s, algorithm, trusted, source)
+PUBLISHED: list[tuple[str, str, int, float, float, str, bool, str]] = [
+    (
+        "dgx-a100-80g",
+        "all_reduce",
+        1,
+        8 * 2**30,
+        231.58,
+        "ring",
+        True,
+        "Azure/AI-benchmarking-guide, Azure Results/ND_A100_v4 (8 A100 80GB, NVSwitch)",
+    ),
+    (
+        "dgx-a100-80g",
+        "all_reduce",
+        1,
+        2**30,
+        231.45,
+        "ring",
+        True,
+        "microsoft/mscclpp docs/performance-ndmv4.md (NCCL column)",
+    ),
+    (
+        "dgx-a100-80g",
+        "all_gather",
+        1,
+        2**30,
+        253.6,
+        "ring",
+        True,
+        "microsoft/mscclpp docs/performance-ndmv4.md (NCCL column)",
+    ),
+    (
+        "dgx-a100-80g",
+        "all_to_all",
+        1,
+        2**30,
+        254.7,
+        "ring",
+        True,
+        "microsoft/mscclpp docs/performance-ndmv4.md (NCCL column)",
+    ),
+    (
+        "dgx-a100-80g",
+        "all_reduce",
+        2,
+        4 * 2**30,
+        188.2,
+        "ring",
+        True,
+        "microsoft/mscclpp docs/performance-ndmv4.md, 2 nodes x 8, 8 x HDR",
+    ),
+    (
+        "dgx-a100-80g",
+        "all_gather",
+        2,
+        4 * 2**30,
+        186.0,
+        "ring",
+        True,
+        "microsoft/mscclpp docs/performance-ndmv4.md, 2 nodes x 8, 8 x HDR",
+    ),
+    (
+        "dgx-a100-80g",
+        "all_to_all",
+        2,
+        4 * 2**30,
+        37.8,
+        "ring",
+        True,
+        "microsoft/mscclpp docs/performance-ndmv4.md, 2 nodes x 8, 8 x HDR",
+    ),
+    (
+        "dgx-h100",
+        "all_reduce",
+        1,
+        4 * 2**30,
+        367.5,
+        "ring",
+        True,
+        "NVIDIA/nccl issue 1455 (NCCL_ALGO=RING, 365-370 GB/s on 8 H100 SXM); "
+        "NVIDIA/nccl-tests issue 212 (about 370 GB/s for ring and non-all-reduce ops)",
+    ),
+    (
+        "dgx-h100",
+        "all_gather",
+        1,
+        2**30,
+        352.7,
+        "ring",
+        True,
+        "Azure/msccl docs/performance-nd-h100-v5.md (NCCL column, 2663.8 us at 1 GB)",
+    ),
+    (
+        "dgx-h100",
+        "all_reduce",
+        1,
+        8 * 2**30,
+        480.16,
+        "nvls",
+        True,
+        "NVIDIA/dgxc-benchmarking nccl/README.md sample output (default algorithm: NVLS)",
+    ),
+    (
+        "dgx-h100",
+        "all_reduce",
+        4,
+        8 * 2**30,
+        330.93,
+        "ring",
+        False,
+        "ZiyanIshani/vpbenchmarking results/nccl/nccl_multinode (4 x 8 H100, 400 Gb/s ports; "
+        "its summary is unsure how many ports are active)",
+    ),
+    (
+        "dgx-h100",
+        "all_gather",
+        4,
+        8 * 2**30,
+        323.53,
+        "ring",
+        False,
+        "ZiyanIshani/vpbenchmarking results/nccl/nccl_multinode (as above)",
+    ),
+    (
+        "dgx-h100",
+        "all_reduce",
+        8,
+        8 * 2**30,
+        386.56,
+        "sharp",
+        False,
+        "coreweave/nccl-tests README (8 x 8 H100, 8 x NDR, InfiniBand SHARP: COLLNETCHAIN)",
+    ),
+]
+
+
+def model_busbw(name: str, collective: str, nodes: int, nbytes: float) -> float:
+    cluster = preset(name, nodes=nodes)
+    gpus = nodes * cluster.gpus_per_node
+    group = Group(gpus, cluster.gpus_per_node)
+    seconds = NcclModel(cluster).time_us(collective, nbytes, group) / 1e6
+    return _factor(collective, gpus) * nbytes / seconds / GB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = []
+    for name, collective, nodes, nbytes, published, algorithm, trusted, source in PUBLISHED:
+        predicted = model_busbw(name, collective, nodes, nbytes)
+        rows.append(
+            {
+                "preset": name,
+                "collective": collective,
+                "nodes": nodes,
+                "size_bytes": int(nbytes),
+                "published_busbw_gbps": published,
+                "model_busbw_gbps": round(predicted, 1),
+                "error": round(predicted / published - 1, 4),
+                "algorithm": algorithm,
+                "counted": trusted and algorithm == "ring",
+                "source": source,
+            }
+        )
+    counted = [abs(row["error"]) for row in rows if row["counted"]]
+    result = {
+        "rows": rows,
+        "counted": len(counted),
+        "max_abs_error": round(max(counted), 4),
+        "median_abs_error": round(statistics.median(counted), 4),
+    }
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    for row in rows:
+        mark = "" if row["counted"] else f"  (not counted: {row['algorithm']})"
+        print(
+            f"{row['preset']:13s} {row['collective']:11s} {row['nodes']} node(s) "
+            f"{row['size_bytes'] / 2**30:4.0f} GiB: published {row['published_busbw_gbps']:7.1f} "
+            f"model {row['model_busbw_gbps']:7.1f} GB/s ({row['error']:+.1%}){mark}"
+        )
+    print(
+        f"counted {result['counted']}: max |error| {result['max_abs_error']:.1%}, "
+        f"median {result['median_abs_error']:.1%}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""``ddlsim predict|search MODEL --cluster dgx-h100:32``: large jobs on GPU clusters on paper
+(:mod:`ddlsim.workflows.scale`); nothing is stored, nothing runs on a GPU."""
+
+import argparse
+import sys
+
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.specs.gpu_cluster import PRESETS, GpuClusterSpec
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.scale_plan import PRECISIONS, ScalePlan
+from ddlsim.service import output
+from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
+
+CLUSTER_HELP = (
+    f"a GPU cluster on paper: PRESET:NODES ({', '.join(PRESETS)}), inline JSON or a file; "
+    "prices the job for it instead of measuring this machine"
+)
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, *, with_plan: bool) -> None:
+    parser.add_argument("--cluster", help=CLUSTER_HELP)
+    if with_plan:
+        parser.add_argument(
+            "--plan",
+            help='with --cluster: the layout, JSON or a file: {"parallel": {"dp", "tp", "pp", '
+            '"micro_batches", "pp_schedule", "virtual_stages", "recompute", '
+            '"sequence_parallel", "fsdp", "async_tp"}, "precision", "compile"}',
+        )
+    else:
+        parser.add_argument(
+            "--precision", choices=PRECISIONS, default="bf16", help="with --cluster"
+        )
+        parser.add_argument(
+            "--compile", action="store_true", help="with --cluster: blocks compiled"
+        )
+
+
+def _request_parts(args: argparse.Namespace) -> tuple[ModelSpec, GpuClusterSpec, int, int]:
+    model = output.model_argument(args)
+    cluster = GpuClusterSpec.parse(args.cluster)
+    seq_len = args.seq_len or model.inputs.seq_len
+    if seq_len is None:
+        raise InvalidStrategyError("--cluster needs --seq-len (the model's spec has none)")
+    return model, cluster, model.inputs.batch_size, seq_len
+
+
+def predict_on_cluster(args: argparse.Namespace) -> int:
+    """``ddlsim predict MODEL --cluster C --plan P --batch-size B --seq-len S``.
+
+    Raises:
+        InvalidStrategyError: for a bad plan, or one that does not fit the GPUs' memory (the
+            estimate in the message).
+    """
+    if not args.plan:
+        raise InvalidStrategyError("--cluster needs --plan (the layout to price)")
+    model, cluster, batch, seq_len = _request_parts(args)
+    plan = ScalePlan.parse(args.plan)
+    request = ScaleRequest(
+        model=model, cluster=cluster, plan=plan, global_batch=batch, seq_len=seq_len
+    )
+    prediction = predict_at_scale(request)
+    memory = prediction.memory
+    if not prediction.fits:
+        parts = ", ".join(f"{k.removesuffix('_gib')} {v} GiB" for k, v in memory.to_json().items())
+        raise InvalidStrategyError(
+            f"{plan.label()} does not fit {cluster.gpu.name}'s {cluster.gpu.memory_gib:g} GiB: "
+            f"the busiest GPU needs about {memory.total_gib:.1f} GiB ({parts}); shard more "
+            "(tp, pp, fsdp) or recompute"
+        )
+    payload = {
+        "model": model.label,
+        "cluster": cluster.to_dict(),
+        "plan": plan.to_dict(),
+        "global_batch": batch,
+        "seq_len": seq_len,
+        **prediction.to_json(),
+    }
+    if args.json:
+        output.emit_json(payload)
+        return 0
+    print(
+        f"{model.label} on {cluster.world_size} x {cluster.gpu.name} ({cluster.name}, "
+        f"{cluster.nodes} nodes), {plan.label()}:\n"
+        f"  iteration     {prediction.iteration_s:.3f} s\n"
+        f"  throughput    {prediction.tokens_per_s_per_gpu:.0f} tokens/s per GPU, "
+        f"{prediction.tflops_per_gpu:.0f} TFLOP/s per GPU\n"
+        f"  memory        {memory.total_gib:.1f} GiB of {cluster.gpu.memory_gib:g} "
+        "on the busiest GPU"
+    )
+    return 0
+
+
+def search_on_cluster(args: argparse.Namespace) -> int:
+    """``ddlsim search MODEL --cluster C --batch-size B --seq-len S``: the fastest layout."""
+    model, cluster, batch, seq_len = _request_parts(args)
+    result = search_at_scale(
+        model,
+        cluster,
+        global_batch=batch,
+        seq_len=seq_len,
+        precision=args.precision,
+        compile=args.compile,
+    )
+    top = [
+        {
+            "plan": ranked.plan.to_dict(),
+            "layout": ranked.plan.label(),
+            "iteration_s": ranked.iteration_s,
+            "tokens_per_s_per_gpu": batch * seq_len / ranked.iteration_s / cluster.world_size,
+            "memory_gib": round(ranked.memory_gib, 2),
+            "replayed": ranked.replayed,
+        }
+        for ranked in result.ranked[:10]
+    ]
+    payload = {
+        "model": model.label,
+        "cluster": cluster.to_dict(),
+        "global_batch": batch,
+        "seq_len": seq_len,
+        "evaluated": result.evaluated,
+        "refused_memory": result.refused_memory,
+        "failed": result.failed,
+        "seconds": round(result.seconds, 2),
+        "best": top[0] if top else None,
+        "top": top,
+    }
+    if args.json:
+        output.emit_json(payload)
+        return 0 if top else 1
+    print(
+        f"{model.label} on {cluster.world_size} x {cluster.gpu.name}: {result.evaluated} "
+        f"layouts priced in {result.seconds:.1f} s, {result.refused_memory} do not fit"
+    )
+    if not top:
+        print("  no layout fits the GPUs' memory", file=sys.stderr)
+        return 1
+    for rank, row in enumerate(top, 1):
+        print(
+            f"  {rank:2d}. {row['layout']:45s} {row['iteration_s']:8.3f} s  "
+            f"{row['tokens_per_s_per_gpu']:8.0f} tok/s/GPU  {row['memory_gib']:6.1f} GiB"
+        )
+    return 0
