@@ -18,6 +18,7 @@ from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.gpu.scale import (
     ModelDims,
     ScalePrediction,
+    check_world_size,
     micro_batch_size,
     predict_scale,
 )
@@ -97,6 +98,7 @@ def predict_at_scale(request: ScaleRequest, *, replay: bool = True) -> ScalePred
         InvalidModelSpecError: when the model cannot be captured.
     """
     plan = request.plan
+    check_world_size(plan, request.cluster)
     mbs = micro_batch_size(plan, request.global_batch)
     costs, dims, op_costs = shard_pricing(
         request.model,

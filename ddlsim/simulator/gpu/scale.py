@@ -94,11 +94,9 @@ def micro_batch_size(plan: ScalePlan, global_batch: int) -> int:
     return global_batch // per_step
 
 
-def check_layout(plan: ScalePlan, cluster: GpuClusterSpec, dims: ModelDims) -> None:
-    """Refuse a plan the cluster or the model cannot take.
-
-    Raises:
-        InvalidStrategyError: naming the mismatch.
+def check_world_size(plan: ScalePlan, cluster: GpuClusterSpec) -> None:
+    """Raises:
+    InvalidStrategyError: when ``dp * tp * pp`` is not the cluster's GPU count.
     """
     if plan.world_size != cluster.world_size:
         raise InvalidStrategyError(
@@ -106,6 +104,15 @@ def check_layout(plan: ScalePlan, cluster: GpuClusterSpec, dims: ModelDims) -> N
             f"cluster's {cluster.world_size} GPUs ({cluster.nodes} nodes x "
             f"{cluster.gpus_per_node})"
         )
+
+
+def check_layout(plan: ScalePlan, cluster: GpuClusterSpec, dims: ModelDims) -> None:
+    """Refuse a plan the cluster or the model cannot take.
+
+    Raises:
+        InvalidStrategyError: naming the mismatch.
+    """
+    check_world_size(plan, cluster)
     if plan.pp * plan.virtual_stages > dims.layers:
         raise InvalidStrategyError(
             f"pp({plan.pp}) * virtual_stages({plan.virtual_stages}) > the model's "

@@ -1,0 +1,109 @@
+"""Predictions and searches on GPU clusters on paper, end to end (capture on fake tensors)."""
+
+import json
+from importlib import resources
+
+import pytest
+
+from benchmarks.published import RowError, parse_row
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.scale_plan import ScalePlan
+from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
+
+GPT = ModelSpec.from_dict(
+    {
+        "source": "transformers",
+        "class": "GPT2LMHeadModel",
+        "config": {
+            "n_embd": 256,
+            "n_head": 8,
+            "n_layer": 8,
+            "n_positions": 512,
+            "vocab_size": 1024,
+        },
+        "inputs": {"batch_size": 32, "seq_len": 512},
+    }
+)
+
+
+def _request(plan: ScalePlan, nodes: int = 1) -> ScaleRequest:
+    return ScaleRequest(
+        model=GPT,
+        cluster=GpuClusterSpec.parse(f"dgx-h100:{nodes}"),
+        plan=plan,
+        global_batch=32,
+        seq_len=512,
+    )
+
+
+def test_prediction_is_consistent() -> None:
+    plan = ScalePlan(dp=2, tp=2, pp=2, micro_batches=4, recompute="full", sequence_parallel=True)
+    prediction = predict_at_scale(_request(plan))
+    tokens = 32 * 512
+    assert prediction.micro_batch_size == 4
+    assert prediction.tokens_per_s_per_gpu == pytest.approx(tokens / prediction.iteration_s / 8)
+    assert prediction.fits and 0 < prediction.memory.total_gib < 80
+    # Full recomputation costs time and saves memory.
+    lighter = predict_at_scale(_request(ScalePlan(**{**_fields(plan), "recompute": "none"})))
+    assert lighter.iteration_s < prediction.iteration_s
+    assert lighter.memory.activations > prediction.memory.activations
+    # More, smaller micro-batches shrink the pipeline bubble (the time beyond the stage's work).
+    more = predict_at_scale(_request(ScalePlan(**{**_fields(plan), "micro_batches": 8})))
+
+    def bubble(breakdown: dict[str, float]) -> float:
+        return breakdown["pipeline"] - breakdown["per_stage_work"]
+
+    assert 0 < bubble(more.breakdown_ms) < bubble(prediction.breakdown_ms)
+
+
+def _fields(plan: ScalePlan) -> dict[str, object]:
+    return {name: getattr(plan, name) for name in plan.__slots__}  # type: ignore[attr-defined]
+
+
+def test_plans_that_do_not_fit_the_cluster_are_refused() -> None:
+    with pytest.raises(InvalidStrategyError, match=r"= 4 != the cluster's 8 GPUs"):
+        predict_at_scale(_request(ScalePlan(dp=4)))
+    with pytest.raises(InvalidStrategyError, match=r"global_batch\(32\) is not divisible"):
+        predict_at_scale(_request(ScalePlan(dp=8, micro_batches=3)))
+
+
+def test_search_finds_a_fitting_layout_fast() -> None:
+    result = search_at_scale(GPT, GpuClusterSpec.parse("dgx-h100:2"), global_batch=32, seq_len=512)
+    assert result.best is not None and result.best.replayed
+    assert result.best.plan.world_size == 16
+    assert result.evaluated > 50
+    published = predict_at_scale(_request(ScalePlan(dp=16, micro_batches=1), nodes=2))
+    assert result.best.iteration_s <= published.iteration_s * 1.000001
+
+
+@pytest.mark.parametrize(
+    "name", ["megatron_sc21.json", "torchtitan_llama3.json", "torchtitan_a100.json"]
+)
+def test_shipped_published_rows_parse(name: str) -> None:
+    raw = json.loads((resources.files("ddlsim.data") / "published" / name).read_text("utf-8"))
+    for row in raw["rows"]:
+        row_name, request, metric, value = parse_row(row)
+        assert row_name and value > 0
+        assert request.plan.world_size == request.cluster.world_size
+        assert request.global_batch % (request.plan.dp * request.plan.micro_batches) == 0
+        assert metric in {"tflops_per_gpu", "tokens_per_s_per_gpu", "iteration_s"}
+        assert row["source"]
+
+
+def test_bad_row_is_named() -> None:
+    with pytest.raises(RowError, match="row 'x' misses 'cluster'"):
+        parse_row({"name": "x", "source": "s", "model": {}, "strategy": {}})
+    row = {
+        "name": "y",
+        "source": "s",
+        "model": GPT.to_dict(),
+        "cluster": "dgx-h100:1",
+        "strategy": {"parallel": {"dp": 8}},
+        "global_batch": 8,
+        "seq_len": 512,
+        "published": {"mfu": 0.5},
+    }
+    with pytest.raises(RowError, match="unknown key 'mfu'"):
+        parse_row(row)
