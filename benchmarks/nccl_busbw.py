@@ -14,6 +14,7 @@ does not have: that row is listed and kept out of the acceptance figure (``"algo
 import argparse
 import json
 import statistics
+from typing import Any
 
 from ddlsim.data.specs.gpu_cluster import preset
 from ddlsim.simulator.gpu.nccl import Group, NcclModel, _factor
@@ -168,7 +169,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, collective, nodes, nbytes, published, algorithm, trusted, source in PUBLISHED:
         predicted = model_busbw(name, collective, nodes, nbytes)
         rows.append(

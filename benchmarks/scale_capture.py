@@ -3,8 +3,8 @@
 Each run is a fresh ``ddlsim predict MODEL --cluster ... --plan ...`` process (imports,
 capture of one shard on fake tensors, pricing, schedule replay); the wall time and the
 process's peak resident memory (``ru_maxrss`` of the finished child, from ``os.wait4``) are
-reported, as median and range over ``--repeats`` runs. The default is issue 21's case: a 1T-parameter GPT (128
-layers, hidden 25,600) on 3,072 A100s with tp 8, pp 64.
+reported, as median and range over ``--repeats`` runs. The default is issue 21's case: a
+1T-parameter GPT (128 layers, hidden 25,600) on 3,072 A100s with tp 8, pp 64.
 
     .venv/bin/python benchmarks/scale_capture.py --json
 """

@@ -1,5 +1,6 @@
 """Predictions and searches on GPU clusters on paper, end to end (capture on fake tensors)."""
 
+import dataclasses
 import json
 from importlib import resources
 
@@ -46,20 +47,16 @@ def test_prediction_is_consistent() -> None:
     assert prediction.tokens_per_s_per_gpu == pytest.approx(tokens / prediction.iteration_s / 8)
     assert prediction.fits and 0 < prediction.memory.total_gib < 80
     # Full recomputation costs time and saves memory.
-    lighter = predict_at_scale(_request(ScalePlan(**{**_fields(plan), "recompute": "none"})))
+    lighter = predict_at_scale(_request(dataclasses.replace(plan, recompute="none")))
     assert lighter.iteration_s < prediction.iteration_s
     assert lighter.memory.activations > prediction.memory.activations
     # More, smaller micro-batches shrink the pipeline bubble (the time beyond the stage's work).
-    more = predict_at_scale(_request(ScalePlan(**{**_fields(plan), "micro_batches": 8})))
+    more = predict_at_scale(_request(dataclasses.replace(plan, micro_batches=8)))
 
     def bubble(breakdown: dict[str, float]) -> float:
         return breakdown["pipeline"] - breakdown["per_stage_work"]
 
     assert 0 < bubble(more.breakdown_ms) < bubble(prediction.breakdown_ms)
-
-
-def _fields(plan: ScalePlan) -> dict[str, object]:
-    return {name: getattr(plan, name) for name in plan.__slots__}  # type: ignore[attr-defined]
 
 
 def test_plans_that_do_not_fit_the_cluster_are_refused() -> None:
