@@ -4,7 +4,7 @@ The space: tensor-parallel degrees inside a node that divide the model's split d
 pipeline depths up to the layer count, data parallelism filling the rest, micro-batch sizes
 dividing each replica's share of the global batch, the pipeline schedule (1F1B, interleaved
 with 2 or 4 chunks where the layers and micro-batches divide), recomputation (none, selective,
-full), FSDP sharding when there is data parallelism. Sequence parallelism goes with every
+selective_op, full), FSDP sharding when there is data parallelism. Sequence parallelism goes with every
 ``tp > 1``: it costs no time in the model and saves activation memory, so a layout without
 it is never better.
 
@@ -24,7 +24,7 @@ from ddlsim.data.specs.scale_plan import ScalePlan
 TOP_REPLAYED = 8
 MAX_REPLAYED = 64
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
-RECOMPUTE_OPTIONS = ("none", "selective", "full")
+RECOMPUTE_OPTIONS = ("none", "selective", "selective_op", "full")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,8 +10,11 @@ from typing import Any, Literal
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs._serde import check_keys, expect_choice, expect_int, load_json_or_file
 
-Recompute = Literal["none", "selective", "full"]
-RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+Recompute = Literal["none", "selective", "selective_op", "full"]
+# "selective": Megatron-LM's (Korthikanti et al.): the attention core is recomputed;
+# "selective_op": torchtitan's op-level policy: matmul and attention outputs are kept, but
+# only every other matmul's, and everything else is recomputed.
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "selective_op", "full")
 PP_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
 PRECISIONS: tuple[str, ...] = ("fp16", "bf16", "fp8")
 _PARALLEL_KEYS = {

@@ -6,8 +6,8 @@ one GPU; the plan places the blocks on pipeline stages and adds what the GPUs ex
 - tensor parallelism: two all-reduces of the block's activations in its forward and two in its
   backward (all-gather + reduce-scatter pairs with sequence parallelism: the same bytes), over
   NVLink, not overlapped (Megatron-LM's layers wait for them); the embedding's all-reduce;
-- recomputation: the block's forward again before its backward (full) or its attention core
-  (selective);
+- recomputation: the block's forward again before its backward (full), its attention core
+  (selective), or every other matmul and all memory-bound ops (selective_op, torchtitan's);
 - pipeline: the schedule replayed over the stages (:mod:`.schedule`), activations sent between
   stages (one tensor-parallel slice each over the network, then all-gathered over NVLink);
 - data parallelism: without sharding, the gradients all-reduced after the pipeline flushes;
@@ -177,6 +177,8 @@ def predict_scale(
     recompute_ms = {
         "none": 0.0,
         "selective": costs.attention_forward_ms,
+        # Every other matmul and every memory-bound op of the forward again.
+        "selective_op": block.forward_gemm_ms / 2 + block.forward_ms - block.forward_matmul_ms,
         "full": block_f,
     }[plan.recompute]
     block_b = block.backward_ms + tp_b + recompute_ms
@@ -309,15 +311,19 @@ def estimate_memory(
         weights = [16 * n / plan.dp + 2 * 2 * costs.block.params for n in stage_params]
     else:
         weights = [18.0 * n for n in stage_params]
-    per_block = block_activation_bytes(
-        seq=seq_len,
-        batch=mbs,
-        hidden=dims.hidden,
-        heads=dims.heads,
-        tp=plan.tp,
-        sequence_parallel=plan.sequence_parallel,
-        recompute=plan.recompute,
-        fused_attention=dims.fused_attention,
+    per_block = (
+        costs.op_policy_saved_bytes
+        if plan.recompute == "selective_op"
+        else block_activation_bytes(
+            seq=seq_len,
+            batch=mbs,
+            hidden=dims.hidden,
+            heads=dims.heads,
+            tp=plan.tp,
+            sequence_parallel=plan.sequence_parallel,
+            recompute=plan.recompute,
+            fused_attention=dims.fused_attention,
+        )
     )
     layers_first = sum(_parts(dims.layers, p * v)[0::p])
     held = in_flight(plan.pp_schedule, stages=p, chunks=v, micro_batches=plan.micro_batches)

@@ -25,6 +25,7 @@ class PartCost:
     backward_flops: int = 0
     forward_matmul_ms: float = 0.0
     backward_matmul_ms: float = 0.0
+    forward_gemm_ms: float = 0.0
     forward_kernels: int = 0
 
 
@@ -37,6 +38,7 @@ class ShardCosts:
     first: PartCost
     last: PartCost
     attention_forward_ms: float
+    op_policy_saved_bytes: float = 0.0
 
 
 def _in_block(pattern: str, module: str) -> bool:
@@ -69,6 +71,9 @@ def shard_costs(
     kernels = {"block": 0, "first": 0, "last": 0}
     flops = {(part, phase): 0 for part in ("block", "first", "last") for phase in "fb"}
     matmul = {(part, phase): 0.0 for part in ("block", "first", "last") for phase in "fb"}
+    gemm_forward = {"block": 0.0, "first": 0.0, "last": 0.0}
+    saved_mm: list[int] = []
+    saved_other = 0
     attention = 0.0
     parts = {node.id: _part(node, part_of, block) for node in nodes if node.kind == "compute"}
     fused = fused_groups(graph, parts, costs) if compiled else {}
@@ -84,6 +89,12 @@ def shard_costs(
         flops[(part, "f" if node.phase == "forward" else "b")] += node.flops
         if _is_heavy(node):
             matmul[(part, "f" if node.phase == "forward" else "b")] += ms
+            if node.phase == "forward" and node.op.startswith(GEMM_OPS):
+                gemm_forward[part] += ms
+                if part == "block":
+                    saved_mm.append(sum(t.nbytes for t in node.outputs))
+            elif node.phase == "forward" and part == "block":
+                saved_other += sum(t.nbytes for t in node.outputs)
         if node.phase == "forward" and ms > 0:
             kernels[part] += 1
             if part == "block" and _is_attention(node):
@@ -106,12 +117,26 @@ def shard_costs(
                 backward_flops=flops[(part, "b")],
                 forward_matmul_ms=matmul[(part, "f")],
                 backward_matmul_ms=matmul[(part, "b")],
+                forward_gemm_ms=gemm_forward[part],
                 forward_kernels=kernels[part],
             )
             for part in ("block", "first", "last")
         },
         attention_forward_ms=attention,
+        # torchtitan's op-level policy keeps every other matmul's output (the first, third,
+        # ...) and the attention's, plus the block's input.
+        op_policy_saved_bytes=sum(saved_mm[0::2])
+        + saved_other
+        + _block_input_bytes(nodes, part_of),
     )
+
+
+def _block_input_bytes(nodes: tuple[GraphNode, ...], part_of: dict[int, str]) -> int:
+    """Bytes of the tensor entering the block: the largest input of its first forward op."""
+    for node in nodes:
+        if part_of.get(node.id) == "block" and node.inputs:
+            return max(t.nbytes for t in node.inputs)
+    return 0
 
 
 def _is_heavy(node: GraphNode) -> bool:
