@@ -125,6 +125,8 @@ def predict_row(raw: dict[str, Any], *, search: bool) -> dict[str, Any]:
             global_batch=request.global_batch,
             seq_len=request.seq_len,
             precision=request.plan.precision,
+            compile=request.plan.compile,
+            allow_async_tp=request.plan.async_tp,
         )
         if found.best is not None:
             row["search"] = {

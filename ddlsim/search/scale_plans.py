@@ -3,10 +3,11 @@
 The space: tensor-parallel degrees inside a node that divide the model's split dimensions,
 pipeline depths up to the layer count, data parallelism filling the rest, micro-batch sizes
 dividing each replica's share of the global batch, the pipeline schedule (1F1B, interleaved
-with 2 or 4 chunks where the layers and micro-batches divide), recomputation (none, selective,
-selective_op, full), FSDP sharding when there is data parallelism. Sequence parallelism goes with every
-``tp > 1``: it costs no time in the model and saves activation memory, so a layout without
-it is never better.
+with 2 or 4 chunks where the micro-batches divide; uneven chunks where the layers do not),
+recomputation (none, selective, selective_op, full), FSDP sharding when there is data
+parallelism. Sequence parallelism goes with every ``tp > 1``: it costs no time in the model and
+saves activation memory, so a layout without it is never better; so does async TP where the
+job allows it (``allow_async_tp``: it needs compiled blocks and symmetric memory).
 
 Every layout is priced in closed form (the schedule's bubble formula), those that do not fit
 the GPU's memory are dropped, and the best are priced again with the schedule replayed, in
@@ -40,6 +41,7 @@ class ScaleSpace:
     precision: str = "bf16"
     compile: bool = False
     allow_fsdp: bool = True
+    allow_async_tp: bool = False
 
 
 def _divisors(n: int) -> list[int]:
@@ -67,7 +69,7 @@ def layouts(space: ScaleSpace) -> Iterator[ScalePlan]:
                     schedules += [
                         ("interleaved", v)
                         for v in (2, 4)
-                        if space.layers % (pp * v) == 0 and m % pp == 0
+                        if pp * v <= space.layers and m % pp == 0
                     ]
                 for schedule, chunks in schedules:
                     for recompute in RECOMPUTE_OPTIONS:
@@ -82,6 +84,7 @@ def layouts(space: ScaleSpace) -> Iterator[ScalePlan]:
                                 recompute=recompute,
                                 sequence_parallel=tp > 1,
                                 fsdp=fsdp,
+                                async_tp=space.allow_async_tp and tp > 1,
                                 precision=space.precision,
                                 compile=space.compile,
                             )

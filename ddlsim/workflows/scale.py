@@ -145,6 +145,7 @@ def search_at_scale(
     precision: str = "bf16",
     compile: bool = False,
     allow_fsdp: bool = True,
+    allow_async_tp: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> ScaleSearchResult:
     """The fastest layout of ``model`` on ``cluster`` that fits its GPUs' memory
@@ -163,6 +164,7 @@ def search_at_scale(
         precision=precision,
         compile=compile,
         allow_fsdp=allow_fsdp,
+        allow_async_tp=allow_async_tp,
     )
 
     def evaluate(plan: ScalePlan, replay: bool) -> tuple[float, float, bool]:

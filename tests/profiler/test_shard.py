@@ -71,3 +71,37 @@ def test_split_that_does_not_divide_is_refused() -> None:
         capture_shard(GPT, tp=8, micro_batch=1, seq_len=32)
     with pytest.raises(InvalidStrategyError, match="dtype 'int8' is not supported"):
         capture_shard(GPT, tp=1, micro_batch=1, seq_len=32, dtype="int8")
+
+
+def test_shard_holds_what_dtensor_gives_a_rank() -> None:
+    """The weights split on paper are the local shards the executor's tensor parallelism
+    (DTensor over a fake two-rank process group) gives rank 0, parameter for parameter."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from ddlsim.data.models import build_model
+    from ddlsim.data.tp_plans import PLANS
+    from ddlsim.executor.tensor_parallel import apply_tensor_parallel
+
+    for spec, family in ((GPT, "gpt2"), (LLAMA, "llama")):
+        one_block = spec.with_inputs(batch_size=1)
+        key = "n_layer" if family == "gpt2" else "num_hidden_layers"
+        one_block = type(spec).from_dict(
+            {**one_block.to_dict(), "config": {**spec.config, key: 1}}
+        )
+        shard = capture_shard(spec, tp=2, micro_batch=1, seq_len=32)
+        on_paper = {p.name: p.numel for p in shard.graph.params}
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+        try:
+            model = build_model(one_block)
+            mesh = init_device_mesh("cpu", (2,))
+            apply_tensor_parallel(model, PLANS[family], mesh, 2)
+            local = {
+                name: (p.to_local() if isinstance(p, DTensor) else p).numel()
+                for name, p in model.named_parameters()
+            }
+        finally:
+            dist.destroy_process_group()
+        assert on_paper == local, family

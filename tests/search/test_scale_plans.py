@@ -14,9 +14,9 @@ def test_layouts_fill_the_cluster_and_divide_the_batch() -> None:
         assert 64 % (plan.dp * plan.micro_batches) == 0
         assert plan.sequence_parallel == (plan.tp > 1)
         if plan.pp_schedule == "interleaved":
-            assert 8 % (plan.pp * plan.virtual_stages) == 0
+            assert plan.pp * plan.virtual_stages <= 8
             assert plan.micro_batches % plan.pp == 0
-    assert {p.recompute for p in plans} == {"none", "selective", "full"}
+    assert {p.recompute for p in plans} == {"none", "selective", "selective_op", "full"}
     assert any(p.fsdp for p in plans) and not any(p.fsdp and p.dp == 1 for p in plans)
 
 

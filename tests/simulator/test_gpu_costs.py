@@ -1,110 +1,58 @@
 """The GPU op costs against what GPUs measured (ddlsim/data/measured): whole decoder layers on
 an H100, eager and compiled layers and whole training steps on an H200."""
 
-import gzip
-import json
-from importlib import resources
-from typing import Any
-
 import pytest
 
+from benchmarks.gpu_sum_of_parts import measured, spec_of
 from ddlsim.data.graph.format import GraphNode, TensorMeta
 from ddlsim.data.specs.gpu_cluster import A100_80G, H100_SXM, H200_SXM
-from ddlsim.data.specs.model import ModelSpec
 from ddlsim.profiler.shard import capture_shard
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.gpu.shard_costs import shard_costs
-
-# name: (family, hidden, heads, kv_heads, ffn, vocab), as benchmarks/gpu_layers.py builds them.
-SHAPES = {
-    "llama3-8b": ("llama", 4096, 32, 8, 14336, 128256),
-    "llama3-70b": ("llama", 8192, 64, 8, 28672, 128256),
-    "llama3-405b": ("llama", 16384, 128, 8, 53248, 128256),
-    "gpt3-175b": ("gpt2", 12288, 96, 96, 49152, 51200),
-    "gpt-1.7b": ("gpt2", 2304, 24, 24, 9216, 51200),
-}
-
-
-def _measured(gpu: str, name: str) -> list[dict[str, Any]]:
-    path = resources.files("ddlsim.data") / "measured" / gpu / name
-    with path.open("rb") as raw, gzip.open(raw, "rt") as text:
-        records: list[dict[str, Any]] = json.load(text)["records"]
-    return records
-
-
-def _spec(shape: str, layers: int = 2) -> ModelSpec:
-    family, hidden, heads, kv, ffn, vocab = SHAPES[shape]
-    if family == "llama":
-        config: dict[str, Any] = {
-            "hidden_size": hidden,
-            "num_attention_heads": heads,
-            "num_key_value_heads": kv,
-            "intermediate_size": ffn,
-            "num_hidden_layers": layers,
-            "vocab_size": vocab,
-            "max_position_embeddings": 131072,
-        }
-        cls = "LlamaForCausalLM"
-    else:
-        config = {
-            "n_embd": hidden,
-            "n_head": heads,
-            "n_inner": ffn,
-            "n_layer": layers,
-            "n_positions": 8192,
-            "vocab_size": vocab,
-            "attn_pdrop": 0.0,
-            "resid_pdrop": 0.0,
-            "embd_pdrop": 0.0,
-        }
-        cls = "GPT2LMHeadModel"
-    return ModelSpec.from_dict(
-        {
-            "source": "transformers",
-            "class": cls,
-            "config": config,
-            "inputs": {"batch_size": 1, "seq_len": 2048},
-        }
-    )
 
 
 def test_block_matches_measured_layers_h100() -> None:
     """Forward + backward of one block, eager, within 15 % of the H100's layers."""
     costs = GpuOpCosts(H100_SXM)
-    for record in _measured("h100", "layers_cuda.json.gz"):
+    for record in measured("h100", "layers_cuda.json.gz"):
         shard = capture_shard(
-            _spec(record["shape"]),
+            spec_of(record["shape"]),
             tp=record["tp"],
             micro_batch=record["batch"],
             seq_len=record["seq"],
         )
         block = shard_costs(shard.graph, shard.block, costs).block
-        measured = record["forward_backward"]["median_ms"] / record["layers"]
-        assert block.forward_ms + block.backward_ms == pytest.approx(measured, rel=0.15), record
+        layer_ms = record["forward_backward"]["median_ms"] / record["layers"]
+        assert block.forward_ms + block.backward_ms == pytest.approx(layer_ms, rel=0.15), record
 
 
 def test_compiled_block_matches_measured_h200() -> None:
     costs = GpuOpCosts(H200_SXM)
-    for record in _measured("h200", "layers_compiled_cuda.json.gz"):
+    for record in measured("h200", "layers_compiled_cuda.json.gz"):
         shard = capture_shard(
-            _spec(record["shape"]),
+            spec_of(record["shape"]),
             tp=record["tp"],
             micro_batch=record["batch"],
             seq_len=record["seq"],
         )
         block = shard_costs(shard.graph, shard.block, costs, compiled=record["compiled"]).block
-        measured = record["forward_backward"]["median_ms"] / record["layers"]
-        assert block.forward_ms + block.backward_ms == pytest.approx(measured, rel=0.15), record
+        layer_ms = record["forward_backward"]["median_ms"] / record["layers"]
+        assert block.forward_ms + block.backward_ms == pytest.approx(layer_ms, rel=0.15), record
 
 
 @pytest.mark.parametrize("name", ["step_llama3_8b_cuda.json.gz", "step_gpt_1.7b_cuda.json.gz"])
 def test_whole_step_matches_measured_h200(name: str) -> None:
     """Embeddings, four blocks, head and loss, with and without full recomputation: within 10 %."""
     costs = GpuOpCosts(H200_SXM)
-    records = [r for r in _measured("h200", name) if r["layers"] == 4]
+    records = [r for r in measured("h200", name) if r["layers"] == 4]
     first = records[0]
     shape = first["model"]
-    shard = capture_shard(_spec(shape, 4), tp=1, micro_batch=first["batch"], seq_len=first["seq"])
+    shard = capture_shard(
+        spec_of(shape, 4, first["seq"], dropout=0.1),
+        tp=1,
+        micro_batch=first["batch"],
+        seq_len=first["seq"],
+    )
     for record in records:
         parts = shard_costs(shard.graph, shard.block, costs, compiled=record["compiled"])
         block = parts.block.forward_ms + parts.block.backward_ms
