@@ -31,7 +31,7 @@ from ddlsim.data.specs.scale_plan import ScalePlan
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
 
 METRICS = ("iteration_s", "tflops_per_gpu", "tokens_per_s_per_gpu")
-ROW_KEYS = {
+REQUIRED_KEYS = (
     "name",
     "source",
     "model",
@@ -40,8 +40,8 @@ ROW_KEYS = {
     "global_batch",
     "seq_len",
     "published",
-    "notes",
-}
+)
+ROW_KEYS = {*REQUIRED_KEYS, "notes"}
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "ddlsim"
 
 
@@ -66,16 +66,7 @@ def parse_row(raw: dict[str, Any]) -> tuple[str, ScaleRequest, str, float]:
         RowError, and the specs' own errors, naming the bad value.
     """
     check_keys(raw, ROW_KEYS, f"row {raw.get('name', '?')!r}", RowError)
-    for key in (
-        "name",
-        "source",
-        "model",
-        "cluster",
-        "strategy",
-        "global_batch",
-        "seq_len",
-        "published",
-    ):
+    for key in REQUIRED_KEYS:
         if key not in raw:
             raise RowError(f"row {raw.get('name', '?')!r} misses {key!r}")
     published = raw["published"]
