@@ -37,6 +37,8 @@ _COMMON_CONFIG_KEYS = {
     "decoder_start_token_id",
     "tie_word_embeddings",
 }
+# transformers' attention implementations that need nothing beyond torch.
+ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flex_attention")
 # Config attributes that bound the sequence length, by model family.
 _MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
 
@@ -116,6 +118,14 @@ def check_model_spec(spec: ModelSpec) -> ModelInfo:
         model_cls = _transformers_class(spec.cls)
         config_cls = model_cls.config_class
         _check_config_keys(spec.config, _known_config_keys(config_cls), config_cls.__name__)
+        attn = spec.config.get("attn_implementation")
+        if attn is not None and attn not in ATTENTION_IMPLEMENTATIONS:
+            # Anything else names a kernel package or a Hub repository transformers would
+            # import or download.
+            raise InvalidModelSpecError(
+                f"config.attn_implementation {attn!r} is not supported; allowed: "
+                f"{', '.join(ATTENTION_IMPLEMENTATIONS)} (the implementations torch itself has)"
+            )
         params = inspect.signature(model_cls.forward).parameters
         if "input_ids" in params:
             kind: InputKind = "text"

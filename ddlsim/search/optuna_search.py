@@ -36,6 +36,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ddlsim.data.errors import DdlsimError, InvalidOptionError
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store.database import mask_url, redact
 from ddlsim.search.algorithm import (
     ParetoPoint,
     Progress,
@@ -121,8 +122,9 @@ def open_study(sampler: Sampler, study: StudyOptions, *, worker: int = 0) -> opt
         OSError,
         SQLAlchemyError,
     ) as exc:  # bad URL or driver
+        url = str(study.storage)
         raise InvalidOptionError(
-            f"storage {study.storage!r} cannot hold an Optuna study: {exc}"
+            f"storage {mask_url(url)!r} cannot hold an Optuna study: {redact(str(exc), url)}"
         ) from None
 
 

@@ -28,7 +28,7 @@ from ddlsim.data.store import Store, default_url
 from ddlsim.data.store.records import TaskRecord
 from ddlsim.data.store.tasks import STALE_S, TaskCancelledError, TaskLostError, TaskQueue
 from ddlsim.profiler.batch import parse_batch_data
-from ddlsim.profiler.cluster import die_with_parent
+from ddlsim.profiler.cluster import die_with_parent, remove_stale_namespaces
 from ddlsim.workflows.execute import execute
 from ddlsim.workflows.profile import profile_batch
 from ddlsim.workflows.requests import ExecuteRequest, SearchRequest
@@ -68,6 +68,10 @@ class Worker:
         """Run tasks until :attr:`stop` is set (``once``: until the queue is empty); returns
         how many ran. A failing database is retried (with a pause), not fatal."""
         ran = 0
+        # A worker killed outright leaves its runs' namespaces; the next one clears them.
+        removed = remove_stale_namespaces()
+        if removed:
+            _say(f"worker {self.name}: removed {len(removed)} stale network namespace(s)")
         with Store.open(self.db) as store:
             queue = TaskQueue(store, stale_s=self.stale_s)
             while not self.stop.is_set():

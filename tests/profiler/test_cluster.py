@@ -223,6 +223,27 @@ def test_timeout_stops_every_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 @needs_netns
+def test_a_launch_and_a_worker_sweep_stale_namespaces(tmp_path: Path) -> None:
+    """Namespaces of a run killed outright go before the next cluster's and at worker start."""
+    from ddlsim.service.worker import Worker
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for sweeper in ("cluster", "worker"):
+        stale = f"ddlsim-{dead.pid}-cafe-sw"
+        subprocess.run(["ip", "netns", "add", stale], check=True)
+        try:
+            if sweeper == "cluster":
+                with EmulatedCluster(2, "1gbit"):
+                    assert stale not in _namespaces()
+            else:
+                Worker(f"sqlite:///{tmp_path / 'w.db'}", poll_s=0.01).run(once=True)
+                assert stale not in _namespaces()
+        finally:
+            subprocess.run(["ip", "netns", "del", stale], check=False, capture_output=True)
+
+
+@needs_netns
 def test_stale_namespaces_of_dead_runs_are_removed() -> None:
     """A launcher killed with SIGKILL leaves its namespaces; they can be found and removed."""
     dead = subprocess.Popen(["true"])

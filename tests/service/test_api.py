@@ -355,3 +355,29 @@ def test_the_worker_ends_when_serve_is_killed_outright(tmp_path: Path) -> None:
             break
         assert time.monotonic() < deadline, "the worker outlived serve"
         time.sleep(0.3)
+
+
+def test_what_the_worker_would_refuse_is_refused_at_submission(client: TestClient) -> None:
+    """Bad link rates and world sizes answer 422 now, not minutes later from the worker."""
+    for path, body in (
+        ("/v1/executions", {**MLP, "bandwidth": "fast"}),
+        ("/v1/strategy-requests", {**MLP, "bandwidth": "10 parsecs"}),
+        ("/v1/predictions", {**MLP, "bandwidth": "-1gbit"}),
+    ):
+        refused = client.post(path, json=body, headers=AUTH)
+        assert refused.status_code == 422, refused.text
+        assert "bandwidth" in refused.text and "allowed" in refused.text
+    verified = client.post(
+        "/v1/strategy-requests", json={**MLP, "world_size": 2048, "verify": True}, headers=AUTH
+    )
+    assert verified.status_code == 422 and "at most 64" in verified.text
+    unverified = client.post(
+        "/v1/strategy-requests", json={**MLP, "world_size": 2048}, headers=AUTH
+    )
+    assert unverified.status_code == 202
+    for job in (
+        {"kind": "collectives", "world_size": 1024, "bandwidth": "1gbit"},
+        {"kind": "collectives", "world_size": 2, "bandwidth": "fast"},
+    ):
+        refused = client.post("/v1/profiling-runs", json={"jobs": [job]}, headers=AUTH)
+        assert refused.status_code == 422 and "job 0 (collectives)" in refused.text, refused.text

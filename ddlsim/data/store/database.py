@@ -41,12 +41,38 @@ def default_url() -> str:
     return f"sqlite:///{path}"
 
 
+_QUERY_SECRET = re.compile(r"(?i)([?&](?:password|passwd|pwd|secret|token)=)[^&]*")
+
+
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (also when it does not parse)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    """``url`` with its password replaced by ``***``, for any text: the userinfo runs to the
+    last ``@`` before the query (a password may hold ``@``, ``:`` or ``/`` unencoded), and
+    password-like query parameters are masked too. Nothing is parsed by a URL library, so a
+    URL that does not parse is masked the same way."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url
+    head, question, query = rest.partition("?")
+    at = head.rfind("@")
+    if at >= 0:
+        user, colon, _ = head[:at].partition(":")
+        head = f"{user}:***@{head[at + 1 :]}" if colon else head
+    tail = _QUERY_SECRET.sub(r"\1***", question + query) if question else ""
+    return f"{scheme}://{head}{tail}"
+
+
+def redact(text: str, url: str) -> str:
+    """``text`` with ``url`` and its password masked wherever they appear (an error message
+    that repeats the URL it could not open)."""
+    text = text.replace(url, mask_url(url))
+    _, separator, rest = url.partition("://")
+    head = rest.partition("?")[0]
+    at = head.rfind("@")
+    if separator and at >= 0:
+        password = head[:at].partition(":")[2]
+        if password:
+            text = text.replace(password, "***")
+    return text
 
 
 def alembic_config(url: str) -> Config:

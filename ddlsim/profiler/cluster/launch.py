@@ -42,6 +42,7 @@ from ddlsim.profiler.cluster.namespaces import (
     host_address,
     host_namespace,
     netns_unavailable_reason,
+    remove_stale_namespaces,
 )
 from ddlsim.profiler.cluster.placement import pinned_cores, read_placements
 from ddlsim.profiler.cluster.processes import stop_processes
@@ -173,6 +174,8 @@ class EmulatedCluster:
             self._run_dir = Path(tempfile.mkdtemp(prefix=f"ddlsim-{self.run_id}-"))
             reason = self._netns_unavailable()
             if reason is None:
+                # Namespaces of runs killed outright would hold this run's addresses and links.
+                remove_stale_namespaces()
                 build_network(
                     prefix=self.prefix,
                     world_size=self.world_size,

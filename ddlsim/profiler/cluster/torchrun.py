@@ -14,6 +14,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ddlsim.profiler.cluster.environment import rank_environment
 from ddlsim.profiler.cluster.placement import PLACEMENT_ENV, placement_path
 from ddlsim.profiler.cluster.processes import die_with_parent
 from ddlsim.profiler.cluster.rank_logs import rank_log
@@ -36,7 +37,8 @@ def start_rank(
     """Start host ``rank``'s torchrun running ``python -m module *args``; do not wait.
 
     Args:
-        env: added on top of this process's environment, under the variables the launch sets
+        env: added on top of this process's environment as ranks get it (no secrets:
+            :func:`~.environment.rank_environment`), under the variables the launch sets
             (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` = ``interface``,
             ``OMP_NUM_THREADS=1``, ``DDLSIM_PLACEMENT_PATH``).
         namespace: the host's network namespace, or ``None`` on loopback.
@@ -49,8 +51,7 @@ def start_rank(
     cmd += ["-m", module, *args]
     if namespace is not None:
         cmd = ["ip", "netns", "exec", namespace, *cmd]
-    rank_env = dict(os.environ)
-    rank_env.update(env or {})
+    rank_env = rank_environment(env)
     rank_env.update(
         {
             "GLOO_SOCKET_IFNAME": interface,

@@ -7,8 +7,9 @@ its own and a test lists the exception.
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.executor.run import MAX_SIDE_BY_SIDE, RunOptions
 from ddlsim.workflows.requests import SEARCH_MEASURE, PredictRequest, SearchRequest, defaults
 
@@ -23,10 +24,23 @@ ModelRef = Annotated[
     Field(description="a zoo or registered model's name, or a model spec object"),
 ]
 PositiveInt = Annotated[int, Field(ge=1, le=1 << 20)]
+
+
+def _rate(text: str | None) -> str | None:
+    """A link rate the worker will accept, checked now (``parse_bandwidth_gbps`` raises a
+    ``ValueError`` naming the value and the forms allowed: a 422)."""
+    if text is not None:
+        parse_bandwidth_gbps(text)
+    return text
+
+
 Bandwidth = Annotated[
     str | None,
     Field(max_length=32, description="link rate per host (1gbit, 100mbit, none); null: unshaped"),
+    AfterValidator(_rate),
 ]
+MAX_RUN_WORLD_SIZE = 64
+"""Ranks a queued run may start on this machine (executions, verification runs, profiling)."""
 
 # The measurement protocol's settings (executor.protocol), as the command line takes them.
 CiTarget = Annotated[
@@ -134,6 +148,15 @@ class StrategyRequest(Inputs):
         ),
     ] = _SEARCH["verify_top"]
 
+    @model_validator(mode="after")
+    def _runs_fit(self) -> "StrategyRequest":
+        if self.verify and self.world_size > MAX_RUN_WORLD_SIZE:
+            raise ValueError(
+                f"world_size({self.world_size}) with verify: the verifying runs start one rank "
+                f"a process, at most {MAX_RUN_WORLD_SIZE}; search without verify, or on fewer"
+            )
+        return self
+
 
 class ProfilingRun(Body):
     """``POST /v1/profiling-runs``: a profiling batch, queued (jobs, and products of options
@@ -148,7 +171,7 @@ class ExecutionRequest(Inputs):
     (:class:`~ddlsim.workflows.requests.ExecuteRequest`)."""
 
     strategy: dict[str, Any] | None = None
-    world_size: Annotated[int, Field(ge=1, le=64)] = _RUN["world_size"]
+    world_size: Annotated[int, Field(ge=1, le=MAX_RUN_WORLD_SIZE)] = _RUN["world_size"]
     bandwidth: Annotated[
         str | None,
         Field(
@@ -156,6 +179,7 @@ class ExecutionRequest(Inputs):
             description="run on an emulated cluster with this link rate per host (1gbit, "
             "100mbit, none); null: the ranks share loopback",
         ),
+        AfterValidator(_rate),
     ] = _RUN["bandwidth"]
     iters: Annotated[int, Field(ge=1, le=1000)] = _RUN["iters"]
     warmup: Annotated[int, Field(ge=0, le=100)] = _RUN["warmup"]
