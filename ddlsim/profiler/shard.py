@@ -18,6 +18,7 @@ from torch import nn
 
 from ddlsim.data.errors import InvalidModelSpecError, InvalidStrategyError
 from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.limits import LAYER_KEYS, layer_key
 from ddlsim.data.models import build_config
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.tp_plans import PLANS, check_tensor_parallel, divide_heads, matches, tp_family
@@ -31,8 +32,6 @@ DTYPES: dict[str, torch.dtype] = {
     "fp8": torch.bfloat16,
 }
 ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
-# Config keys that count the repeated blocks, by family naming.
-LAYER_KEYS: tuple[str, ...] = ("n_layer", "num_hidden_layers", "num_layers")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
@@ -58,11 +57,9 @@ def layer_count(spec: ModelSpec) -> tuple[str, int]:
     Raises:
         InvalidModelSpecError: when the config has none of :data:`LAYER_KEYS`.
     """
-    config = build_config(spec)
-    for key in LAYER_KEYS:
-        value = getattr(config, key, None)
-        if isinstance(value, int):
-            return key, value
+    found = layer_key(build_config(spec))
+    if found is not None:
+        return found
     raise InvalidModelSpecError(
         f"{spec.label} ({spec.cls}) has no layer count among {', '.join(LAYER_KEYS)}"
     )

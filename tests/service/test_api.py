@@ -381,3 +381,39 @@ def test_what_the_worker_would_refuse_is_refused_at_submission(client: TestClien
     ):
         refused = client.post("/v1/profiling-runs", json={"jobs": [job]}, headers=AUTH)
         assert refused.status_code == 422 and "job 0 (collectives)" in refused.text, refused.text
+
+
+def test_specs_over_the_limits_are_refused_before_anything_is_built(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    huge = {
+        "name": "huge",
+        "source": "transformers",
+        "class": "GPT2LMHeadModel",
+        "config": {"n_layer": 1_000_000},
+        "inputs": {"batch_size": 1, "seq_len": 8},
+    }
+    # A running service has GPT-2's modules imported; time the refusal, not the import.
+    warm = {**huge, "name": "warm", "config": {"n_layer": 2}}
+    assert client.post("/v1/models", json={"spec": warm}, headers=AUTH).status_code == 201
+    started = time.monotonic()
+    refused = client.post("/v1/models", json={"spec": huge}, headers=AUTH)
+    assert time.monotonic() - started < 1.0
+    assert refused.status_code == 422 and "DDLSIM_MAX_LAYERS" in refused.text, refused.text
+    wide = {
+        "name": "wide",
+        "source": "reference",
+        "class": "MLP",
+        "config": {"in_features": 10**10},
+        "inputs": {"batch_size": 1},
+    }
+    refused = client.post("/v1/models", json={"spec": wide}, headers=AUTH)
+    assert refused.status_code == 422 and "DDLSIM_MAX_PARAMS" in refused.text, refused.text
+    # The operator sets the limits: a zoo model at its inputs is over these.
+    monkeypatch.setenv("DDLSIM_MAX_FLOPS", "1e6")
+    refused = client.post("/v1/predictions", json=MLP, headers=AUTH)
+    assert refused.status_code == 422 and "DDLSIM_MAX_FLOPS" in refused.text, refused.text
+    monkeypatch.delenv("DDLSIM_MAX_FLOPS")
+    monkeypatch.setenv("DDLSIM_MAX_PARAMS", "1000")
+    refused = client.post("/v1/predictions", json=MLP, headers=AUTH)
+    assert refused.status_code == 422 and "limit of 1,000" in refused.text

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from ddlsim.data.errors import DdlsimError, one_line
+from ddlsim.data.limits import check_limits
 from ddlsim.data.models import check_model_spec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
@@ -57,11 +58,13 @@ def inputs_of(store: Store, body: Inputs) -> ModelSpec:
     """The body's model with the inputs it asks for."""
     spec = resolve_ref(store, body.model, field="body.model")
     try:
-        return spec.with_inputs(
+        sized = spec.with_inputs(
             batch_size=body.batch_size, seq_len=body.seq_len, image_size=body.image_size
         )
+        check_limits(sized)  # before any graph, profile or run is made of it
     except DdlsimError as exc:
         raise BadRequestError(one_line(exc), field="body", status=422) from None
+    return sized
 
 
 def request_json(body: Inputs, spec: ModelSpec, **resolved: Any) -> dict[str, Any]:
@@ -103,6 +106,7 @@ def spec_of(raw: Any, *, field: str) -> ModelSpec:
     try:
         spec = ModelSpec.from_dict(raw)
         check_model_spec(spec)
+        check_limits(spec)
     except DdlsimError as exc:
         raise BadRequestError(one_line(exc), field=field, status=422) from None
     return spec

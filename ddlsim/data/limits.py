@@ -1,0 +1,152 @@
+"""How big a model a shared service takes: parameters, layers, FLOPs and activations of one
+iteration, estimated before anything is built, each against a limit the operator may set.
+
+The estimate builds the model with one and with two of its repeated layers on the meta device
+(no memory, no initialisation) and extrapolates linearly to the config's layer count, so a
+spec with a million layers costs two tiny builds, not a million. FLOPs follow the usual
+``6 * parameters * tokens`` of a training step; activations Korthikanti et al.'s ``34`` bytes a
+token a hidden unit a layer (16-bit activations, no recomputation).
+"""
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+import torch
+
+from ddlsim.data.errors import InvalidModelSpecError, InvalidOptionError, one_line
+from ddlsim.data.models import build_config, build_model, check_model_spec, count_parameters
+from ddlsim.data.specs.model import ModelSpec
+
+LAYER_KEYS: tuple[str, ...] = ("n_layer", "num_hidden_layers", "num_layers")
+_WIDTH_KEYS = ("hidden_size", "n_embd", "d_model", "hidden_dim", "width")
+_LIMIT_ENV = {
+    "max_params": "DDLSIM_MAX_PARAMS",
+    "max_layers": "DDLSIM_MAX_LAYERS",
+    "max_flops": "DDLSIM_MAX_FLOPS",
+    "max_activation_bytes": "DDLSIM_MAX_ACTIVATION_BYTES",
+}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SpecLimits:
+    """The largest model a service instance builds, profiles or predicts."""
+
+    max_params: float = 2e11
+    max_layers: int = 1024
+    max_flops: float = 1e18
+    max_activation_bytes: float = 4 * 2**40
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "SpecLimits":
+        """Defaults, each overridden by its ``DDLSIM_MAX_*`` variable.
+
+        Raises:
+            InvalidOptionError: naming a variable that is not a positive number.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, float] = {}
+        for field, name in _LIMIT_ENV.items():
+            if name in environ:
+                try:
+                    value = float(environ[name])
+                except ValueError:
+                    value = -1.0
+                if not value > 0:
+                    raise InvalidOptionError(f"{name}={environ[name]!r} must be a positive number")
+                values[field] = int(value) if field == "max_layers" else value
+        return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SpecEstimate:
+    params: float
+    layers: int
+    flops: float
+    activation_bytes: float
+
+
+def layer_key(config: object) -> tuple[str, int] | None:
+    """The config key counting the repeated layers, and its value (``None`` for none)."""
+    for key in LAYER_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return key, value
+    return None
+
+
+def _params_with(spec: ModelSpec, config: Mapping[str, object]) -> int:
+    changed = dataclasses.replace(spec, config=dict(config))
+    try:
+        with torch.device("meta"):
+            return count_parameters(build_model(changed))
+    except (RuntimeError, ValueError, TypeError, OverflowError, MemoryError) as exc:
+        raise InvalidModelSpecError(
+            f"{spec.label} cannot be built from its config: {one_line(exc)}"
+        ) from None
+
+
+def estimate(spec: ModelSpec) -> SpecEstimate:
+    """Parameters, layers, FLOPs and activations of one training iteration of ``spec``.
+
+    Raises:
+        InvalidModelSpecError: when the spec is invalid or cannot be built.
+    """
+    check_model_spec(spec)
+    config = build_config(spec)
+    found = layer_key(config) if spec.source == "transformers" else None
+    if found is None:
+        params = float(_params_with(spec, spec.config))
+        layers = 1
+    else:
+        key, layers = found
+        one = _params_with(spec, {**spec.config, key: 1})
+        two = _params_with(spec, {**spec.config, key: 2})
+        params = float(one + (two - one) * (layers - 1))
+    inputs = spec.inputs
+    tokens = float(inputs.batch_size)
+    if inputs.seq_len is not None:
+        tokens *= inputs.seq_len
+    elif inputs.image_size is not None:
+        patch = getattr(config, "patch_size", None)
+        side = inputs.image_size // patch if isinstance(patch, int) and patch > 0 else 1
+        tokens *= side * side
+    width = next((w for k in _WIDTH_KEYS if isinstance(w := getattr(config, k, None), int)), 0)
+    return SpecEstimate(
+        params=params,
+        layers=layers,
+        flops=6.0 * params * tokens,
+        activation_bytes=34.0 * tokens * width * layers,
+    )
+
+
+def check_limits(spec: ModelSpec, limits: SpecLimits | None = None) -> SpecEstimate:
+    """Refuse a spec over any limit, before it is built for real.
+
+    Raises:
+        InvalidModelSpecError: naming the estimate, the limit and the variable that sets it.
+    """
+    limits = limits or SpecLimits.from_env()
+    found = estimate(spec)
+    checks = (
+        ("layers", found.layers, limits.max_layers, "max_layers"),
+        ("parameters", found.params, limits.max_params, "max_params"),
+        ("FLOPs per iteration", found.flops, limits.max_flops, "max_flops"),
+        (
+            "activation bytes",
+            found.activation_bytes,
+            limits.max_activation_bytes,
+            "max_activation_bytes",
+        ),
+    )
+    for what, value, limit, field in checks:
+        if value > limit:
+            raise InvalidModelSpecError(
+                f"{spec.label}: about {_number(value)} {what}, over this service's limit of "
+                f"{_number(limit)} ({_LIMIT_ENV[field]}); use a smaller config or inputs"
+            )
+    return found
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if value < 1e7 else f"{value:.3g}"
