@@ -104,11 +104,17 @@ def test_recovery_leaves_a_task_that_ended_meanwhile(store: Store) -> None:
     assert queue.get(task.id).status == "done"
 
 
-def test_a_stopping_worker_hands_its_task_back_uncounted(store: Store) -> None:
+def test_a_stopping_worker_hands_its_task_back_counted(store: Store) -> None:
+    """Each hand-back counts: a task whose worker stops under it twice ends failed (a task that
+    kills its worker cannot loop)."""
     queue = TaskQueue(store)
     task = queue.submit("execution", {})
     claimed = queue.claim("w")
     assert claimed is not None and queue.release(claimed, "worker stopping")
     back = queue.get(task.id)
-    assert back.status == "queued" and back.attempts == 0 and back.worker is None
-    assert queue.claim("w2") is not None
+    assert back.status == "queued" and back.attempts == 1 and back.worker is None
+    again = queue.claim("w2")
+    assert again is not None and queue.release(again, "worker stopping")
+    failed = queue.get(task.id)
+    assert failed.status == "failed" and "after 2 attempts" in (failed.error or "")
+    assert queue.claim("w3") is None

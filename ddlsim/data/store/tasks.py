@@ -174,8 +174,9 @@ class TaskQueue:
         return self._end(task, status="cancelled", error="cancelled on request")
 
     def release(self, task: TaskRecord, message: str) -> bool:
-        """Put a claimed task back in the queue (its worker is stopping), the claim not counted
-        against it; a task asked to stop is cancelled instead."""
+        """Put a claimed task back in the queue (its worker is stopping). The claim counts: a
+        task that has had :data:`MAX_ATTEMPTS` claims is failed instead, so a task that brings
+        its worker down cannot loop; a task asked to stop is cancelled."""
         now = utc_now()
         with self.store.transaction() as session:
             row = session.get(TaskRow, task.id, with_for_update=True)
@@ -183,9 +184,11 @@ class TaskQueue:
                 return False
             if row.cancel_requested:
                 row.status, row.error, row.finished_at = "cancelled", "cancelled on request", now
+            elif row.attempts >= MAX_ATTEMPTS:
+                row.status, row.finished_at = "failed", now
+                row.error = f"{message}; failed after {row.attempts} attempts"
             else:
                 row.status, row.message, row.worker = "queued", message, None
-                row.attempts = max(0, row.attempts - 1)
             row.updated_at = now
         return True
 
