@@ -56,7 +56,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     url = args.db or default_url()
     token_file = Path(args.token_file) if args.token_file else default_token_file()
     token, created = load_token(token_file)
-    app = create_app(Settings(db=url, token=token, simulator=args.simulator))
+    # Beyond loopback, jobs' requests, results and errors are readable by whoever reaches the
+    # port: reads need the token too.
+    protect = args.host not in LOOPBACK_HOSTS and not args.open_reads
+    app = create_app(
+        Settings(db=url, token=token, simulator=args.simulator, protect_reads=protect)
+    )
     worker = None if args.no_worker else _Supervisor(url, args.simulator)
     address = f"http://{args.host}:{args.port}"
     print(f"ddlsim serving {mask_url(url)} on {address}", flush=True)
@@ -99,6 +104,9 @@ class _Supervisor:
         self.thread.join(timeout=WORKER_STOP_S)
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
 def _start_worker(url: str, simulator: str | None) -> subprocess.Popen[bytes]:
     """The worker, in a session of its own (so that its executor ranks end with it). The store's
     URL, which may hold a password, goes in its environment (``$DDLSIM_DB``), never on its
@@ -127,6 +135,12 @@ def register(sub: Any) -> None:
     serve.add_argument("--db", help="store URL (default: $DDLSIM_DB or the user data dir)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--open-reads",
+        action="store_true",
+        help="beyond loopback, let reads through without the token (only behind a proxy "
+        "that authenticates its users)",
+    )
     serve.add_argument(
         "--no-worker", action="store_true", help="start no worker (run `ddlsim worker` apart)"
     )

@@ -417,3 +417,15 @@ def test_specs_over_the_limits_are_refused_before_anything_is_built(
     monkeypatch.setenv("DDLSIM_MAX_PARAMS", "1000")
     refused = client.post("/v1/predictions", json=MLP, headers=AUTH)
     assert refused.status_code == 422 and "limit of 1,000" in refused.text
+
+
+def test_reads_need_the_token_when_reads_are_protected(db: str) -> None:
+    """A service bound beyond loopback (``serve --host 0.0.0.0``) guards its reads; its
+    health probe stays open."""
+    settings = Settings(db=db, token=TOKEN, simulator="replay", protect_reads=True)
+    with TestClient(create_app(settings)) as guarded:
+        assert guarded.get("/healthz").status_code == 200
+        for path in ("/v1/jobs", "/v1/models", "/v1/simulator/versions", "/metrics"):
+            refused = guarded.get(path)
+            assert refused.status_code == 401, (path, refused.text)
+            assert guarded.get(path, headers=AUTH).status_code == 200, path

@@ -19,7 +19,14 @@ def test_the_image_serves_by_default() -> None:
 def test_compose_runs_the_service_a_worker_and_postgres() -> None:
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text("utf-8"))
     services = compose["services"]
-    assert set(services) == {"postgres", "service", "worker"}
+    assert set(services) == {"postgres", "service", "worker", "proxy"}
+    # No secret in the file: the database password and the token come from the environment.
+    text = (DOCKER / "compose.yaml").read_text("utf-8")
+    assert "POSTGRES_PASSWORD: ${DDLSIM_DB_PASSWORD:?" in text
+    assert ":ddlsim@" not in text
+    # Plain HTTP stays inside the compose network; the proxy serves TLS.
+    assert "ports" not in services["service"] and services["proxy"]["ports"] == ["443:443"]
+    assert "reverse_proxy service:8000" in (DOCKER / "Caddyfile").read_text("utf-8")
     assert services["service"]["command"][0] == "serve"
     assert "--no-worker" in services["service"]["command"]
     assert services["worker"]["command"] == ["worker"]

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from ddlsim.data.errors import DdlsimError, one_line
 from ddlsim.data.store import Store
 from ddlsim.data.store.tasks import TaskNotFoundError, TaskQueue
+from ddlsim.service.api.deps import READ
 from ddlsim.service.api.errors import BadRequestError
 from ddlsim.service.api.middleware import BodyLimit, Metrics
 from ddlsim.service.api.predictor import Predictor
@@ -32,6 +33,8 @@ class Settings:
     token: str
     max_body_bytes: int = MAX_BODY_BYTES
     simulator: str | None = None
+    protect_reads: bool = False
+    """Reads need the token too (``serve`` sets it when it binds beyond loopback)."""
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -60,7 +63,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.exception_handler(RequestValidationError)(_invalid)
     app.exception_handler(DdlsimError)(_refused)
     for routes in (service, models, graphs, predictions, jobs):
-        app.include_router(routes.router)
+        app.include_router(routes.router, dependencies=READ)
     return app
 
 

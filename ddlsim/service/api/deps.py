@@ -62,3 +62,24 @@ PredictorDep = Annotated[Predictor, Depends(get_predictor)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 WRITE = [Depends(authorised)]
 """A mutating route's ``dependencies``: the bearer token."""
+
+# What stays open whatever the settings: a load balancer's probe.
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+def read_authorised(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """The token on reads too when the settings protect them (a service reachable beyond
+    this machine: jobs hold whole requests, results and errors).
+
+    Raises:
+        BadRequestError: 401, as :func:`authorised`.
+    """
+    if request.app.state.settings.protect_reads and request.url.path not in OPEN_PATHS:
+        authorised(request, credentials)
+
+
+READ = [Depends(read_authorised)]
+"""Every router's ``dependencies``: reads behind the token when the settings say so."""
