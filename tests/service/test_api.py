@@ -429,3 +429,21 @@ def test_reads_need_the_token_when_reads_are_protected(db: str) -> None:
             refused = guarded.get(path)
             assert refused.status_code == 401, (path, refused.text)
             assert guarded.get(path, headers=AUTH).status_code == 200, path
+
+
+def test_an_unexpected_error_is_a_500_with_a_request_id(
+    db: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = Settings(db=db, token=TOKEN, simulator="replay")
+    with TestClient(create_app(settings), raise_server_exceptions=False) as guarded:
+
+        def boom(**_: Any) -> Any:
+            raise RuntimeError("secret internals at /srv/ddlsim/x.py line 3")
+
+        guarded.app.state.store.model_specs = boom  # type: ignore[attr-defined]
+        response = guarded.get("/v1/models")
+    assert response.status_code == 500
+    body = response.json()
+    assert body["request_id"] and response.headers["X-Request-ID"] == body["request_id"]
+    assert "internals" not in response.text and "Traceback" not in response.text
+    assert body["request_id"] in caplog.text and "secret internals" in caplog.text

@@ -4,6 +4,8 @@ routers of :mod:`ddlsim.service.api.routes`."""
 
 import contextlib
 import dataclasses
+import logging
+import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -20,6 +22,8 @@ from ddlsim.service.api.predictor import Predictor
 from ddlsim.service.api.routes import graphs, jobs, models, predictions, service
 from ddlsim.service.api.routes.service import API_VERSION
 from ddlsim.workflows.profiles import MissingProfileError
+
+_LOG = logging.getLogger("ddlsim.service")
 
 MAX_BODY_BYTES = 1 << 20
 
@@ -62,6 +66,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.middleware("http")(metrics.count)
     app.exception_handler(RequestValidationError)(_invalid)
     app.exception_handler(DdlsimError)(_refused)
+    app.exception_handler(Exception)(_unexpected)
     for routes in (service, models, graphs, predictions, jobs):
         app.include_router(routes.router, dependencies=READ)
     return app
@@ -98,4 +103,22 @@ async def _refused(request: Request, exc: DdlsimError) -> JSONResponse:
         status_code=status,
         content={"error": one_line(exc, limit=2000), "field": field},
         headers=headers,
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """Anything else: 500 with an id to find it by in the server's log, where the traceback
+    goes; the client sees no traceback and no internals."""
+    request_id = uuid.uuid4().hex[:12]
+    _LOG.error(
+        "request %s %s %s failed", request_id, request.method, request.url.path, exc_info=exc
+    )
+    return JSONResponse(
+        status_code=500,
+        content={
+            "error": f"internal error (request id {request_id}; the server's log has it)",
+            "field": None,
+            "request_id": request_id,
+        },
+        headers={"X-Request-ID": request_id},
     )
