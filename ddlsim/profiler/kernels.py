@@ -41,6 +41,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model, make_batch, training_loss
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.store.records import KernelTimes
+from ddlsim.profiler import interrupt
 from ddlsim.profiler.allocator import use_rank_allocator
 from ddlsim.profiler.capture import CaptureOptions, OpMode, Optimizer, capture_graph
 from ddlsim.profiler.speed import probe_ms
@@ -279,6 +280,7 @@ def _profile(
 
     say(f"warming up ({warmup} iterations)")
     for _ in range(warmup):
+        interrupt.check()
         step()
     _synchronize(device)
 
@@ -305,6 +307,7 @@ def _profile(
     profiled_events: list[list[FunctionEvent]] = []
     trace_path = None
     for index in range(iters):
+        interrupt.check()
         start = time.perf_counter()
         step()
         _synchronize(device)

@@ -23,10 +23,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ddlsim.data.errors import DdlsimError, one_line
+from ddlsim.data.errors import DdlsimError, InvalidOptionError, one_line
 from ddlsim.data.store import Store, default_url
 from ddlsim.data.store.records import TaskRecord
 from ddlsim.data.store.tasks import STALE_S, TaskCancelledError, TaskLostError, TaskQueue
+from ddlsim.profiler import interrupt
 from ddlsim.profiler.batch import parse_batch_data
 from ddlsim.profiler.cluster import die_with_parent, remove_stale_namespaces
 from ddlsim.workflows.execute import execute
@@ -35,6 +36,32 @@ from ddlsim.workflows.requests import ExecuteRequest, SearchRequest
 from ddlsim.workflows.search import search
 
 HEARTBEAT_S = 10.0
+DEADLINE_ENV = "DDLSIM_TASK_DEADLINE_S"
+DEFAULT_DEADLINE_S = 24 * 3600.0
+
+
+class TaskDeadlineError(DdlsimError, TimeoutError):
+    """A task ran past the worker's deadline (:data:`DEADLINE_ENV`)."""
+
+
+def task_deadline_s() -> float:
+    """The longest a task may run: ``$DDLSIM_TASK_DEADLINE_S``, else a day.
+
+    Raises:
+        InvalidOptionError: naming a value that is not a positive number.
+    """
+    raw = os.environ.get(DEADLINE_ENV)
+    if raw is None:
+        return DEFAULT_DEADLINE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InvalidOptionError(f"{DEADLINE_ENV}={raw!r} must be a positive number of seconds")
+    return value
+
+
 TIMELINE_MAX_EVENTS = 4000
 Report = Callable[[float | None, str], None]
 
@@ -55,12 +82,14 @@ class Worker:
         poll_s: float = 1.0,
         stale_s: float = STALE_S,
         simulator: str | None = None,
+        deadline_s: float | None = None,
     ) -> None:
         self.db = db
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.poll_s = poll_s
         self.stale_s = stale_s
         self.simulator = simulator
+        self.deadline_s = deadline_s if deadline_s is not None else task_deadline_s()
         self.stop = threading.Event()
         self.in_task = False  # a task's handler is running (SIGTERM may interrupt it)
 
@@ -108,13 +137,25 @@ class Worker:
                 except Exception:  # a database hiccup: the next beat tries again
                     continue
 
-        def report(fraction: float | None, message: str) -> None:
+        started = time.monotonic()
+
+        def check() -> None:
+            """Raise if the task must stop: called by its report and, between steps, by the
+            long loops of profiling and launches (:mod:`ddlsim.profiler.interrupt`)."""
             if self.stop.is_set():
                 raise WorkerStoppedError(f"worker {self.name} is stopping")
             if lost.is_set():
                 raise TaskLostError(f"task {task.id} was taken from worker {self.name}")
             if cancelled.is_set():
                 raise TaskCancelledError(f"task {task.id} was cancelled")
+            if time.monotonic() - started > self.deadline_s:
+                raise TaskDeadlineError(
+                    f"task {task.id} ran past its deadline of {self.deadline_s:g} s "
+                    f"({DEADLINE_ENV}); stopped"
+                )
+
+        def report(fraction: float | None, message: str) -> None:
+            check()
             queue.report(task, progress=fraction, message=message[:500])
 
         beat = threading.Thread(target=heartbeat, name=f"ddlsim-heartbeat-{task.id}", daemon=True)
@@ -122,9 +163,11 @@ class Worker:
         ending: Callable[[], bool]
         try:
             self.in_task = True
+            installed = interrupt.CHECK.set(check)
             try:
                 result = HANDLERS[task.kind](self, store, task.request, report)
             finally:
+                interrupt.CHECK.reset(installed)
                 self.in_task = False
         except TaskCancelledError:
             ending = functools.partial(queue.cancelled, task)

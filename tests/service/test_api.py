@@ -447,3 +447,47 @@ def test_an_unexpected_error_is_a_500_with_a_request_id(
     assert body["request_id"] and response.headers["X-Request-ID"] == body["request_id"]
     assert "internals" not in response.text and "Traceback" not in response.text
     assert body["request_id"] in caplog.text and "secret internals" in caplog.text
+
+
+KERNELS_FOREVER = {"jobs": [{"kind": "kernels", "model": "mlp", "batch_size": 4, "iters": 10**9}]}
+
+
+def _run_in_thread(worker: Worker) -> Any:
+    import threading
+
+    thread = threading.Thread(target=lambda: worker.run(once=True), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_running_job_stops_soon_after_its_cancel(
+    db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernels job of 10^9 iterations, cancelled while it runs, ends cancelled within
+    seconds: its profiling loop checks between iterations."""
+    monkeypatch.setattr(worker_module, "HEARTBEAT_S", 0.5)
+    with Store.open(db) as store:
+        queue = worker_module.TaskQueue(store)
+        task = queue.submit("profile", KERNELS_FOREVER)
+        thread = _run_in_thread(Worker(db, poll_s=0.05, simulator="replay"))
+        deadline = time.monotonic() + 60
+        while queue.get(task.id).status != "running" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2.0)
+        queue.cancel(task.id)
+        asked = time.monotonic()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert time.monotonic() - asked < 30
+        assert queue.get(task.id).status == "cancelled"
+
+
+def test_a_job_past_its_deadline_fails(db: str) -> None:
+    with Store.open(db) as store:
+        queue = worker_module.TaskQueue(store)
+        task = queue.submit("profile", KERNELS_FOREVER)
+        thread = _run_in_thread(Worker(db, poll_s=0.05, simulator="replay", deadline_s=3.0))
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+        ended = queue.get(task.id)
+    assert ended.status == "failed" and "deadline of 3 s" in (ended.error or ""), ended

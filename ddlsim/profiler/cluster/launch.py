@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
+from ddlsim.profiler import interrupt
 from ddlsim.profiler.cluster.namespaces import (
     HOST_INTERFACE,
     NAMESPACE_PREFIX,
@@ -355,6 +356,7 @@ class EmulatedCluster:
         deadline = time.monotonic() + timeout_s
         lines = LineFollower(rank_log(launch_dir, 0, "stdout"), stdout_callback)
         while True:
+            interrupt.check()  # a cancelled task stops here; close() then ends the ranks
             lines.poll()
             codes = [proc.poll() for proc in procs]
             failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
