@@ -491,3 +491,21 @@ def test_a_job_past_its_deadline_fails(db: str) -> None:
         assert not thread.is_alive()
         ended = queue.get(task.id)
     assert ended.status == "failed" and "deadline of 3 s" in (ended.error or ""), ended
+
+
+def test_captures_have_a_deadline_and_a_bounded_cache(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddlsim.service.api import predictor
+
+    monkeypatch.setattr(predictor, "GRAPHS", predictor._GraphCache())
+    monkeypatch.setenv("DDLSIM_CAPTURE_DEADLINE_S", "0.000001")
+    late = client.post("/v1/graphs", json={"model": "gpt2-tiny", "batch_size": 2}, headers=AUTH)
+    assert late.status_code == 503 and "DDLSIM_CAPTURE_DEADLINE_S" in late.text, late.text
+    monkeypatch.setenv("DDLSIM_CAPTURE_DEADLINE_S", "120")
+    # One graph's worth of bytes: the second capture pushes the first out.
+    monkeypatch.setenv("DDLSIM_GRAPH_CACHE_BYTES", "1")
+    for batch in (3, 5):
+        made = client.post("/v1/graphs", json={**MLP, "batch_size": batch}, headers=AUTH)
+        assert made.status_code in (200, 201), made.text
+    assert len(predictor.GRAPHS) == 1
