@@ -250,7 +250,7 @@ def test_a_stopping_worker_hands_its_task_back(
     task = client.post("/v1/strategy-requests", json=MLP, headers=AUTH).json()
     assert worker.run() == 1
     back = client.get(f"/v1/jobs/{task['id']}").json()
-    assert back["status"] == "queued" and back["attempts"] == 0 and "stopped" in back["message"]
+    assert back["status"] == "queued" and back["attempts"] == 1 and "stopped" in back["message"]
 
 
 def _children(pid: int) -> list[str]:
