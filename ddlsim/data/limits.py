@@ -9,6 +9,8 @@ token a hidden unit a layer (16-bit activations, no recomputation).
 """
 
 import dataclasses
+import functools
+import json
 import os
 from collections.abc import Mapping
 
@@ -87,11 +89,18 @@ def _params_with(spec: ModelSpec, config: Mapping[str, object]) -> int:
 
 
 def estimate(spec: ModelSpec) -> SpecEstimate:
-    """Parameters, layers, FLOPs and activations of one training iteration of ``spec``.
+    """Parameters, layers, FLOPs and activations of one training iteration of ``spec``
+    (memoised: every API request asks it of its model).
 
     Raises:
         InvalidModelSpecError: when the spec is invalid or cannot be built.
     """
+    return _estimate(json.dumps(spec.to_dict(), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=512)
+def _estimate(spec_json: str) -> SpecEstimate:
+    spec = ModelSpec.from_dict(json.loads(spec_json))
     check_model_spec(spec)
     config = build_config(spec)
     found = layer_key(config) if spec.source == "transformers" else None

@@ -24,7 +24,7 @@ from importlib import resources
 from typing import Any
 
 from ddlsim.data.graph.format import GraphNode
-from ddlsim.data.specs.gpu_cluster import AcceleratorSpec
+from ddlsim.data.specs.gpu_cluster import H100_SXM, H200_SXM, AcceleratorSpec
 
 # Ops that move no data: views the schema does not mark as such, and allocations.
 FREE_OPS = (
@@ -38,6 +38,8 @@ FREE_OPS = (
     "aten.detach.",
     "aten.alias.",
 )
+# The GPUs whose measured per-op times ship (ddlsim/data/measured/<name>/).
+_REFERENCE_GPUS = {"h100": H100_SXM, "h200": H200_SXM}
 GEMM_OPS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.")
 ATTENTION_OPS = ("scaled_dot_product", "flash_attention", "efficient_attention")
 # The least time a kernel takes in a training step: launch to completion of an empty-ish
@@ -283,13 +285,8 @@ def _attention_lookup(
 
 
 def _reference_peaks(name: str) -> dict[str, float]:
-    from ddlsim.data.specs.gpu_cluster import H100_SXM, H200_SXM
-
-    gpu = {"h100": H100_SXM, "h200": H200_SXM}[name]
-    return {**gpu.peak_tflops}
+    return dict(_REFERENCE_GPUS[name].peak_tflops)
 
 
 def _reference_hbm(name: str) -> float:
-    from ddlsim.data.specs.gpu_cluster import H100_SXM, H200_SXM
-
-    return {"h100": H100_SXM, "h200": H200_SXM}[name].hbm_gbps
+    return _REFERENCE_GPUS[name].hbm_gbps

@@ -100,10 +100,11 @@ def shard_costs(
             if part == "block" and _is_attention(node):
                 attention += ms
     params = {"block": 0, "first": 0, "last": 0}
+    last_modules = {n.module for n in nodes if part_of.get(n.id) == "last"}
     for info in graph.params:
         if _in_block(block, info.module):
             params["block"] += info.numel
-        elif any(part_of.get(n.id) == "last" and n.module == info.module for n in nodes):
+        elif info.module in last_modules:
             params["last"] += info.numel
         else:
             params["first"] += info.numel
