@@ -27,17 +27,24 @@ _LIMIT_ENV = {
     "max_layers": "DDLSIM_MAX_LAYERS",
     "max_flops": "DDLSIM_MAX_FLOPS",
     "max_activation_bytes": "DDLSIM_MAX_ACTIVATION_BYTES",
+    "max_iters": "DDLSIM_MAX_ITERS",
+    "max_message_bytes": "DDLSIM_MAX_MESSAGE_BYTES",
 }
+_INTEGER_LIMITS = frozenset({"max_layers", "max_iters", "max_message_bytes"})
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SpecLimits:
-    """The largest model a service instance builds, profiles or predicts."""
+    """The largest model a service instance builds, profiles or predicts, and the most work a
+    queued profiling job may ask for: ``max_iters`` bounds every count of steps, repeats or
+    rounds, ``max_message_bytes`` every collective's message."""
 
     max_params: float = 2e11
     max_layers: int = 1024
     max_flops: float = 1e18
     max_activation_bytes: float = 4 * 2**40
+    max_iters: int = 10_000
+    max_message_bytes: int = 2**30
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "SpecLimits":
@@ -56,7 +63,7 @@ class SpecLimits:
                     value = -1.0
                 if not value > 0:
                     raise InvalidOptionError(f"{name}={environ[name]!r} must be a positive number")
-                values[field] = int(value) if field == "max_layers" else value
+                values[field] = int(value) if field in _INTEGER_LIMITS else value
         return cls(**values)  # type: ignore[arg-type]
 
 
@@ -102,6 +109,30 @@ def estimate(spec: ModelSpec) -> SpecEstimate:
 def _estimate(spec_json: str) -> SpecEstimate:
     spec = ModelSpec.from_dict(json.loads(spec_json))
     check_model_spec(spec)
+    # The model at one short sample: only the tokens below depend on batch and sequence.
+    one = spec.with_inputs(batch_size=1, seq_len=None if spec.inputs.seq_len is None else 1)
+    bare = one.to_dict()
+    params, layers, width, patch = _shape(json.dumps(bare, sort_keys=True))
+    inputs = spec.inputs
+    tokens = float(inputs.batch_size)
+    if inputs.seq_len is not None:
+        tokens *= inputs.seq_len
+    elif inputs.image_size is not None:
+        side = inputs.image_size // patch if patch > 0 else 1
+        tokens *= side * side
+    return SpecEstimate(
+        params=params,
+        layers=layers,
+        flops=6.0 * params * tokens,
+        activation_bytes=34.0 * tokens * width * layers,
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _shape(spec_json: str) -> tuple[float, int, int, int]:
+    """Parameters, layers, width and patch size of a model (memoised apart from its inputs:
+    a batch of jobs over many input sizes builds each model twice, not each job)."""
+    spec = ModelSpec.from_dict(json.loads(spec_json))
     config = build_config(spec)
     found = layer_key(config) if spec.source == "transformers" else None
     if found is None:
@@ -112,21 +143,9 @@ def _estimate(spec_json: str) -> SpecEstimate:
         one = _params_with(spec, {**spec.config, key: 1})
         two = _params_with(spec, {**spec.config, key: 2})
         params = float(one + (two - one) * (layers - 1))
-    inputs = spec.inputs
-    tokens = float(inputs.batch_size)
-    if inputs.seq_len is not None:
-        tokens *= inputs.seq_len
-    elif inputs.image_size is not None:
-        patch = getattr(config, "patch_size", None)
-        side = inputs.image_size // patch if isinstance(patch, int) and patch > 0 else 1
-        tokens *= side * side
     width = next((w for k in _WIDTH_KEYS if isinstance(w := getattr(config, k, None), int)), 0)
-    return SpecEstimate(
-        params=params,
-        layers=layers,
-        flops=6.0 * params * tokens,
-        activation_bytes=34.0 * tokens * width * layers,
-    )
+    patch = getattr(config, "patch_size", None)
+    return params, layers, width, patch if isinstance(patch, int) and patch > 0 else 0
 
 
 def check_limits(spec: ModelSpec, limits: SpecLimits | None = None) -> SpecEstimate:

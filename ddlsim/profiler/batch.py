@@ -37,8 +37,11 @@ from typing import Any
 
 import torch
 
+from ddlsim.data.comm_model import COLLECTIVES
 from ddlsim.data.errors import DdlsimError, InvalidOptionError, one_line
+from ddlsim.data.limits import SpecLimits
 from ddlsim.data.specs._serde import check_keys, load_json_or_file
+from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.store import (
     CollectiveProfileRecord,
@@ -52,9 +55,15 @@ from ddlsim.data.store import (
 from ddlsim.data.store.records import record_of
 from ddlsim.data.zoo import resolve_model
 from ddlsim.profiler.collective_fit import CollectiveProfile
-from ddlsim.profiler.collectives import parse_sizes, profile_collectives
+from ddlsim.profiler.collectives import (
+    InvalidSizesError,
+    check_options,
+    default_sizes,
+    parse_sizes,
+    profile_collectives,
+)
 from ddlsim.profiler.fusion import FusionProfile, profile_fusion
-from ddlsim.profiler.kernels import KernelProfile, profile_kernels
+from ddlsim.profiler.kernels import DEVICES, KernelProfile, profile_kernels
 
 MAX_JOBS = 10_000
 # What an executor job (one strategy, or several side by side) may set besides its strategies.
@@ -378,15 +387,15 @@ def collective_records(profile: CollectiveProfile) -> list[CollectiveProfileReco
     return records
 
 
-def run_collective_job(job: Job) -> Callable[[Any], None]:
-    """Profile collectives on an emulated cluster; the callback stores one row per fit."""
-    settings = dict(job.settings)
+def _collective_options(settings: dict[str, Any]) -> dict[str, Any]:
+    """A collectives job's arguments of :func:`profile_collectives` (the keys are taken out of
+    ``settings``)."""
     sizes = settings.pop("sizes", None)
     if isinstance(sizes, str):
         sizes = parse_sizes(sizes)
     elif isinstance(sizes, list):
         sizes = [s if isinstance(s, int) else parse_sizes(str(s))[0] for s in sizes]
-    kwargs: dict[str, Any] = {
+    options: dict[str, Any] = {
         "world_size": int(settings.pop("world_size")),
         "backend": settings.pop("backend", "gloo"),
         "bandwidth": settings.pop("bandwidth", "1gbit"),
@@ -397,8 +406,13 @@ def run_collective_job(job: Job) -> Callable[[Any], None]:
         "cpu_repeats": int(settings.pop("cpu_repeats", 3)),
     }
     if "collectives" in settings:
-        kwargs["collectives"] = list(settings.pop("collectives"))
-    profile = profile_collectives(**kwargs)
+        options["collectives"] = list(settings.pop("collectives"))
+    return options
+
+
+def run_collective_job(job: Job) -> Callable[[Any], None]:
+    """Profile collectives on an emulated cluster; the callback stores one row per fit."""
+    profile = profile_collectives(**_collective_options(dict(job.settings)))
     records = collective_records(profile)
 
     def write(session: Any) -> None:
@@ -406,3 +420,73 @@ def run_collective_job(job: Job) -> Callable[[Any], None]:
             add_collective_profile(session, profile=record)
 
     return write
+
+
+# ----- checks before a batch is queued ------------------------------------------------------
+
+# Counts of steps, repeats and rounds, with their least value.
+COUNTS: dict[str, int] = {"iters": 1, "warmup": 0, "repeats": 1, "cpu_repeats": 0, "rounds": 1}
+MAX_THREADS = 256
+KERNEL_OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd")
+
+
+def check_job(job: Job, limits: SpecLimits) -> ModelSpec | None:
+    """Refuse, without running anything, a kernels, fusion or collectives job its runner would
+    refuse, and any job asking for more work than ``limits`` allow (counts over
+    ``max_iters``, messages over ``max_message_bytes``); the job's model at its inputs, for
+    the caller to hold against the model limits (``None`` for a collectives job). Executor
+    jobs' run options are the executor's to check.
+
+    Raises:
+        InvalidOptionError: naming the key, the value and what is allowed.
+    """
+    settings = dict(job.settings)
+    for key, least in COUNTS.items():
+        if key in settings:
+            _check_count(key, settings[key], least, limits.max_iters, "DDLSIM_MAX_ITERS")
+    if "threads" in settings:
+        _check_count("threads", settings["threads"], 1, MAX_THREADS, None)
+    try:
+        if job.kind == "collectives":
+            options = {"collectives": COLLECTIVES, **_collective_options(settings)}
+        else:
+            spec = _job_model(settings)
+    except (ValueError, TypeError) as exc:  # int() of a word, a list where a number goes
+        if isinstance(exc, DdlsimError):
+            raise
+        raise InvalidBatchError(f"a setting is not of its type: {one_line(exc)}") from None
+    if job.kind == "collectives":
+        parse_bandwidth_gbps(options.pop("bandwidth") or "none")
+        options["sizes"] = options["sizes"] or default_sizes()
+        check_options(timeout_s=600.0, on_this_host=False, **options)
+        if max(options["sizes"]) > limits.max_message_bytes:
+            raise InvalidSizesError(
+                f"sizes: {max(options['sizes'])} bytes is over this service's limit of "
+                f"{limits.max_message_bytes} bytes a message (DDLSIM_MAX_MESSAGE_BYTES)"
+            )
+        return None
+    if job.kind == "kernels":
+        device = settings.get("device", "cpu")
+        if device not in DEVICES:
+            raise InvalidOptionError(
+                f"device {device!r} is not supported; allowed: {', '.join(DEVICES)}"
+            )
+        optimizer = settings.get("optimizer", "adamw")
+        if optimizer not in KERNEL_OPTIMIZERS:
+            raise InvalidOptionError(
+                f"optimizer {optimizer!r} is not supported; allowed: "
+                f"{', '.join(KERNEL_OPTIMIZERS)}"
+            )
+    blocks = settings.get("blocks")
+    listed = isinstance(blocks, list) and all(isinstance(b, str) for b in blocks)
+    if job.kind == "fusion" and blocks is not None and not listed:
+        raise InvalidBatchError(f"blocks {blocks!r} must be a list of module names")
+    return spec
+
+
+def _check_count(key: str, value: Any, least: int, most: int, variable: str | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most:
+        set_by = f" ({variable})" if variable else ""
+        raise InvalidOptionError(
+            f"{key}({value!r}) is out of range; allowed: an integer from {least} to {most}{set_by}"
+        )

@@ -99,7 +99,7 @@ def parse_sizes(text: str) -> list[int]:
     return sorted(sizes)
 
 
-def _check_options(
+def check_options(
     *,
     world_size: int,
     backend: str,
@@ -109,7 +109,15 @@ def _check_options(
     repeats: int,
     cpu_repeats: int,
     timeout_s: float,
+    on_this_host: bool = True,
 ) -> None:
+    """Refuse options :func:`profile_collectives` cannot run, before any process starts;
+    ``on_this_host`` false: leave out what depends on this machine's devices (a submission
+    checked for a worker elsewhere).
+
+    Raises:
+        InvalidOptionError: naming the value and what is allowed.
+    """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         raise InvalidOptionError(
             f"world_size({world_size!r}) is not supported; allowed: an integer >= 2"
@@ -118,7 +126,7 @@ def _check_options(
         raise InvalidOptionError(
             f"backend {backend!r} is not supported; allowed: {', '.join(BACKENDS)}"
         )
-    if backend == "nccl":
+    if backend == "nccl" and on_this_host:
         if not torch.cuda.is_available():
             raise InvalidOptionError(
                 "backend 'nccl' needs CUDA, which is not available here; use backend 'gloo'"
@@ -180,7 +188,7 @@ def profile_collectives(
     """
     size_list = list(default_sizes() if sizes is None else sizes)
     collective_list = list(collectives)
-    _check_options(
+    check_options(
         world_size=world_size,
         backend=backend,
         sizes=size_list,

@@ -3,7 +3,9 @@
 ``search`` runs a search (:func:`ddlsim.workflows.search.search`), ``profile`` a profiling batch
 (:func:`ddlsim.workflows.profile.profile_batch`), ``execution`` the executor and the simulator's
 prediction of the same strategy (:func:`ddlsim.workflows.execute.execute`), both stored, so the
-dashboard can set one against the other.
+dashboard can set one against the other. A task's rows (measurements, predictions) and its
+"done" land in one transaction, which only the task's current claim can commit: a task run
+again after its worker died stores them once.
 While a task runs, a heartbeat thread keeps it alive in the queue every ``HEARTBEAT_S``; a task
 asked to stop stops at its next progress report. A worker told to stop (SIGTERM, Ctrl-C) puts
 its task back in the queue for the next worker; one that dies is found by its stale heartbeat
@@ -23,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from ddlsim.data.errors import DdlsimError, InvalidOptionError, one_line
 from ddlsim.data.store import Store, default_url
 from ddlsim.data.store.records import TaskRecord
@@ -30,7 +34,7 @@ from ddlsim.data.store.tasks import STALE_S, TaskCancelledError, TaskLostError, 
 from ddlsim.profiler import interrupt
 from ddlsim.profiler.batch import parse_batch_data
 from ddlsim.profiler.cluster import die_with_parent, remove_stale_namespaces
-from ddlsim.workflows.execute import execute
+from ddlsim.workflows.execute import Executed, execute
 from ddlsim.workflows.profile import profile_batch
 from ddlsim.workflows.requests import ExecuteRequest, SearchRequest
 from ddlsim.workflows.search import search
@@ -64,6 +68,9 @@ def task_deadline_s() -> float:
 
 TIMELINE_MAX_EVENTS = 4000
 Report = Callable[[float | None, str], None]
+Finish = Callable[[Session, dict[str, Any]], None]
+"""``finish(session, result)``: end the task done with ``result`` in ``session``, the transaction
+that stores the task's rows (:meth:`~ddlsim.data.store.tasks.TaskQueue.finish_in`)."""
 
 
 class WorkerStoppedError(BaseException):
@@ -158,6 +165,12 @@ class Worker:
             check()
             queue.report(task, progress=fraction, message=message[:500])
 
+        finished: list[bool] = []
+
+        def finish(session: Session, result: dict[str, Any]) -> None:
+            queue.finish_in(session, task, result)
+            finished.append(True)
+
         beat = threading.Thread(target=heartbeat, name=f"ddlsim-heartbeat-{task.id}", daemon=True)
         beat.start()
         ending: Callable[[], bool]
@@ -165,7 +178,7 @@ class Worker:
             self.in_task = True
             installed = interrupt.CHECK.set(check)
             try:
-                result = HANDLERS[task.kind](self, store, task.request, report)
+                HANDLERS[task.kind](self, store, task.request, report, finish)
             finally:
                 interrupt.CHECK.reset(installed)
                 self.in_task = False
@@ -183,8 +196,11 @@ class Worker:
         except Exception as exc:  # a crashed task must not end the worker
             error = f"{type(exc).__name__}: {one_line(exc, limit=2000)}"
             ending = functools.partial(queue.fail, task, error)
-        else:
-            ending = functools.partial(queue.finish, task, result)
+        else:  # the handler ended the task in the transaction that stored its rows
+            ending = lambda: True  # noqa: E731
+            if not finished:
+                error = f"the {task.kind} handler returned without recording a result"
+                ending = functools.partial(queue.fail, task, error)
         finally:
             done.set()
             beat.join()
@@ -211,28 +227,34 @@ def _say(message: str) -> None:
 
 
 def _search(
-    worker: Worker, store: Store, request: dict[str, Any], report: Report
-) -> dict[str, Any]:
+    worker: Worker, store: Store, request: dict[str, Any], report: Report, finish: Finish
+) -> None:
     # One process a task, with the worker's own cost model.
     asked = dataclasses.replace(SearchRequest.from_json(request), simulator=worker.simulator)
-    return search(asked, store, report)
+    search(asked, store, report, commit=finish)
 
 
 def _profile(
-    worker: Worker, store: Store, request: dict[str, Any], report: Report
-) -> dict[str, Any]:
+    worker: Worker, store: Store, request: dict[str, Any], report: Report, finish: Finish
+) -> None:
     jobs = parse_batch_data({k: v for k, v in request.items() if v})
+    # Each job's rows land with its "done" mark: a batch run again skips what is stored.
     outcome = profile_batch(jobs, store, report)
-    return {**outcome.to_dict(), "jobs": len(jobs)}
+    with store.transaction() as session:
+        finish(session, {**outcome.to_dict(), "jobs": len(jobs)})
 
 
 def _execution(
-    worker: Worker, store: Store, request: dict[str, Any], report: Report
-) -> dict[str, Any]:
+    worker: Worker, store: Store, request: dict[str, Any], report: Report, finish: Finish
+) -> None:
     asked = dataclasses.replace(
         ExecuteRequest.from_json(request, predict=True), simulator=worker.simulator
     )
-    done = execute(asked, store, report)
+    execute(asked, store, report, commit=lambda session, done: finish(session, _executed(done)))
+
+
+def _executed(done: Executed) -> dict[str, Any]:
+    """An execution task's result: the measurement, the prediction and their timelines."""
     out: dict[str, Any] = {
         "measurement_id": done.measurement_id,
         "measured_ms": done.result.median_ms,
@@ -252,7 +274,7 @@ def _execution(
     return out
 
 
-HANDLERS: dict[str, Callable[[Worker, Store, dict[str, Any], Report], dict[str, Any]]] = {
+HANDLERS: dict[str, Callable[[Worker, Store, dict[str, Any], Report, Finish], None]] = {
     "search": _search,
     "profile": _profile,
     "execution": _execution,

@@ -1,7 +1,10 @@
 """Run a strategy for real, store the measurement, and predict the same strategy beside it."""
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from ddlsim.data.store import (
     MeasurementRecord,
@@ -14,7 +17,7 @@ from ddlsim.data.store import (
 from ddlsim.executor.run import RunResult, run_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.simulator.predict import Prediction
-from ddlsim.workflows.predict import predict
+from ddlsim.workflows.predict import add_predicted, predict_request
 from ddlsim.workflows.requests import ExecuteRequest, PredictRequest, Progress, no_progress
 
 
@@ -30,10 +33,17 @@ class Executed:
     prediction_id: int | None = None
 
 
-def execute(request: ExecuteRequest, store: Store, progress: Progress = no_progress) -> Executed:
-    """Run ``request``'s strategy under its options, store graph, strategy and measurement in
-    one transaction, then (``request.predict``, more than one rank) predict and store the
-    same strategy.
+def execute(
+    request: ExecuteRequest,
+    store: Store,
+    progress: Progress = no_progress,
+    *,
+    commit: Callable[[Session, Executed], None] | None = None,
+) -> Executed:
+    """Run ``request``'s strategy under its options and (``request.predict``, more than one
+    rank) predict the same strategy; store graph, strategy, measurement and prediction in one
+    transaction, with whatever ``commit(session, executed)`` writes (a queued task's end): after
+    a crash, all of it is stored or none, so a task run again stores its measurement once.
 
     Raises:
         ClusterRunError: a rank failed or hung (nothing is stored).
@@ -45,30 +55,32 @@ def execute(request: ExecuteRequest, store: Store, progress: Progress = no_progr
     result = run_training(
         request.model, request.strategy, options, progress=lambda m: progress(None, m)
     )
-    # One transaction: the graph, the strategy and the measurement land together or not.
-    with store.transaction() as session:
-        measurement_id = add_result(session, result)
-    if not (request.predict and options.world_size > 1):
-        return Executed(result=result, measurement_id=measurement_id, store_url=store.url)
-    progress(0.9, "predicting the same strategy")
-    predicted = predict(
-        PredictRequest(
+    prediction: Prediction | None = None
+    if request.predict and options.world_size > 1:
+        progress(0.9, "predicting the same strategy")
+        asked = PredictRequest(
             model=request.model,
             strategy=request.strategy,
             world_size=options.world_size,
             bandwidth=options.bandwidth,
             simulator=request.simulator,
-        ),
-        store,
-        progress,
-    )
-    return Executed(
-        result=result,
-        measurement_id=measurement_id,
-        store_url=store.url,
-        prediction=predicted.prediction,
-        prediction_id=predicted.prediction_id,
-    )
+        )
+        prediction, _, _ = predict_request(asked, store, progress)
+    with store.transaction() as session:
+        executed = Executed(
+            result=result,
+            measurement_id=add_result(session, result),
+            store_url=store.url,
+            prediction=prediction,
+            prediction_id=(
+                None
+                if prediction is None
+                else add_predicted(session, prediction, request.strategy)
+            ),
+        )
+        if commit is not None:
+            commit(session, executed)
+    return executed
 
 
 def measurement_record(result: RunResult) -> MeasurementRecord:

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+from sqlalchemy.orm import Session
+
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import (
@@ -47,7 +49,24 @@ def predict(request: PredictRequest, store: Store, progress: Progress = no_progr
             ``request.profile_missing`` is false.
         DdlsimError: a model or strategy the tools cannot handle.
     """
-    prediction, profile, profiled_now = predict_on_store(
+    prediction, profile, profiled_now = predict_request(request, store, progress)
+    with store.transaction() as session:
+        prediction_id = add_predicted(session, prediction, request.strategy)
+    return Predicted(
+        prediction=prediction,
+        profile=profile,
+        profiled_now=profiled_now,
+        prediction_id=prediction_id,
+        store_url=store.url,
+    )
+
+
+def predict_request(
+    request: PredictRequest, store: Store, progress: Progress = no_progress
+) -> tuple[Prediction, KernelProfileRecord, bool]:
+    """:func:`predict_on_store` with ``request``'s options; nothing is stored but a kernel
+    profile taken now."""
+    return predict_on_store(
         store,
         request.model,
         request.strategy,
@@ -59,17 +78,13 @@ def predict(request: PredictRequest, store: Store, progress: Progress = no_progr
         profile_missing=request.profile_missing,
         progress=progress,
     )
-    with store.transaction() as session:
-        add_graph(session, graph=prediction.graph)
-        add_strategy(session, strategy=request.strategy)
-        prediction_id = add_prediction(session, prediction=prediction.record())
-    return Predicted(
-        prediction=prediction,
-        profile=profile,
-        profiled_now=profiled_now,
-        prediction_id=prediction_id,
-        store_url=store.url,
-    )
+
+
+def add_predicted(session: Session, prediction: Prediction, strategy: Strategy) -> int:
+    """Add a prediction's graph, its strategy and the prediction to ``session``; its id."""
+    add_graph(session, graph=prediction.graph)
+    add_strategy(session, strategy=strategy)
+    return add_prediction(session, prediction=prediction.record())
 
 
 def predict_on_store(

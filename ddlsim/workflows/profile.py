@@ -7,6 +7,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddlsim.data.errors import DdlsimError, InvalidOptionError, one_line
+from ddlsim.data.limits import SpecLimits, check_limits
+from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
@@ -14,6 +17,7 @@ from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.run import RunOptions, compare_training, run_training
 from ddlsim.profiler.batch import (
     BatchOutcome,
+    InvalidBatchError,
     Job,
     JobRunner,
     run_batch,
@@ -21,8 +25,12 @@ from ddlsim.profiler.batch import (
     run_fusion_job,
     run_kernel_job,
 )
+from ddlsim.profiler.batch import check_job as check_batch_job
 from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.requests import Progress, no_progress
+
+MAX_MEASURE_BUDGET_S = 3600.0
+"""Seconds a queued strategy may measure beyond its minimum steps."""
 
 
 def profile_batch(
@@ -96,6 +104,40 @@ def run_compare_job(job: Job) -> Callable[[Any], None]:
             add_result(session, result)
 
     return write
+
+
+def check_job(job: Job, limits: SpecLimits | None = None) -> None:
+    """Refuse, before it is queued, a job the worker would refuse or one over the service's
+    limits (``limits``, else :meth:`SpecLimits.from_env`): its settings and work
+    (:func:`ddlsim.profiler.batch.check_job`), an executor job's strategies and run options,
+    and its model at the job's inputs (:func:`ddlsim.data.limits.check_limits`).
+
+    Raises:
+        DdlsimError: naming the setting, its value and what is allowed.
+    """
+    limits = limits or SpecLimits.from_env()
+    spec = check_batch_job(job, limits)
+    if job.kind in ("run", "compare"):
+        settings = dict(job.settings)
+        raws = [settings.pop("strategy", None)] if job.kind == "run" else settings["strategies"]
+        settings.pop("strategies", None)
+        settings.pop("rounds", None)
+        for raw in raws:
+            _job_strategy(raw)
+        try:
+            _, options = _job_spec_and_options(settings)
+        except (ValueError, TypeError) as exc:  # int() of a word
+            if isinstance(exc, DdlsimError):
+                raise
+            raise InvalidBatchError(f"a setting is not of its type: {one_line(exc)}") from None
+        parse_bandwidth_gbps(options.bandwidth or "none")
+        if not options.budget_s <= MAX_MEASURE_BUDGET_S:
+            raise InvalidOptionError(
+                f"measure_budget_s({options.budget_s:g}) is out of range; allowed: 0 to "
+                f"{MAX_MEASURE_BUDGET_S:g}"
+            )
+    if spec is not None:
+        check_limits(spec, limits)
 
 
 def _job_spec_and_options(settings: dict[str, Any]) -> tuple[ModelSpec, RunOptions]:

@@ -20,6 +20,8 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
@@ -27,7 +29,7 @@ from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.tp_plans import check_layouts
 from ddlsim.executor.plan import model_supports
-from ddlsim.executor.run import RunOptions, run_training
+from ddlsim.executor.run import RunOptions, RunResult, run_training
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.search import (
@@ -49,6 +51,7 @@ from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE
 from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.costs import rank_spec
 from ddlsim.simulator.memory import GIB
+from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.profiles import (
     kernel_profile_for,
     machine_scale,
@@ -62,7 +65,11 @@ AUTOTUNE_RUNS = MAX_RUNS
 
 
 def search(
-    request: SearchRequest, store: Store, progress: Progress = no_progress
+    request: SearchRequest,
+    store: Store,
+    progress: Progress = no_progress,
+    *,
+    commit: Callable[[Session, dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """The search ``request`` describes, as its JSON payload: the pick (``best``), DDP's
     defaults (``baseline``) and the ``top`` candidates, each with its predicted and scored time,
@@ -71,7 +78,9 @@ def search(
     what the executor measured (:func:`ddlsim.workflows.verify.verify`).
 
     ``progress(fraction, message)`` hears the strategies priced against the budget, then the
-    verifying runs. It may raise to stop the search.
+    verifying runs. It may raise to stop the search. The verifying runs are stored in one
+    transaction with whatever ``commit(session, payload)`` writes (a queued task's end): after a
+    crash, either both are stored or neither is.
 
     Raises:
         DdlsimError: a model or plan the tools cannot handle, a study storage Optuna cannot
@@ -94,9 +103,17 @@ def search(
     if request.algo == "nsga2":
         payload["pareto"] = [_pareto_row(evaluator, point) for point in outcome.pareto]
     payload["pruned"] = dict(outcome.pruned)
+    runs: list[RunResult] = []
     if request.verify:
         progress(None, "running the pick and the baseline for real")
-        payload.update(verify(request, payload, store, progress))
+        verified, runs = verify(request, payload, progress)
+        payload.update(verified)
+    if runs or commit is not None:
+        with store.transaction() as session:
+            for run in runs:  # marked side by side in their env: the dashboard shows them
+                add_result(session, run)
+            if commit is not None:
+                commit(session, payload)
     return payload
 
 

@@ -4,20 +4,20 @@ defaults run side by side in one launch under the measurement protocol."""
 from typing import Any
 
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.store import Store
 from ddlsim.executor.protocol import speedup as measured_speedup
 from ddlsim.executor.run import RunOptions, RunResult, compare_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
-from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.profiles import normalized_bandwidth
 from ddlsim.workflows.requests import Progress, SearchRequest, no_progress
 
 
 def verify(
-    request: SearchRequest, payload: dict[str, Any], store: Store, progress: Progress = no_progress
-) -> dict[str, Any]:
+    request: SearchRequest, payload: dict[str, Any], progress: Progress = no_progress
+) -> tuple[dict[str, Any], list[RunResult]]:
     """Run the pick, the next ``verify_top`` - 1 candidates and the baseline through the
-    executor, side by side.
+    executor, side by side: what was measured (for the payload) and the runs, for the caller
+    to store (:func:`ddlsim.workflows.execute.add_result`) with whatever else must land with
+    them.
 
     All run in one launch (``compare_training``), taking turns of ``measure.iters`` steps over
     ``verify_rounds`` rounds, so that a slow spell of the machine slows them all and the
@@ -56,10 +56,6 @@ def verify(
             request.model, list(to_run.values()), options, rounds=request.verify_rounds
         )
         runs = dict(zip(to_run, launched, strict=True))
-        # Stored as any run is, marked side by side in their env: the dashboard shows them.
-        with store.transaction() as session:
-            for run in launched:
-                add_result(session, run)
 
     def median(name: str) -> float | None:
         got = runs.get(keys[name])
@@ -126,7 +122,7 @@ def verify(
         }
     if not_run:
         out["not_run"] = not_run
-    return out
+    return out, list(runs.values())
 
 
 def _verified_candidates(payload: dict[str, Any], count: int) -> dict[str, dict[str, Any]]:

@@ -6,9 +6,18 @@ from datetime import timedelta
 
 import pytest
 
-from ddlsim.data.store import Store
+from ddlsim.data.graph.format import IterationGraph
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import Store, add_measurement
 from ddlsim.data.store.schema import utc_now
-from ddlsim.data.store.tasks import TaskCancelledError, TaskLostError, TaskNotFoundError, TaskQueue
+from ddlsim.data.store.tasks import (
+    STALE_S,
+    TaskCancelledError,
+    TaskLostError,
+    TaskNotFoundError,
+    TaskQueue,
+)
+from tests.data import records
 
 
 def test_a_task_runs_from_queued_to_done(store: Store) -> None:
@@ -118,3 +127,30 @@ def test_a_stopping_worker_hands_its_task_back_counted(store: Store) -> None:
     failed = queue.get(task.id)
     assert failed.status == "failed" and "after 2 attempts" in (failed.error or "")
     assert queue.claim("w3") is None
+
+
+def test_a_task_ends_in_the_transaction_that_stores_its_rows(
+    store: Store, tiny_graph: IterationGraph
+) -> None:
+    """``finish_in``: the task's rows and its "done" commit together, and only under the
+    task's current claim: a worker whose task was taken from it stores nothing."""
+    queue = TaskQueue(store)
+    graph_hash = store.save_graph(graph=tiny_graph)
+    key = store.save_strategy(strategy=Strategy())
+    task = queue.submit("execution", {})
+    first = queue.claim("w1")
+    assert first is not None
+    # w1 is thought dead: its task is queued again and w2 takes it.
+    assert queue.recover(now=utc_now() + timedelta(seconds=STALE_S + 1)).requeued == (task.id,)
+    second = queue.claim("w2")
+    assert second is not None and second.attempts == 2
+    with pytest.raises(TaskLostError), store.transaction() as session:
+        add_measurement(session, measurement=records.measurement(graph_hash, key))
+        queue.finish_in(session, first, {"measured_ms": 1.0})
+    assert store.measurements() == [] and queue.get(task.id).status == "running"
+    with store.transaction() as session:
+        measurement_id = add_measurement(session, measurement=records.measurement(graph_hash, key))
+        queue.finish_in(session, second, {"measurement_id": measurement_id})
+    done = queue.get(task.id)
+    assert done.status == "done" and done.result == {"measurement_id": measurement_id}
+    assert [m.id for m in store.measurements()] == [measurement_id]

@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ddlsim.data.store import Store
+from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.run import RunOptions
 from ddlsim.service import worker as worker_module
@@ -222,6 +223,38 @@ def test_an_execution_is_measured_and_predicted(client: TestClient, db: str) -> 
         assert [p.id for p in store.predictions()] == [result["prediction_id"]]
 
 
+def test_an_execution_run_again_stores_its_measurement_once(
+    client: TestClient, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker is stopped after the run, as it stores the measurement and ends the task (the
+    moment a kill used to leave a measurement behind a task queued again): the re-run stores
+    one measurement and one prediction, those its result names."""
+    body = {**MLP, "world_size": 2, "bandwidth": None, "iters": 2, "warmup": 1}
+    body["measure_budget_s"] = 0
+    task = client.post("/v1/executions", json=body, headers=AUTH).json()
+    real = TaskQueue.finish_in
+    stopped: list[int] = []
+
+    def stopped_there(queue: TaskQueue, session: Any, claimed: Any, result: Any) -> None:
+        if not stopped:
+            stopped.append(claimed.attempts)
+            raise KeyboardInterrupt  # what SIGTERM raises in a task: the worker stops
+        real(queue, session, claimed, result)
+
+    monkeypatch.setattr(TaskQueue, "finish_in", stopped_there)
+    assert _work(db) == 1 and stopped == [1]
+    back = client.get(f"/v1/jobs/{task['id']}").json()
+    assert back["status"] == "queued" and back["attempts"] == 1, back
+    with Store.open(db) as store:
+        assert store.measurements() == [] and store.predictions() == []
+    assert _work(db) == 1
+    done = client.get(f"/v1/executions/{task['id']}").json()
+    assert done["status"] == "done" and done["attempts"] == 2, done
+    with Store.open(db) as store:
+        assert [m.id for m in store.measurements()] == [done["result"]["measurement_id"]]
+        assert [p.id for p in store.predictions()] == [done["result"]["prediction_id"]]
+
+
 def test_cancel_and_a_failing_job(client: TestClient, db: str) -> None:
     queued = client.post("/v1/strategy-requests", json=MLP, headers=AUTH).json()
     cancelled = client.post(f"/v1/jobs/{queued['id']}/cancel", headers=AUTH).json()
@@ -241,10 +274,9 @@ def test_a_stopping_worker_hands_its_task_back(
 ) -> None:
     worker = Worker(db, poll_s=0.05)
 
-    def stops(w: Worker, store: Store, request: dict[str, Any], report: Any) -> dict[str, Any]:
+    def stops(w: Worker, store: Store, request: dict[str, Any], report: Any, end: Any) -> None:
         w.stop.set()
         report(0.5, "half way")
-        return {}
 
     monkeypatch.setitem(worker_module.HANDLERS, "search", stops)
     task = client.post("/v1/strategy-requests", json=MLP, headers=AUTH).json()
@@ -381,6 +413,44 @@ def test_what_the_worker_would_refuse_is_refused_at_submission(client: TestClien
     ):
         refused = client.post("/v1/profiling-runs", json={"jobs": [job]}, headers=AUTH)
         assert refused.status_code == 422 and "job 0 (collectives)" in refused.text, refused.text
+
+
+def test_profiling_jobs_over_the_work_limits_or_the_runners_checks_answer_422(
+    client: TestClient, db: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counts over ``DDLSIM_MAX_ITERS``, messages over ``DDLSIM_MAX_MESSAGE_BYTES``, inputs over
+    the model limits and settings a runner would refuse: 422 naming the job and the setting,
+    nothing queued; the same job within the limits is queued."""
+    gpt2 = {"kind": "kernels", "model": "gpt2-tiny", "seq_len": 64}
+    refused_jobs = (
+        ({"kind": "kernels", "model": "mlp", "iters": 10**9}, "DDLSIM_MAX_ITERS"),
+        ({"kind": "kernels", "model": "mlp", "warmup": -1}, "warmup(-1)"),
+        ({"kind": "kernels", "model": "mlp", "iters": "many"}, "iters('many')"),
+        ({"kind": "kernels", "model": "mlp", "device": "tpu"}, "device 'tpu'"),
+        ({"kind": "kernels", "model": "mlp", "optimizer": "lion"}, "optimizer 'lion'"),
+        ({**gpt2, "batch_size": 10**12}, "DDLSIM_MAX_"),
+        ({"kind": "fusion", "model": "mlp", "blocks": [1, 2]}, "blocks"),
+        (
+            {"kind": "collectives", "world_size": 2, "sizes": ["64GiB"]},
+            "DDLSIM_MAX_MESSAGE_BYTES",
+        ),
+        ({"kind": "collectives", "world_size": 2, "collectives": ["gossip"]}, "gossip"),
+        ({"kind": "collectives", "world_size": 2, "repeats": 10**7}, "repeats"),
+        ({"kind": "run", "model": "mlp", "world_size": 2, "seed": "x"}, "not of its type"),
+        ({"kind": "run", "model": "mlp", "measure_budget_s": 10**6}, "measure_budget_s"),
+        ({"kind": "run", "model": "mlp", "optimizer": "lion"}, "optimizer 'lion'"),
+        ({"kind": "compare", "model": "mlp", "strategies": [{}], "rounds": 10**6}, "rounds"),
+        ({"kind": "run", "model": "mlp", "strategy": {"parallel": {"tp": "x"}}}, "tp"),
+    )
+    for job, named in refused_jobs:
+        refused = client.post("/v1/profiling-runs", json={"jobs": [job]}, headers=AUTH)
+        assert refused.status_code == 422, (job, refused.text)
+        where = (f"job 0 ({job['kind']})", '"field":"body.jobs.0.')  # in its error or field
+        assert any(w in refused.text for w in where) and named in refused.text, refused.text
+    assert client.get("/v1/jobs").json()["jobs"] == []
+    monkeypatch.setenv("DDLSIM_MAX_ITERS", str(10**9))
+    raised = client.post("/v1/profiling-runs", json={"jobs": [refused_jobs[0][0]]}, headers=AUTH)
+    assert raised.status_code == 202, raised.text
 
 
 def test_specs_over_the_limits_are_refused_before_anything_is_built(

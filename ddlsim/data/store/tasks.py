@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.orm import Session
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.store.errors import StoreError
@@ -164,6 +165,26 @@ class TaskQueue:
     def finish(self, task: TaskRecord, result: Mapping[str, Any]) -> bool:
         """Mark the claimed task done with ``result``; ``False`` when the claim was lost."""
         return self._end(task, status="done", result=dict(result), progress=1.0)
+
+    def finish_in(self, session: Session, task: TaskRecord, result: Mapping[str, Any]) -> None:
+        """Mark the claimed task done with ``result`` in the caller's ``session``, so that the
+        rows the task stored land in the same transaction as its end: a task run again after
+        its worker died between the two cannot store them twice.
+
+        Raises:
+            TaskLostError: the claim is no longer this worker's (the caller's transaction must
+                be rolled back: another attempt owns the task).
+        """
+        now = utc_now()
+        ended = session.execute(
+            update(TaskRow)
+            .where(*_owned(task))
+            .values(
+                status="done", result=dict(result), progress=1.0, finished_at=now, updated_at=now
+            )
+        )
+        if ended.rowcount != 1:  # type: ignore[attr-defined]
+            raise TaskLostError(f"task {task.id} is no longer claimed by {task.worker}")
 
     def fail(self, task: TaskRecord, error: str) -> bool:
         """Mark the claimed task failed with ``error``; ``False`` when the claim was lost."""

@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter
 from pydantic import Field
 
-from ddlsim.data.errors import InvalidClusterError
-from ddlsim.data.specs.cluster import parse_bandwidth_gbps
+from ddlsim.data.errors import DdlsimError, one_line
+from ddlsim.data.limits import SpecLimits
 from ddlsim.data.store.tasks import TaskNotFoundError
 from ddlsim.profiler.batch import parse_batch_data
 from ddlsim.service.api.deps import WRITE, QueueDep, StoreDep
@@ -36,6 +36,7 @@ from ddlsim.service.api.schemas import (
     StrategyRequest,
 )
 from ddlsim.service.api.schemas.requests import MAX_RUN_WORLD_SIZE
+from ddlsim.workflows.profile import check_job
 from ddlsim.workflows.requests import ExecuteRequest, SearchRequest
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
@@ -80,6 +81,7 @@ def profiling_run(body: ProfilingRun, store: StoreDep, queue: QueueDep) -> Profi
                 resolved = [resolve_ref(store, m, field=where).to_dict() for m in models]
                 entry["model"] = resolved if section == "product" else resolved[0]
     jobs = parse_batch_data({k: v for k, v in raw.items() if v})
+    limits = SpecLimits.from_env()
     for index, job in enumerate(jobs):
         size = job.settings.get("world_size", 1)
         if isinstance(size, int) and size > MAX_RUN_WORLD_SIZE:
@@ -89,14 +91,12 @@ def profiling_run(body: ProfilingRun, store: StoreDep, queue: QueueDep) -> Profi
                 field="body.jobs",
                 status=422,
             )
-        rate = job.settings.get("bandwidth")
-        if isinstance(rate, str):
-            try:
-                parse_bandwidth_gbps(rate)
-            except InvalidClusterError as exc:
-                raise BadRequestError(
-                    f"job {index} ({job.kind}): {exc}", field="body.jobs", status=422
-                ) from None
+        try:  # everything the worker would refuse, and work over the service's limits
+            check_job(job, limits)
+        except DdlsimError as exc:
+            raise BadRequestError(
+                f"job {index} ({job.kind}): {one_line(exc)}", field="body.jobs", status=422
+            ) from None
     task = queue.submit("profile", raw).to_dict()
     return ProfilingRunPublic.model_validate({**task, "jobs": len(jobs)})
 

@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.executor.run import MAX_SIDE_BY_SIDE, RunOptions
+from ddlsim.workflows.profile import MAX_MEASURE_BUDGET_S
 from ddlsim.workflows.requests import SEARCH_MEASURE, PredictRequest, SearchRequest, defaults
 
 _PREDICT = defaults(PredictRequest)
@@ -55,7 +56,7 @@ MeasureBudget = Annotated[
     float,
     Field(
         ge=0,
-        le=3600,
+        le=MAX_MEASURE_BUDGET_S,
         description="seconds a strategy may measure beyond its minimum steps (0: the minimums)",
     ),
 ]
