@@ -20,8 +20,9 @@ import uvicorn
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.store import DB_ENV_VAR, default_url, mask_url
+from ddlsim.data.store.tasks import STALE_S
 from ddlsim.service.api import Settings, create_app
-from ddlsim.service.worker import cmd_worker
+from ddlsim.service.worker import HEARTBEAT_S, cmd_worker
 
 TOKEN_ENV = "DDLSIM_API_TOKEN"
 WORKER_STOP_S = 30.0
@@ -154,5 +155,18 @@ def register(sub: Any) -> None:
     worker.add_argument("--poll", type=float, default=1.0, help="seconds between queue checks")
     worker.add_argument("--once", action="store_true", help="stop when the queue is empty")
     worker.add_argument("--simulator", help="replay, or a cost-model checkpoint")
+    worker.add_argument(
+        "--heartbeat",
+        type=float,
+        default=HEARTBEAT_S,
+        help=f"seconds between a running task's heartbeats (default {HEARTBEAT_S:g})",
+    )
+    worker.add_argument(
+        "--stale",
+        type=float,
+        default=STALE_S,
+        help="seconds without a heartbeat after which a running task's worker is taken as "
+        f"dead and the task queued again (default {STALE_S:g}; every worker of a store alike)",
+    )
     worker.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # serve's pid
     worker.set_defaults(handler=cmd_worker)

@@ -90,7 +90,14 @@ class Worker:
         stale_s: float = STALE_S,
         simulator: str | None = None,
         deadline_s: float | None = None,
+        heartbeat_s: float | None = None,
     ) -> None:
+        self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
+        if not 0 < 2 * self.heartbeat_s <= stale_s:
+            raise InvalidOptionError(
+                f"heartbeat_s({self.heartbeat_s:g}) and stale_s({stale_s:g}): a heartbeat must "
+                "be > 0 and beat at least twice before a task is taken as lost"
+            )
         self.db = db
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.poll_s = poll_s
@@ -133,7 +140,7 @@ class Worker:
         done = threading.Event()
 
         def heartbeat() -> None:
-            while not done.wait(HEARTBEAT_S):
+            while not done.wait(self.heartbeat_s):
                 try:
                     queue.report(task)
                 except TaskCancelledError:
@@ -286,7 +293,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
         die_with_parent(signal.SIGTERM)  # serve was killed outright: stop too
         if os.getppid() != args.parent:
             return 0
-    worker = Worker(args.db or default_url(), poll_s=args.poll, simulator=args.simulator)
+    worker = Worker(
+        args.db or default_url(),
+        poll_s=args.poll,
+        simulator=args.simulator,
+        heartbeat_s=args.heartbeat,
+        stale_s=args.stale,
+    )
 
     def stop(signum: int, frame: Any) -> None:
         worker.stop.set()
