@@ -1,18 +1,29 @@
-"""Load on ``POST /v1/predictions``: N concurrent clients for S seconds against a local server.
+"""Load on the REST API: N concurrent clients for S seconds, mixing reads, predictions and
+submissions, against a local server.
 
-Starts ``ddlsim serve --no-worker`` on the given store (it needs the model's kernel profile at
-the rank's micro-batch: a copy of the shipped dataset's store has gpt2-tiny's), warms it with
-one prediction (the cost model loads), then runs ``--clients`` threads, each on its own
-keep-alive connection, posting predictions of DDP-style strategies with bucket caps drawn from
-seven values (so every request is priced, not answered from a cache) until ``--seconds`` pass.
-Prints the requests, the errors (any status but 200, any failed connection), the throughput
-and the latency's median, 99th percentile and maximum. The server runs in its own session and
-is ended by its process id.
+Starts ``ddlsim serve --no-worker`` on a store (``--db``; by default a fresh SQLite file into
+which this script first takes the kernel profile of the model's micro-batch on one rank, so
+that predictions need nothing else), warms it with one prediction of each strategy (the cost
+model loads, each graph is captured once), then runs ``--clients`` threads, each on its own
+keep-alive connection, until ``--seconds`` pass. Each request is drawn at random:
+- a read (``--reads``, default half): the job list, one job, the model list, one model, the
+  simulator's versions, the dashboard, health or metrics;
+- a prediction (``--predictions``, default a third): DDP-style strategies with bucket caps
+  drawn from seven values, priced each time, not answered from a cache;
+- otherwise a submission: a search, an execution or a profiling run, queued (no worker runs
+  here: the queue only grows, as under a burst).
+A reply counts as an error unless it is 200 (202 for a submission); a failed connection too.
+Prints, for each kind and in all, the requests, errors, throughput and the latency's median,
+99th percentile and maximum; then checks that every accepted submission is in the queue. The
+server runs in its own session and is ended by its process id.
 
-    .venv/bin/python benchmarks/api_load.py --db sqlite:///bench.db --clients 50 --seconds 60
+    .venv/bin/python benchmarks/api_load.py --clients 50 --seconds 60 \
+        --out benchmarks/results/api-load-2026-11-27.json
 """
 
 import argparse
+import collections
+import datetime
 import http.client
 import json
 import os
@@ -23,12 +34,26 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
+from pathlib import Path
+from typing import Any
 
 TOKEN = "load-test"
 CAPS_MB = (1, 2, 4, 8, 16, 25, 50)
+HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+READS = (
+    "/v1/jobs?limit=20",
+    "/v1/jobs/{job}",
+    "/v1/models",
+    "/v1/models/{model}",
+    "/v1/simulator/versions",
+    "/v1/dashboard",
+    "/healthz",
+    "/metrics",
+)
 
 
 def _free_port() -> int:
@@ -49,100 +74,211 @@ def _wait(url: str, server: subprocess.Popen[bytes], seconds: float = 120.0) -> 
             time.sleep(0.3)
 
 
-HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+def profile_model(db: str, args: argparse.Namespace) -> None:
+    """The kernel profile of one rank's micro-batch, taken into ``db`` (the predictions' input)."""
+    from ddlsim.data.specs.strategy import Strategy
+    from ddlsim.data.store import Store
+    from ddlsim.data.zoo import ZOO
+    from ddlsim.simulator.costs import rank_spec
+    from ddlsim.workflows.profiles import kernel_profile_for
+
+    spec = ZOO[args.model].with_inputs(batch_size=args.batch_size, seq_len=args.seq_len)
+    with Store.open(db) as store:
+        rank = rank_spec(spec, Strategy(), args.world_size)
+        kernel_profile_for(store, rank, optimizer="adamw", iters=10)
 
 
-def one(connection: http.client.HTTPConnection, body: dict, cap_mb: float) -> tuple[float, int]:
-    """One prediction: (seconds, HTTP status, 0 for a failed connection)."""
-    request = {**body, "strategy": {"tensor_fusion": {"bucket_cap_mb": cap_mb}}}
-    started = time.perf_counter()
-    try:
-        connection.request("POST", "/v1/predictions", json.dumps(request), HEADERS)
-        response = connection.getresponse()
-        response.read()
-        status = response.status
-    except (OSError, http.client.HTTPException):
-        status = 0
-        connection.close()
-    return time.perf_counter() - started, status
+class Client:
+    """One client: a keep-alive connection and the requests it drew."""
+
+    def __init__(self, port: int, body: dict[str, Any], seed: int, mix: tuple[float, float]):
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        self.port = port
+        self.body = body
+        self.rng = random.Random(seed)
+        self.reads, self.predictions = mix
+        self.done: list[tuple[str, float, int]] = []  # (kind, seconds, status)
+        self.accepted: list[int] = []  # ids of the jobs it submitted
+
+    def request(
+        self, method: str, path: str, body: dict[str, Any] | None
+    ) -> tuple[float, int, bytes]:
+        started = time.perf_counter()
+        try:
+            payload = None if body is None else json.dumps(body)
+            self.connection.request(method, path, payload, HEADERS)
+            response = self.connection.getresponse()
+            data = response.read()
+            status = response.status
+        except (OSError, http.client.HTTPException):
+            status, data = 0, b""
+            self.connection.close()
+        return time.perf_counter() - started, status, data
+
+    def one(self, known_jobs: list[int]) -> None:
+        draw = self.rng.random()
+        if draw < self.reads:
+            template = self.rng.choice(READS)
+            job = self.rng.choice(known_jobs) if known_jobs else 1
+            path = template.format(job=job, model=self.body["model"])
+            seconds, status, _ = self.request("GET", path, None)
+            # a job before any was submitted is a 404, the only other answer a read may give
+            ok = status == 200 or (status == 404 and "{job}" in template and not known_jobs)
+            self.done.append(("read", seconds, 200 if ok else status))
+        elif draw < self.reads + self.predictions:
+            cap = self.rng.choice(CAPS_MB)
+            request = {**self.body, "strategy": {"tensor_fusion": {"bucket_cap_mb": cap}}}
+            seconds, status, _ = self.request("POST", "/v1/predictions", request)
+            self.done.append(("prediction", seconds, status))
+        else:
+            path, body = self.submission()
+            seconds, status, data = self.request("POST", path, body)
+            self.done.append(("submission", seconds, 200 if status == 202 else status))
+            if status == 202:
+                self.accepted.append(int(json.loads(data)["id"]))
+
+    def submission(self) -> tuple[str, dict[str, Any]]:
+        kind = self.rng.choice(("search", "execution", "profiling"))
+        if kind == "search":
+            return "/v1/strategy-requests", {**self.body, "budget": 50}
+        if kind == "execution":
+            cap = self.rng.choice(CAPS_MB)
+            strategy = {"tensor_fusion": {"bucket_cap_mb": cap}}
+            return "/v1/executions", {**self.body, "strategy": strategy, "iters": 5}
+        batch = self.rng.randrange(1, 64)
+        job = {"kind": "kernels", "model": self.body["model"], "batch_size": batch, "iters": 5}
+        if self.body.get("seq_len"):
+            job["seq_len"] = self.body["seq_len"]
+        return "/v1/profiling-runs", {"jobs": [job]}
 
 
-def client(
-    port: int, body: dict, deadline: float, seed: int, out: list[tuple[float, int]]
-) -> None:
-    rng = random.Random(seed)
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    while time.monotonic() < deadline:
-        out.append(one(connection, body, rng.choice(CAPS_MB)))
-    connection.close()
+def percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def summary(rows: list[tuple[str, float, int]], wall_s: float) -> dict[str, Any]:
+    latencies = sorted(seconds for _, seconds, _ in rows)
+    return {
+        "requests": len(rows),
+        "errors": sum(1 for _, _, status in rows if status != 200),
+        "throughput_per_s": round(len(rows) / wall_s, 1),
+        "p50_ms": round(1e3 * statistics.median(latencies), 1),
+        "p99_ms": round(1e3 * percentile(latencies, 0.99), 1),
+        "max_ms": round(1e3 * latencies[-1], 1),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--db", required=True)
+    parser.add_argument("--db", help="store URL (default: a fresh SQLite file, profiled here)")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--reads", type=float, default=0.5, help="share of reads")
+    parser.add_argument("--predictions", type=float, default=1 / 3, help="share of predictions")
     parser.add_argument("--model", default="gpt2-tiny")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
+    if not 0 <= args.reads + args.predictions <= 1:
+        raise SystemExit(f"--reads({args.reads}) + --predictions({args.predictions}) must be <= 1")
+    db = args.db
+    if db is None:
+        db = f"sqlite:///{Path(tempfile.mkdtemp(prefix='ddlsim-api-load-')) / 'load.db'}"
+        profile_model(db, args)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [
             *(sys.executable, "-m", "ddlsim.service.cli", "serve", "--no-worker"),
-            *("--db", args.db, "--port", str(port)),
+            *("--db", db, "--port", str(port)),
         ],
         env={**os.environ, "DDLSIM_API_TOKEN": TOKEN},
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
+    body = {
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "world_size": args.world_size,
+        "bandwidth": "1gbit",
+    }
     try:
         _wait(url, server)
-        body = {
-            "model": args.model,
-            "batch_size": args.batch_size,
-            "seq_len": args.seq_len,
-            "world_size": args.world_size,
-            "bandwidth": "1gbit",
-        }
-        warm = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-        for cap in CAPS_MB:  # loads the cost model, captures each strategy's graph once
-            _, status = one(warm, body, cap)
-            if status != 200:
-                raise SystemExit(f"the warm-up prediction failed with HTTP {status}")
-        warm.close()
-        results: list[tuple[float, int]] = []
-        deadline = time.monotonic() + args.seconds
-        started = time.perf_counter()
-        threads = [
-            threading.Thread(target=client, args=(port, body, deadline, seed, results))
+        warm = Client(port, body, 0, (0.0, 1.0))
+        for _ in CAPS_MB:  # loads the cost model, captures each strategy's graph once
+            warm.one([])
+        if any(status != 200 for _, _, status in warm.done):
+            raise SystemExit(f"the warm-up predictions failed: {warm.done}")
+        clients = [
+            Client(port, body, seed, (args.reads, args.predictions))
             for seed in range(1, args.clients + 1)
         ]
+        known: list[int] = []
+        deadline = time.monotonic() + args.seconds
+
+        def drive_and_share(client: Client) -> None:
+            while time.monotonic() < deadline:
+                before = len(client.accepted)
+                client.one(known)
+                known.extend(client.accepted[before:])  # list.extend is atomic in CPython
+            client.connection.close()
+
+        started = time.perf_counter()
+        threads = [threading.Thread(target=drive_and_share, args=(c,)) for c in clients]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        wall = time.perf_counter() - started
+        wall_s = time.perf_counter() - started
+        accepted = sorted(known)
+        queued = json.loads(urllib.request.urlopen(f"{url}/v1/jobs?limit=1000", timeout=60).read())
     finally:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=60)
-    latencies = sorted(seconds for seconds, _ in results)
-    errors = sum(1 for _, status in results if status != 200)
-    p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+    rows = [row for client in clients for row in client.done]
+    by_kind: dict[str, list[tuple[str, float, int]]] = collections.defaultdict(list)
+    for row in rows:
+        by_kind[row[0]].append(row)
+    in_queue = sorted(job["id"] for job in queued["jobs"])
+    by_kind_figures = {
+        kind: summary(kind_rows, wall_s) for kind, kind_rows in sorted(by_kind.items())
+    }
+    result: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "command": " ".join(sys.argv),
+        "setting": (
+            f"{args.model} (batch {args.batch_size}, seq {args.seq_len}), {args.world_size} "
+            f"ranks, 1gbit; {args.clients} clients for {args.seconds:.0f} s; reads "
+            f"{args.reads:.2f}, predictions {args.predictions:.2f}, submissions "
+            f"{1 - args.reads - args.predictions:.2f}"
+        ),
+        "all": summary(rows, wall_s),
+        "by_kind": {
+            kind: summary(kind_rows, wall_s) for kind, kind_rows in sorted(by_kind.items())
+        },
+        "submissions_accepted": len(accepted),
+        "submissions_in_queue": len(set(accepted) & set(in_queue)),
+        "error_statuses": dict(collections.Counter(s for _, _, s in rows if s != 200)),
+    }
+    print(f"# {result['setting']}; {result['machine']}")
+    print("| requests | kind | errors | throughput | p50 | p99 | max |")
+    print("|---|---|---|---|---|---|---|")
+    for kind, figures in [*by_kind_figures.items(), ("all", result["all"])]:
+        print(
+            f"| {figures['requests']} | {kind} | {figures['errors']} | "
+            f"{figures['throughput_per_s']} /s | {figures['p50_ms']:.0f} ms | "
+            f"{figures['p99_ms']:.0f} ms | {figures['max_ms']:.0f} ms |"
+        )
     print(
-        f"# {args.model} (batch {args.batch_size}), {args.world_size} ranks, 1gbit; "
-        f"{args.clients} clients for {args.seconds:.0f} s; {platform.machine()}, "
-        f"{os.cpu_count()} cores"
+        f"submissions accepted {result['submissions_accepted']}, in the queue "
+        f"{result['submissions_in_queue']}; error statuses {result['error_statuses']}"
     )
-    print("| requests | errors | throughput | p50 | p99 | max |")
-    print("|---|---|---|---|---|---|")
-    print(
-        f"| {len(results)} | {errors} | {len(results) / wall:.1f} /s | "
-        f"{1e3 * statistics.median(latencies):.0f} ms | {1e3 * p99:.0f} ms | "
-        f"{1e3 * latencies[-1]:.0f} ms |"
-    )
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
