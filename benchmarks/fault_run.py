@@ -1,13 +1,15 @@
 """Fault run: the worker SIGKILLed at random points while queued jobs of every kind run.
 
-Queues ``--jobs`` jobs of each kind through the REST API (in process) into a fresh store:
-profiling runs (a kernels job each, a collectives job on an emulated 1 Gbit/s cluster in every
-fifth), searches (every fifth verified by real runs) and executions (every other one on an
-emulated 1 Gbit/s cluster, the rest on loopback). One worker process runs them at a time; each
-is killed with SIGKILL after a random time (uniform between ``--min-s`` and ``--max-s``), and a
-new one started, ``--kills`` times; a few jobs of each kind are cancelled at random moments
-meanwhile. A last worker runs what is left until every job has ended, and is stopped by its
-process id (SIGTERM). Workers beat every second and a silent task counts as lost after six.
+Queues ``--jobs`` jobs of each kind, taking turns, through the REST API (in process) into a
+fresh store: profiling runs (a kernels job of gpt2-tiny each, at a batch size of its own, and a
+collectives job on an emulated 1 Gbit/s cluster in every fifth), searches (every fifth verified
+by real runs) and executions (every other one on an emulated 1 Gbit/s cluster, the rest on
+loopback).
+One worker process runs them at a time; each is killed with SIGKILL after a random time
+(uniform between ``--min-s`` and ``--max-s``) and a new one started, ``--kills`` times; a few
+jobs of each kind are cancelled at random moments meanwhile. A last worker runs what is left
+until every job has ended, and is stopped by its process id (SIGTERM). Workers beat every
+second, and a silent task counts as lost after six.
 
 Then it checks, and prints, what a deployment must hold to:
 - every job ended done, failed or cancelled (none lost), after at most two attempts;
@@ -16,7 +18,7 @@ Then it checks, and prints, what a deployment must hold to:
   the done executions; no graph has two kernel profiles and no collective two fits;
 - no network namespace and no rank, launcher or worker process remains.
 
-    .venv/bin/python benchmarks/fault_run.py --jobs 20 --kills 20 \
+    .venv/bin/python benchmarks/fault_run.py --jobs 20 --kills 30 \
         --out benchmarks/results/fault-run-2026-11-27.json
 """
 
@@ -53,38 +55,43 @@ MEASURE = {"iters": 2, "warmup": 1, "measure_budget_s": 0}
 
 
 def submit_jobs(client: TestClient, count: int) -> dict[int, str]:
-    """Queue ``count`` jobs of each kind; their ids and kinds, in the order queued."""
+    """Queue ``count`` jobs of each kind, the kinds taking turns (so that kills land on every
+    kind all through the run); their ids and kinds, in the order queued."""
     kinds: dict[int, str] = {}
-
-    def post(path: str, body: dict[str, Any], kind: str) -> None:
-        answer = client.post(path, json=body, headers=AUTH)
-        if answer.status_code != 202:
-            raise SystemExit(f"{path} answered {answer.status_code}: {answer.text}")
-        kinds[int(answer.json()["id"])] = kind
-
     for index in range(count):
-        # Batch sizes of their own: each job profiles a graph no search or execution uses.
-        jobs: list[dict[str, Any]] = [
-            {"kind": "kernels", "model": "mlp", "batch_size": 32 + index, "iters": 3}
-        ]
-        if index % 5 == 0:  # the same job each time: stored once, then skipped as done
-            jobs.append(
-                {
-                    **{"kind": "collectives", "world_size": 2, "bandwidth": "1gbit"},
-                    **{"sizes": ["64KiB", "1MiB"], "warmup": 1, "repeats": 3, "cpu_repeats": 1},
-                }
-            )
-        post("/v1/profiling-runs", {"jobs": jobs}, "profile")
-    for index in range(count):
-        body = {**MLP, "bandwidth": "1gbit", "budget": 12, "space": "fusion", "seed": index}
-        if index % 5 == 0:
-            body |= {"verify": True, "verify_rounds": 1, **MEASURE}
-        post("/v1/strategy-requests", body, "search")
-    for index in range(count):
-        body = {**MLP, **MEASURE, "seed": index, "trace": False}
-        body["bandwidth"] = "1gbit" if index % 2 else None
-        post("/v1/executions", body, "execution")
+        for path, body, kind in (profiling(index), searching(index), executing(index)):
+            answer = client.post(path, json=body, headers=AUTH)
+            if answer.status_code != 202:
+                raise SystemExit(f"{path} answered {answer.status_code}: {answer.text}")
+            kinds[int(answer.json()["id"])] = kind
     return kinds
+
+
+def profiling(index: int) -> tuple[str, dict[str, Any], str]:
+    # A batch size of its own: each job profiles a graph no search or execution uses.
+    kernels = {"kind": "kernels", "model": "gpt2-tiny", "seq_len": 64, "iters": 10}
+    jobs: list[dict[str, Any]] = [{**kernels, "batch_size": 2 + index}]
+    if index % 5 == 0:  # the same job each time: stored once, then skipped as done
+        jobs.append(
+            {
+                **{"kind": "collectives", "world_size": 2, "bandwidth": "1gbit"},
+                **{"sizes": ["64KiB", "1MiB"], "warmup": 1, "repeats": 3, "cpu_repeats": 1},
+            }
+        )
+    return "/v1/profiling-runs", {"jobs": jobs}, "profile"
+
+
+def searching(index: int) -> tuple[str, dict[str, Any], str]:
+    body = {**MLP, "bandwidth": "1gbit", "budget": 12, "space": "fusion", "seed": index}
+    if index % 5 == 0:
+        body |= {"verify": True, "verify_rounds": 1, **MEASURE}
+    return "/v1/strategy-requests", body, "search"
+
+
+def executing(index: int) -> tuple[str, dict[str, Any], str]:
+    body: dict[str, Any] = {**MLP, **MEASURE, "seed": index, "trace": False}
+    body["bandwidth"] = "1gbit" if index % 2 else None
+    return "/v1/executions", body, "execution"
 
 
 def start_worker(db: str, log: Path) -> subprocess.Popen[bytes]:
@@ -165,9 +172,9 @@ def check_rows(store: Store, tasks: dict[int, Any], kinds: dict[int, str]) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=20, help="jobs of each kind")
-    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--kills", type=int, default=30)
     parser.add_argument("--min-s", type=float, default=2.0)
-    parser.add_argument("--max-s", type=float, default=25.0)
+    parser.add_argument("--max-s", type=float, default=20.0)
     parser.add_argument("--cancels", type=int, default=2, help="jobs of each kind cancelled")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--db", help="store URL (default: a fresh SQLite file)")

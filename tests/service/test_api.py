@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.store import Store
 from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.data.zoo import ZOO
@@ -579,3 +580,9 @@ def test_captures_have_a_deadline_and_a_bounded_cache(
         made = client.post("/v1/graphs", json={**MLP, "batch_size": batch}, headers=AUTH)
         assert made.status_code in (200, 201), made.text
     assert len(predictor.GRAPHS) == 1
+
+
+def test_a_heartbeat_must_beat_twice_before_a_task_is_taken_as_lost(db: str) -> None:
+    with pytest.raises(InvalidOptionError, match=r"heartbeat_s\(5\) and stale_s\(6\)"):
+        Worker(db, heartbeat_s=5.0, stale_s=6.0)
+    assert Worker(db, heartbeat_s=1.0, stale_s=6.0).heartbeat_s == 1.0
