@@ -154,9 +154,16 @@ class Job:
 
     @property
     def label(self) -> str:
-        """The job as people read it: ``kind(setting=value, ...)``."""
-        shown = ", ".join(f"{k}={v}" for k, v in sorted(self.settings.items()))
+        """The job as people read it: ``kind(setting=value, ...)``, a model given as a spec
+        by its name or class."""
+        shown = ", ".join(f"{k}={_shown(v)}" for k, v in sorted(self.settings.items()))
         return f"{self.kind}({shown})"
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, Mapping) and "class" in value:
+        return value.get("name") or value["class"]
+    return value
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
