@@ -1,12 +1,13 @@
 """Schemathesis over every operation of the API, with a worker running what it queues.
 
 Generates ``--cases`` requests for each operation of the OpenAPI schema (valid and invalid
-bodies, parameters and paths; with the token, so that writes get past it) against the app in
-this process, on a fresh SQLite store, while a worker process (``ddlsim worker``, each task held
-to ``--task-deadline`` seconds) runs the searches, executions and profiling runs the accepted
-submissions queue. Once every operation has had its cases, the worker is given
-``--drain`` seconds to finish the queue; what is still queued then is cancelled, and the worker
-stopped by its process id (SIGTERM).
+bodies, parameters and paths; with the token, so that writes get past it; half the bodies
+pointed at a zoo model, so that they get past the model's lookup to the other checks and, when
+accepted, to the worker) against the app in this process, on a fresh SQLite store, while a
+worker process (``ddlsim worker``, each task held to ``--task-deadline`` seconds) runs the
+searches, executions and profiling runs the accepted submissions queue. Once every operation
+has had its cases, the worker is given ``--drain`` seconds to finish the queue; what is still
+queued then is cancelled, and the worker stopped by its process id (SIGTERM).
 
 Prints, for each operation, the cases sent and the answers of 5xx (the goal: none), and for the
 queued jobs how they ended: done, failed with a message of ddlsim's (a refusal the worker could
@@ -24,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import re
 import signal
 import subprocess
@@ -39,9 +41,12 @@ from schemathesis.core.result import Ok
 
 from ddlsim.data.store import Store
 from ddlsim.data.store.tasks import TaskQueue
+from ddlsim.profiler.batch import KINDS
 from ddlsim.service.api import Settings, create_app
 
 TOKEN = "fuzz-token"
+STEERED = 0.5  # the share of generated bodies pointed at a zoo model (see steer)
+MODELS = ("mlp", "gpt2-tiny", "bert-tiny", "resnet-18")
 # The worker writes an exception it did not expect as "TypeName: message" (service.worker).
 # ddlsim's own errors are written as their message alone.
 UNEXPECTED = re.compile(r"^[A-Z]\w*(Error|Exception|Warning): ")
@@ -64,7 +69,35 @@ def fuzz(app: Any, cases: int) -> dict[str, dict[str, Any]]:
     return figures
 
 
+def steer(body: dict[str, Any], rng: random.Random) -> None:
+    """Point a generated body at a zoo model (and a batch's jobs at real kinds, with only
+    their kind's keys), its other values left as generated: it gets past the model's lookup
+    and the batch's key check to every other check, and, accepted, to the worker."""
+    if "model" in body or "batch_size" in body:
+        body["model"] = rng.choice(MODELS)
+    for section in ("jobs", "product"):
+        entries = body.get(section)
+        if not isinstance(entries, list):
+            continue
+        if not entries and section == "jobs":
+            entries.append({})
+        for index, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                continue
+            kind = rng.choice(sorted(KINDS))
+            kept = {k: v for k, v in entry.items() if k in KINDS[kind]}
+            if section == "product":
+                kept = {k: v if isinstance(v, list) else [v] for k, v in kept.items()}
+                kept |= {"kind": [kind], "model": [rng.choice(MODELS)]}
+            else:
+                kept |= {"kind": kind, "model": rng.choice(MODELS)}
+                if kind == "collectives":
+                    kept.setdefault("world_size", 2)
+            entries[index] = kept
+
+
 def fuzz_operation(operation: Any, cases: int) -> dict[str, Any]:
+    rng = random.Random(0)
     statuses: collections.Counter[int] = collections.Counter()
     examples: list[dict[str, str]] = []
     started = time.monotonic()
@@ -77,6 +110,8 @@ def fuzz_operation(operation: Any, cases: int) -> dict[str, Any]:
         suppress_health_check=list(HealthCheck),
     )
     def send(case: schemathesis.Case) -> None:
+        if isinstance(case.body, dict) and rng.random() < STEERED:
+            steer(case.body, rng)
         response = case.call(headers={"Authorization": f"Bearer {TOKEN}"})
         statuses[response.status_code] += 1
         if response.status_code >= 500 and len(examples) < 3:
@@ -95,8 +130,8 @@ def fuzz_operation(operation: Any, cases: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cases", type=int, default=200, help="cases per operation")
-    parser.add_argument("--task-deadline", type=float, default=10.0)
-    parser.add_argument("--drain", type=float, default=1200.0, help="seconds for the queue")
+    parser.add_argument("--task-deadline", type=float, default=5.0)
+    parser.add_argument("--drain", type=float, default=2400.0, help="seconds for the queue")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ddlsim-api-fuzz-"))

@@ -108,7 +108,7 @@ def estimate(spec: ModelSpec) -> SpecEstimate:
 @functools.lru_cache(maxsize=512)
 def _estimate(spec_json: str) -> SpecEstimate:
     spec = ModelSpec.from_dict(json.loads(spec_json))
-    check_model_spec(spec)
+    build_config(spec, check_model_spec(spec))  # the inputs against the config (positions)
     # The model at one short sample: only the tokens below depend on batch and sequence.
     one = spec.with_inputs(batch_size=1, seq_len=None if spec.inputs.seq_len is None else 1)
     bare = one.to_dict()

@@ -44,8 +44,10 @@ DEADLINE_ENV = "DDLSIM_TASK_DEADLINE_S"
 DEFAULT_DEADLINE_S = 24 * 3600.0
 
 
-class TaskDeadlineError(DdlsimError, TimeoutError):
-    """A task ran past the worker's deadline (:data:`DEADLINE_ENV`)."""
+class TaskDeadlineError(BaseException):
+    """A task ran past the worker's deadline (:data:`DEADLINE_ENV`): a ``BaseException``, as
+    a cancel is, so that no code catching errors (a search that takes a failing candidate as
+    infeasible, a batch that records a failing job and goes on) swallows it."""
 
 
 def task_deadline_s() -> float:
@@ -191,6 +193,8 @@ class Worker:
                 self.in_task = False
         except TaskCancelledError:
             ending = functools.partial(queue.cancelled, task)
+        except TaskDeadlineError as exc:
+            ending = functools.partial(queue.fail, task, one_line(exc, limit=2000))
         except TaskLostError:
             ending = lambda: False  # noqa: E731 - another worker owns it now
         except (WorkerStoppedError, KeyboardInterrupt, SystemExit):

@@ -14,7 +14,8 @@ from typing import Any
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.specs.strategy import ParallelPlan, Strategy
+from ddlsim.data.tp_plans import check_tensor_parallel
 from ddlsim.executor.run import MAX_SIDE_BY_SIDE, RunOptions
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, check_confidence
 
@@ -168,6 +169,8 @@ class SearchRequest:
                 f"verify_top({self.verify_top}) must be <= top({self.top}) and <= "
                 f"{MAX_SIDE_BY_SIDE - 1} (the candidates and DDP's defaults run in one launch)"
             )
+        # The baseline, DDP's defaults, splits the batch over every rank.
+        ParallelPlan().rank_batch_size(self.model.inputs.batch_size, self.world_size)
         if self.workers > 1 and self.algo not in OPTUNA_SAMPLERS:
             raise InvalidOptionError(
                 f"workers({self.workers}) > 1 needs an Optuna sampler (--algo "
@@ -226,6 +229,12 @@ class ExecuteRequest:
     options: RunOptions = dataclasses.field(default_factory=RunOptions)
     predict: bool = False
     simulator: str | None = None
+
+    def __post_init__(self) -> None:
+        plan = self.strategy.parallel
+        plan.rank_batch_size(self.model.inputs.batch_size, self.options.world_size)
+        if plan.tp > 1 and not plan.grid:
+            check_tensor_parallel(self.model, plan.tp)
 
     def to_json(self) -> dict[str, Any]:
         """The request as the job queue stores it (the REST API's field names)."""

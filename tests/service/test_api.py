@@ -405,9 +405,24 @@ def test_what_the_worker_would_refuse_is_refused_at_submission(client: TestClien
     )
     assert verified.status_code == 422 and "at most 64" in verified.text
     unverified = client.post(
-        "/v1/strategy-requests", json={**MLP, "world_size": 2048}, headers=AUTH
+        "/v1/strategy-requests",
+        json={**MLP, "batch_size": 2048, "world_size": 2048},
+        headers=AUTH,
     )
     assert unverified.status_code == 202
+    # What a fuzzed run found the worker refusing minutes later: batches that do not split
+    # over the ranks, sequences longer than the model's positions.
+    for path, body, named in (
+        ("/v1/strategy-requests", {**MLP, "batch_size": 1}, "batch_size(1)"),
+        ("/v1/executions", {**MLP, "batch_size": 3, "world_size": 2}, "batch_size(3)"),
+        (
+            "/v1/strategy-requests",
+            {"model": "gpt2-tiny", "batch_size": 2, "seq_len": 4968},
+            "seq_len(4968)",
+        ),
+    ):
+        refused = client.post(path, json=body, headers=AUTH)
+        assert refused.status_code == 422 and named in refused.text, refused.text
     for job in (
         {"kind": "collectives", "world_size": 1024, "bandwidth": "1gbit"},
         {"kind": "collectives", "world_size": 2, "bandwidth": "fast"},
@@ -553,15 +568,22 @@ def test_a_running_job_stops_soon_after_its_cancel(
         assert queue.get(task.id).status == "cancelled"
 
 
-def test_a_job_past_its_deadline_fails(db: str) -> None:
+def test_a_job_past_its_deadline_fails(client: TestClient, db: str) -> None:
+    """A kernels job of 10^9 iterations and a search of 10^6 evaluations fail at the deadline
+    (the search's pricing loop, which takes a failing candidate as infeasible, lets it
+    through)."""
+    search = {**MLP, "world_size": 2, "algo": "random", "budget": 10**6, "time_limit": 3600}
+    searching = client.post("/v1/strategy-requests", json=search, headers=AUTH).json()
     with Store.open(db) as store:
         queue = worker_module.TaskQueue(store)
-        task = queue.submit("profile", KERNELS_FOREVER)
-        thread = _run_in_thread(Worker(db, poll_s=0.05, simulator="replay", deadline_s=3.0))
-        thread.join(timeout=60)
-        assert not thread.is_alive()
-        ended = queue.get(task.id)
-    assert ended.status == "failed" and "deadline of 3 s" in (ended.error or ""), ended
+        profiling = queue.submit("profile", KERNELS_FOREVER)
+        for task_id in (searching["id"], profiling.id):
+            worker = Worker(db, poll_s=0.05, simulator="replay", deadline_s=3.0)
+            thread = _run_in_thread(worker)
+            thread.join(timeout=60)
+            assert not thread.is_alive()
+            ended = queue.get(task_id)
+            assert ended.status == "failed" and "deadline of 3 s" in (ended.error or ""), ended
 
 
 def test_captures_have_a_deadline_and_a_bounded_cache(

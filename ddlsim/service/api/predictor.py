@@ -34,6 +34,10 @@ class Predictor:
         self.simulator = simulator
         self._model: CostModel | None = None
         self._lock = threading.Lock()
+        # At most this many predictions compute at once; the others wait their turn in line
+        # rather than share the interpreter forty ways (which starved some for a minute).
+        slots = _positive_env(CONCURRENCY_ENV, float(len(os.sched_getaffinity(0))))
+        self._slots = threading.BoundedSemaphore(max(1, int(slots)))
 
     def cost_model(self) -> CostModel:
         """The cost model, loaded on first use."""
@@ -60,18 +64,32 @@ class Predictor:
         Raises:
             MissingProfileError: the store has no kernel profile of the rank's micro-batch.
         """
-        prediction, profile, _ = predict_on_store(
-            self.store,
-            request.model,
-            request.strategy,
-            world_size=request.world_size,
-            bandwidth=normalized_bandwidth(request.bandwidth),
-            cost_model=self.cost_model(),
-            optimizer=request.optimizer,
-            profile_iters=request.profile_iters,
-            profile_missing=False,
-            capture=lambda rank, options: _capture(_key(rank), options.strategy.to_json()),
-        )
+        cost_model = self.cost_model()
+
+        def capture(rank: ModelSpec, options: CaptureOptions) -> IterationGraph:
+            key = (_key(rank), options.strategy.to_json())
+            cached = GRAPHS.get("\n".join(key))
+            if cached is not None:
+                return cached
+            self._slots.release()  # a capture waits on its own threads, holding no slot
+            try:
+                return _capture(*key)
+            finally:
+                self._slots.acquire()
+
+        with self._slots:
+            prediction, profile, _ = predict_on_store(
+                self.store,
+                request.model,
+                request.strategy,
+                world_size=request.world_size,
+                bandwidth=normalized_bandwidth(request.bandwidth),
+                cost_model=cost_model,
+                optimizer=request.optimizer,
+                profile_iters=request.profile_iters,
+                profile_missing=False,
+                capture=capture,
+            )
         return prediction, profile
 
 
@@ -80,6 +98,7 @@ def _key(spec: ModelSpec) -> str:
 
 
 CAPTURE_DEADLINE_ENV = "DDLSIM_CAPTURE_DEADLINE_S"
+CONCURRENCY_ENV = "DDLSIM_PREDICT_CONCURRENCY"
 GRAPH_CACHE_ENV = "DDLSIM_GRAPH_CACHE_BYTES"
 # Captures run on threads of their own, so that a request waits for one at most its deadline;
 # a capture past it goes on and fills the cache for the next request.
