@@ -22,6 +22,8 @@ from ddlsim.data.specs.model import ModelSpec
 
 LAYER_KEYS: tuple[str, ...] = ("n_layer", "num_hidden_layers", "num_layers")
 _WIDTH_KEYS = ("hidden_size", "n_embd", "d_model", "hidden_dim", "width")
+# A convolutional network's activations scale with the pixels times its stem's channels.
+_STEM_CHANNELS = 64
 _LIMIT_ENV = {
     "max_params": "DDLSIM_MAX_PARAMS",
     "max_layers": "DDLSIM_MAX_LAYERS",
@@ -115,16 +117,21 @@ def _estimate(spec_json: str) -> SpecEstimate:
     params, layers, width, patch = _shape(json.dumps(bare, sort_keys=True))
     inputs = spec.inputs
     tokens = float(inputs.batch_size)
+    activations = tokens
     if inputs.seq_len is not None:
-        tokens *= inputs.seq_len
+        tokens = activations = tokens * inputs.seq_len
+    elif inputs.image_size is not None and patch > 0:
+        tokens = activations = tokens * (inputs.image_size // patch) ** 2
     elif inputs.image_size is not None:
-        side = inputs.image_size // patch if patch > 0 else 1
-        tokens *= side * side
+        # A convolutional network: its stem's activations at every pixel, and its weights
+        # applied about once per position of the last stage (stride 32).
+        activations = tokens * inputs.image_size**2
+        tokens *= max(1, inputs.image_size // 32) ** 2
     return SpecEstimate(
         params=params,
         layers=layers,
         flops=6.0 * params * tokens,
-        activation_bytes=34.0 * tokens * width * layers,
+        activation_bytes=34.0 * activations * width * layers,
     )
 
 
@@ -143,9 +150,17 @@ def _shape(spec_json: str) -> tuple[float, int, int, int]:
         one = _params_with(spec, {**spec.config, key: 1})
         two = _params_with(spec, {**spec.config, key: 2})
         params = float(one + (two - one) * (layers - 1))
-    width = next((w for k in _WIDTH_KEYS if isinstance(w := getattr(config, k, None), int)), 0)
     patch = getattr(config, "patch_size", None)
-    return params, layers, width, patch if isinstance(patch, int) and patch > 0 else 0
+    patch = patch if isinstance(patch, int) and patch > 0 else 0
+    if spec.inputs.image_size is not None and patch == 0:
+        stem = getattr(config, "embedding_size", None)
+        width = stem if isinstance(stem, int) else _STEM_CHANNELS
+    else:
+        width = next((w for k in _WIDTH_KEYS if isinstance(w := getattr(config, k, None), int)), 0)
+        stages = getattr(config, "hidden_sizes", None)  # a staged network: its first stage's
+        if not width and isinstance(stages, list) and stages and isinstance(stages[0], int):
+            width = stages[0]
+    return params, layers, width, patch
 
 
 def check_limits(spec: ModelSpec, limits: SpecLimits | None = None) -> SpecEstimate:

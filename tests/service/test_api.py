@@ -495,6 +495,10 @@ def test_specs_over_the_limits_are_refused_before_anything_is_built(
     }
     refused = client.post("/v1/models", json={"spec": wide}, headers=AUTH)
     assert refused.status_code == 422 and "DDLSIM_MAX_PARAMS" in refused.text, refused.text
+    # A convolutional network is held to its pixels (a fuzzed search asked 1.5 TB of input).
+    vast = {"model": "resnet-18", "batch_size": 8, "image_size": 180_939, "world_size": 2}
+    refused = client.post("/v1/strategy-requests", json=vast, headers=AUTH)
+    assert refused.status_code == 422 and "DDLSIM_MAX_ACTIVATION_BYTES" in refused.text
     # The operator sets the limits: a zoo model at its inputs is over these.
     monkeypatch.setenv("DDLSIM_MAX_FLOPS", "1e6")
     refused = client.post("/v1/predictions", json=MLP, headers=AUTH)
