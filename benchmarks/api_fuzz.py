@@ -188,7 +188,7 @@ def main() -> None:
             unexpected.append(f"task {task.id} ({task.kind}): {error[:200]}")
         else:
             outcomes["failed, ddlsim's message"] += 1
-            refusals[error[:70]] += 1
+            refusals[re.sub(r"\btask \d+", "task N", error)[:90]] += 1
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
