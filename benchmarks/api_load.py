@@ -15,9 +15,11 @@ keep-alive connection, until ``--seconds`` pass. Each request is drawn at random
 A reply counts as an error unless it is 200 (202 for a submission); a failed connection too.
 Prints, for each kind and in all, the requests, errors, throughput and the latency's median,
 99th percentile and maximum; then checks that every accepted submission is in the queue. The
-server runs in its own session and is ended by its process id.
+server runs in its own session and is ended by its process id. ``--concurrency N`` runs the
+same load again, in the same launch, on a server computing at most N predictions at once
+(``DDLSIM_PREDICT_CONCURRENCY``; the default is the machine's cores).
 
-    .venv/bin/python benchmarks/api_load.py --clients 50 --seconds 60 \
+    .venv/bin/python benchmarks/api_load.py --clients 50 --seconds 60 --concurrency 40 \
         --out benchmarks/results/api-load-2026-11-27.json
 """
 
@@ -168,33 +170,23 @@ def summary(rows: list[tuple[str, float, int]], wall_s: float) -> dict[str, Any]
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--db", help="store URL (default: a fresh SQLite file, profiled here)")
-    parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--reads", type=float, default=0.5, help="share of reads")
-    parser.add_argument("--predictions", type=float, default=1 / 3, help="share of predictions")
-    parser.add_argument("--model", default="gpt2-tiny")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=64)
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
-    args = parser.parse_args()
-    if not 0 <= args.reads + args.predictions <= 1:
-        raise SystemExit(f"--reads({args.reads}) + --predictions({args.predictions}) must be <= 1")
-    db = args.db
-    if db is None:
-        db = f"sqlite:///{Path(tempfile.mkdtemp(prefix='ddlsim-api-load-')) / 'load.db'}"
-        profile_model(db, args)
+def run_load(args: argparse.Namespace, db: str, concurrency: int | None) -> dict[str, Any]:
+    """One server (``DDLSIM_PREDICT_CONCURRENCY`` set to ``concurrency`` unless ``None``), its
+    warm-up, then the clients until the time is up: the figures."""
+    from ddlsim.data.store import Store
+    from ddlsim.data.store.tasks import TaskQueue
+
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "DDLSIM_API_TOKEN": TOKEN}
+    if concurrency is not None:
+        env["DDLSIM_PREDICT_CONCURRENCY"] = str(concurrency)
     server = subprocess.Popen(
         [
             *(sys.executable, "-m", "ddlsim.service.cli", "serve", "--no-worker"),
             *("--db", db, "--port", str(port)),
         ],
-        env={**os.environ, "DDLSIM_API_TOKEN": TOKEN},
+        env=env,
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -219,7 +211,7 @@ def main() -> None:
         known: list[int] = []
         deadline = time.monotonic() + args.seconds
 
-        def drive_and_share(client: Client) -> None:
+        def drive(client: Client) -> None:
             while time.monotonic() < deadline:
                 before = len(client.accepted)
                 client.one(known)
@@ -227,25 +219,60 @@ def main() -> None:
             client.connection.close()
 
         started = time.perf_counter()
-        threads = [threading.Thread(target=drive_and_share, args=(c,)) for c in clients]
+        threads = [threading.Thread(target=drive, args=(c,)) for c in clients]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
         wall_s = time.perf_counter() - started
-        accepted = sorted(known)
-        queued = json.loads(urllib.request.urlopen(f"{url}/v1/jobs?limit=1000", timeout=60).read())
     finally:
         os.killpg(server.pid, signal.SIGINT)
         server.wait(timeout=60)
+    with Store.open(db) as store:
+        in_queue = {task.id for task in TaskQueue(store).list(status="queued", limit=10**7)}
     rows = [row for client in clients for row in client.done]
     by_kind: dict[str, list[tuple[str, float, int]]] = collections.defaultdict(list)
     for row in rows:
         by_kind[row[0]].append(row)
-    in_queue = sorted(job["id"] for job in queued["jobs"])
-    by_kind_figures = {
-        kind: summary(kind_rows, wall_s) for kind, kind_rows in sorted(by_kind.items())
+    return {
+        "predict_concurrency": concurrency or "default (the cores)",
+        "all": summary(rows, wall_s),
+        "by_kind": {
+            kind: summary(kind_rows, wall_s) for kind, kind_rows in sorted(by_kind.items())
+        },
+        "submissions_accepted": len(known),
+        "submissions_in_queue": len(set(known) & in_queue),
+        "error_statuses": dict(collections.Counter(s for _, _, s in rows if s != 200)),
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--db", help="store URL (default: a fresh SQLite file, profiled here)")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--reads", type=float, default=0.5, help="share of reads")
+    parser.add_argument("--predictions", type=float, default=1 / 3, help="share of predictions")
+    parser.add_argument("--model", default="gpt2-tiny")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also run with DDLSIM_PREDICT_CONCURRENCY at each of these, after the default",
+    )
+    parser.add_argument("--out", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args()
+    if not 0 <= args.reads + args.predictions <= 1:
+        raise SystemExit(f"--reads({args.reads}) + --predictions({args.predictions}) must be <= 1")
+    db = args.db
+    if db is None:
+        db = f"sqlite:///{Path(tempfile.mkdtemp(prefix='ddlsim-api-load-')) / 'load.db'}"
+        profile_model(db, args)
+    runs = [run_load(args, db, concurrency) for concurrency in [None, *args.concurrency]]
     result: dict[str, Any] = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -256,27 +283,23 @@ def main() -> None:
             f"{args.reads:.2f}, predictions {args.predictions:.2f}, submissions "
             f"{1 - args.reads - args.predictions:.2f}"
         ),
-        "all": summary(rows, wall_s),
-        "by_kind": {
-            kind: summary(kind_rows, wall_s) for kind, kind_rows in sorted(by_kind.items())
-        },
-        "submissions_accepted": len(accepted),
-        "submissions_in_queue": len(set(accepted) & set(in_queue)),
-        "error_statuses": dict(collections.Counter(s for _, _, s in rows if s != 200)),
+        "runs": runs,
     }
     print(f"# {result['setting']}; {result['machine']}")
-    print("| requests | kind | errors | throughput | p50 | p99 | max |")
-    print("|---|---|---|---|---|---|---|")
-    for kind, figures in [*by_kind_figures.items(), ("all", result["all"])]:
+    print("| predictions at once | kind | requests | errors | throughput | p50 | p99 | max |")
+    print("|---|---|---|---|---|---|---|---|")
+    for run in runs:
+        for kind, figures in [*run["by_kind"].items(), ("all", run["all"])]:
+            print(
+                f"| {run['predict_concurrency']} | {kind} | {figures['requests']} | "
+                f"{figures['errors']} | {figures['throughput_per_s']} /s | "
+                f"{figures['p50_ms']:.0f} ms | {figures['p99_ms']:.0f} ms | "
+                f"{figures['max_ms']:.0f} ms |"
+            )
         print(
-            f"| {figures['requests']} | {kind} | {figures['errors']} | "
-            f"{figures['throughput_per_s']} /s | {figures['p50_ms']:.0f} ms | "
-            f"{figures['p99_ms']:.0f} ms | {figures['max_ms']:.0f} ms |"
+            f"submissions accepted {run['submissions_accepted']}, in the queue "
+            f"{run['submissions_in_queue']}; error statuses {run['error_statuses']}"
         )
-    print(
-        f"submissions accepted {result['submissions_accepted']}, in the queue "
-        f"{result['submissions_in_queue']}; error statuses {result['error_statuses']}"
-    )
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
 
