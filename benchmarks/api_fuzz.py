@@ -3,7 +3,7 @@
 Generates ``--cases`` requests for each operation of the OpenAPI schema (valid and invalid
 bodies, parameters and paths; with the token, so that writes get past it; half the bodies
 pointed at a zoo model, so that they get past the model's lookup to the other checks and, when
-accepted, to the worker) against the app in this process, on a fresh SQLite store, while a
+accepted, to the worker) against ``ddlsim serve --no-worker`` on a fresh SQLite store, while a
 worker process (``ddlsim worker``, each task held to ``--task-deadline`` seconds) runs the
 searches, executions and profiling runs the accepted submissions queue. Once every operation
 has had its cases, the worker is given ``--drain`` seconds to finish the queue; what is still
@@ -28,6 +28,7 @@ import platform
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,6 @@ from schemathesis.core.result import Ok
 from ddlsim.data.store import Store
 from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.profiler.batch import KINDS
-from ddlsim.service.api import Settings, create_app
 
 TOKEN = "fuzz-token"
 STEERED = 0.5  # the share of generated bodies pointed at a zoo model (see steer)
@@ -52,15 +52,16 @@ MODELS = ("mlp", "gpt2-tiny", "bert-tiny", "resnet-18")
 UNEXPECTED = re.compile(r"^[A-Z]\w*(Error|Exception|Warning): ")
 
 
-def fuzz(app: Any, cases: int) -> dict[str, dict[str, Any]]:
-    """``cases`` generated requests to each operation; per operation, the cases and the 5xx."""
-    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+def fuzz(url: str, cases: int) -> dict[str, dict[str, Any]]:
+    """``cases`` generated requests to each operation of the server at ``url``; per operation,
+    the cases and the 5xx."""
+    schema = schemathesis.openapi.from_url(f"{url}/openapi.json", wait_for_schema=120.0)
     figures: dict[str, dict[str, Any]] = {}
     for result in schema.get_all_operations():
         if not isinstance(result, Ok):
             raise SystemExit(f"the schema has an invalid operation: {result}")
         operation = result.ok()
-        figures[operation.label] = seen = fuzz_operation(operation, cases)
+        figures[operation.label] = seen = fuzz_operation(operation, cases, url)
         print(
             f"{operation.label}: {seen['cases']} cases, {seen['5xx']} 5xx, "
             f"{seen['statuses']} ({seen['seconds']} s)",
@@ -96,7 +97,7 @@ def steer(body: dict[str, Any], rng: random.Random) -> None:
             entries[index] = kept
 
 
-def fuzz_operation(operation: Any, cases: int) -> dict[str, Any]:
+def fuzz_operation(operation: Any, cases: int, url: str) -> dict[str, Any]:
     rng = random.Random(0)
     statuses: collections.Counter[int] = collections.Counter()
     examples: list[dict[str, str]] = []
@@ -112,7 +113,7 @@ def fuzz_operation(operation: Any, cases: int) -> dict[str, Any]:
     def send(case: schemathesis.Case) -> None:
         if isinstance(case.body, dict) and rng.random() < STEERED:
             steer(case.body, rng)
-        response = case.call(headers={"Authorization": f"Bearer {TOKEN}"})
+        response = case.call(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"})
         statuses[response.status_code] += 1
         if response.status_code >= 500 and len(examples) < 3:
             examples.append({"body": str(case.body)[:300], "answer": response.text[:300]})
@@ -137,9 +138,20 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ddlsim-api-fuzz-"))
     db = f"sqlite:///{work / 'fuzz.db'}"
     log = work / "worker.log"
-    app = create_app(Settings(db=db, token=TOKEN, simulator="replay"))
-    Store.open(db).close()  # migrated before the worker polls it
+    Store.open(db).close()  # migrated before the server and the worker open it
     env = {**os.environ, "DDLSIM_TASK_DEADLINE_S": str(args.task_deadline)}
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    server = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "ddlsim.service.cli", "serve", "--no-worker"),
+            *("--db", db, "--port", str(port), "--simulator", "replay"),
+        ],
+        env={**env, "DDLSIM_API_TOKEN": TOKEN},
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     with log.open("wb") as out:
         worker = subprocess.Popen(
             [
@@ -154,7 +166,11 @@ def main() -> None:
     started = time.monotonic()
     worker_died: int | None = None
     try:
-        operations = fuzz(app, args.cases)
+        try:
+            operations = fuzz(f"http://127.0.0.1:{port}", args.cases)
+        finally:
+            os.killpg(server.pid, signal.SIGINT)
+            server.wait(timeout=60)
         fuzz_s = time.monotonic() - started
         with Store.open(db) as store:
             queue = TaskQueue(store)

@@ -1,7 +1,7 @@
 """Fault run: the worker SIGKILLed at random points while queued jobs of every kind run.
 
-Queues ``--jobs`` jobs of each kind, taking turns, through the REST API (in process) into a
-fresh store: profiling runs (a kernels job of gpt2-tiny each, at a batch size of its own, and a
+Queues ``--jobs`` jobs of each kind, taking turns, as the REST API queues them, into a fresh
+store: profiling runs (a kernels job of gpt2-tiny each, at a batch size of its own, and a
 collectives job on an emulated 1 Gbit/s cluster in every fifth), searches (every fifth verified
 by real runs) and executions (every other one on an emulated 1 Gbit/s cluster, the rest on
 loopback).
@@ -37,37 +37,35 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastapi.testclient import TestClient
-
 from ddlsim.data.store import Store
 from ddlsim.data.store.tasks import TaskQueue
+from ddlsim.data.zoo import ZOO
+from ddlsim.executor.run import RunOptions
+from ddlsim.profiler.batch import parse_batch_data
 from ddlsim.profiler.cluster.namespaces import NAMESPACE_PREFIX
-from ddlsim.service.api import Settings, create_app
+from ddlsim.workflows.profile import check_job
+from ddlsim.workflows.requests import ExecuteRequest, MeasureSettings, SearchRequest
 
-TOKEN = "fault-run"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
 HEARTBEAT_S, STALE_S = 1.0, 6.0
 ENDED = frozenset({"done", "failed", "cancelled"})
 # What a process left behind by a killed worker would show on its command line.
 LEFTOVER_MARKS = ("ddlsim.executor.rank_main", "torch.distributed.run", "ddlsim.service.cli")
-MLP = {"model": "mlp", "batch_size": 16, "world_size": 2}
-MEASURE = {"iters": 2, "warmup": 1, "measure_budget_s": 0}
+MLP = ZOO["mlp"].with_inputs(batch_size=16)
+MEASURE = MeasureSettings(iters=2, warmup=1, budget_s=0.0)
 
 
-def submit_jobs(client: TestClient, count: int) -> dict[int, str]:
-    """Queue ``count`` jobs of each kind, the kinds taking turns (so that kills land on every
-    kind all through the run); their ids and kinds, in the order queued."""
+def submit_jobs(queue: TaskQueue, count: int) -> dict[int, str]:
+    """Queue ``count`` jobs of each kind as the REST API queues them (the use cases' request
+    JSON; a batch checked job by job), the kinds taking turns so that kills land on every kind
+    all through the run; their ids and kinds, in the order queued."""
     kinds: dict[int, str] = {}
     for index in range(count):
-        for path, body, kind in (profiling(index), searching(index), executing(index)):
-            answer = client.post(path, json=body, headers=AUTH)
-            if answer.status_code != 202:
-                raise SystemExit(f"{path} answered {answer.status_code}: {answer.text}")
-            kinds[int(answer.json()["id"])] = kind
+        for kind, request in (profiling(index), searching(index), executing(index)):
+            kinds[queue.submit(kind, request).id] = kind
     return kinds
 
 
-def profiling(index: int) -> tuple[str, dict[str, Any], str]:
+def profiling(index: int) -> tuple[str, dict[str, Any]]:
     # A batch size of its own: each job profiles a graph no search or execution uses.
     kernels = {"kind": "kernels", "model": "gpt2-tiny", "seq_len": 64, "iters": 10}
     jobs: list[dict[str, Any]] = [{**kernels, "batch_size": 2 + index}]
@@ -78,20 +76,37 @@ def profiling(index: int) -> tuple[str, dict[str, Any], str]:
                 **{"sizes": ["64KiB", "1MiB"], "warmup": 1, "repeats": 3, "cpu_repeats": 1},
             }
         )
-    return "/v1/profiling-runs", {"jobs": jobs}, "profile"
+    batch = {"jobs": jobs}
+    for job in parse_batch_data(batch):
+        check_job(job)
+    return "profile", batch
 
 
-def searching(index: int) -> tuple[str, dict[str, Any], str]:
-    body = {**MLP, "bandwidth": "1gbit", "budget": 12, "space": "fusion", "seed": index}
-    if index % 5 == 0:
-        body |= {"verify": True, "verify_rounds": 1, **MEASURE}
-    return "/v1/strategy-requests", body, "search"
+def searching(index: int) -> tuple[str, dict[str, Any]]:
+    request = SearchRequest(
+        model=MLP,
+        world_size=2,
+        bandwidth="1gbit",
+        budget=12,
+        space="fusion",
+        seed=index,
+        verify=index % 5 == 0,
+        verify_rounds=1,
+        measure=MEASURE,
+    )
+    return "search", request.to_json()
 
 
-def executing(index: int) -> tuple[str, dict[str, Any], str]:
-    body: dict[str, Any] = {**MLP, **MEASURE, "seed": index, "trace": False}
-    body["bandwidth"] = "1gbit" if index % 2 else None
-    return "/v1/executions", body, "execution"
+def executing(index: int) -> tuple[str, dict[str, Any]]:
+    options = RunOptions(
+        world_size=2,
+        bandwidth="1gbit" if index % 2 else None,
+        iters=MEASURE.iters,
+        warmup=MEASURE.warmup,
+        budget_s=MEASURE.budget_s,
+        seed=index,
+    )
+    return "execution", ExecuteRequest(model=MLP, options=options, predict=True).to_json()
 
 
 def start_worker(db: str, log: Path) -> subprocess.Popen[bytes]:
@@ -185,11 +200,9 @@ def main() -> None:
     db = args.db or f"sqlite:///{work / 'fault.db'}"
     log = work / "workers.log"
     started = time.monotonic()
-    app = create_app(Settings(db=db, token=TOKEN, simulator="replay"))
-    with TestClient(app) as client:
-        kinds = submit_jobs(client, args.jobs)
     store = Store.open(db)
     queue = TaskQueue(store)
+    kinds = submit_jobs(queue, args.jobs)
     by_kind: dict[str, list[int]] = collections.defaultdict(list)
     for task_id, kind in kinds.items():
         by_kind[kind].append(task_id)

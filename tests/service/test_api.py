@@ -263,8 +263,15 @@ def test_cancel_and_a_failing_job(client: TestClient, db: str) -> None:
     bad = {"jobs": [{"kind": "kernels", "model": {"source": "reference", "class": "MLP"}}]}
     refused = client.post("/v1/profiling-runs", json=bad, headers=AUTH)
     assert refused.status_code == 422 and refused.json()["field"].startswith("body.jobs.0.model")
-    failing = {**MLP, "world_size": 3}  # 16 does not split over 3 ranks
-    task = client.post("/v1/strategy-requests", json=failing, headers=AUTH).json()
+    failing = {**MLP, "world_size": 3}  # 16 does not split over 3 ranks: refused at once
+    refused = client.post("/v1/strategy-requests", json=failing, headers=AUTH)
+    assert refused.status_code == 422 and "batch_size(16)" in refused.text
+    # A task queued by an older server, whose request this one would refuse, fails with the
+    # refusal as its error.
+    with Store.open(db) as store:
+        request = SearchRequest(model=ZOO["mlp"].with_inputs(batch_size=16), world_size=2)
+        task = TaskQueue(store).submit("search", {**request.to_json(), "world_size": 3})
+    task = task.to_dict()
     assert _work(db) == 1
     failed = client.get(f"/v1/jobs/{task['id']}").json()
     assert failed["status"] == "failed" and failed["error"]
