@@ -270,11 +270,10 @@ def test_cancel_and_a_failing_job(client: TestClient, db: str) -> None:
     # refusal as its error.
     with Store.open(db) as store:
         request = SearchRequest(model=ZOO["mlp"].with_inputs(batch_size=16), world_size=2)
-        task = TaskQueue(store).submit("search", {**request.to_json(), "world_size": 3})
-    task = task.to_dict()
+        old = TaskQueue(store).submit("search", {**request.to_json(), "world_size": 3})
     assert _work(db) == 1
-    failed = client.get(f"/v1/jobs/{task['id']}").json()
-    assert failed["status"] == "failed" and failed["error"]
+    failed = client.get(f"/v1/jobs/{old.id}").json()
+    assert failed["status"] == "failed" and "batch_size(16)" in failed["error"], failed
 
 
 def test_a_stopping_worker_hands_its_task_back(
