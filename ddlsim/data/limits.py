@@ -22,6 +22,7 @@ from ddlsim.data.specs.model import ModelSpec
 
 LAYER_KEYS: tuple[str, ...] = ("n_layer", "num_hidden_layers", "num_layers")
 _WIDTH_KEYS = ("hidden_size", "n_embd", "d_model", "hidden_dim", "width")
+_HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads")
 # A convolutional network's activations scale with the pixels times its stem's channels.
 _STEM_CHANNELS = 64
 _LIMIT_ENV = {
@@ -31,15 +32,23 @@ _LIMIT_ENV = {
     "max_activation_bytes": "DDLSIM_MAX_ACTIVATION_BYTES",
     "max_iters": "DDLSIM_MAX_ITERS",
     "max_message_bytes": "DDLSIM_MAX_MESSAGE_BYTES",
+    "max_run_bytes": "DDLSIM_MAX_RUN_BYTES",
 }
 _INTEGER_LIMITS = frozenset({"max_layers", "max_iters", "max_message_bytes"})
+
+
+def _half_the_memory() -> float:
+    """Half this machine's physical memory: what the runs of one job may use (every rank of an
+    emulated cluster runs here)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SpecLimits:
     """The largest model a service instance builds, profiles or predicts, and the most work a
-    queued profiling job may ask for: ``max_iters`` bounds every count of steps, repeats or
-    rounds, ``max_message_bytes`` every collective's message."""
+    queued job may ask for: ``max_iters`` bounds every count of steps, repeats or rounds,
+    ``max_message_bytes`` every collective's message, ``max_run_bytes`` the memory that the
+    processes of one run on this machine need together (:func:`check_run`)."""
 
     max_params: float = 2e11
     max_layers: int = 1024
@@ -47,6 +56,7 @@ class SpecLimits:
     max_activation_bytes: float = 4 * 2**40
     max_iters: int = 10_000
     max_message_bytes: int = 2**30
+    max_run_bytes: float = dataclasses.field(default_factory=_half_the_memory)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "SpecLimits":
@@ -71,10 +81,19 @@ class SpecLimits:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class SpecEstimate:
+    """One training iteration of a spec at its inputs: ``activation_bytes`` in 16 bits
+    (Korthikanti et al.'s ``s b h L (34 + 5 a s / h)``, and the output logits), ``run_bytes``
+    what one process training it in fp32 with AdamW holds (16 bytes a parameter for weights,
+    gradients and the two moments; the activations twice over)."""
+
     params: float
     layers: int
     flops: float
     activation_bytes: float
+
+    @property
+    def run_bytes(self) -> float:
+        return 16.0 * self.params + 2.0 * self.activation_bytes
 
 
 def layer_key(config: object) -> tuple[str, int] | None:
@@ -114,7 +133,7 @@ def _estimate(spec_json: str) -> SpecEstimate:
     # The model at one short sample: only the tokens below depend on batch and sequence.
     one = spec.with_inputs(batch_size=1, seq_len=None if spec.inputs.seq_len is None else 1)
     bare = one.to_dict()
-    params, layers, width, patch = _shape(json.dumps(bare, sort_keys=True))
+    params, layers, width, patch, heads, vocab = _shape(json.dumps(bare, sort_keys=True))
     inputs = spec.inputs
     tokens = float(inputs.batch_size)
     activations = tokens
@@ -127,18 +146,25 @@ def _estimate(spec_json: str) -> SpecEstimate:
         # applied about once per position of the last stage (stride 32).
         activations = tokens * inputs.image_size**2
         tokens *= max(1, inputs.image_size // 32) ** 2
+    per_layer = 34.0 * activations * width
+    if inputs.seq_len is not None:  # attention scores: 5 a s^2 b bytes a layer
+        per_layer += 5.0 * heads * inputs.seq_len * activations
+    # A convolutional network's later stages see a quarter of the pixels of the one before:
+    # all of them together about its stem at full resolution.
+    at_full_size = 1 if inputs.image_size is not None and patch == 0 else layers
     return SpecEstimate(
         params=params,
         layers=layers,
         flops=6.0 * params * tokens,
-        activation_bytes=34.0 * activations * width * layers,
+        activation_bytes=per_layer * at_full_size + 4.0 * activations * vocab,
     )
 
 
 @functools.lru_cache(maxsize=512)
-def _shape(spec_json: str) -> tuple[float, int, int, int]:
-    """Parameters, layers, width and patch size of a model (memoised apart from its inputs:
-    a batch of jobs over many input sizes builds each model twice, not each job)."""
+def _shape(spec_json: str) -> tuple[float, int, int, int, int, int]:
+    """Parameters, layers, width, patch size, attention heads and output vocabulary of a model
+    (memoised apart from its inputs: a batch of jobs over many input sizes builds each model
+    twice, not each job)."""
     spec = ModelSpec.from_dict(json.loads(spec_json))
     config = build_config(spec)
     found = layer_key(config) if spec.source == "transformers" else None
@@ -160,7 +186,9 @@ def _shape(spec_json: str) -> tuple[float, int, int, int]:
         stages = getattr(config, "hidden_sizes", None)  # a staged network: its first stage's
         if not width and isinstance(stages, list) and stages and isinstance(stages[0], int):
             width = stages[0]
-    return params, layers, width, patch
+    heads = next((h for k in _HEAD_KEYS if isinstance(h := getattr(config, k, None), int)), 0)
+    vocab = getattr(config, "vocab_size", None) if spec.inputs.seq_len is not None else None
+    return params, layers, width, patch, heads, vocab if isinstance(vocab, int) else 0
 
 
 def check_limits(spec: ModelSpec, limits: SpecLimits | None = None) -> SpecEstimate:
@@ -193,3 +221,22 @@ def check_limits(spec: ModelSpec, limits: SpecLimits | None = None) -> SpecEstim
 
 def _number(value: float) -> str:
     return f"{value:,.0f}" if value < 1e7 else f"{value:.3g}"
+
+
+def check_run(spec: ModelSpec, processes: int, limits: SpecLimits | None = None) -> None:
+    """Refuse a run of ``processes`` processes on this machine, each training ``spec`` at its
+    inputs (a rank at its micro-batch), whose memory together is over ``max_run_bytes``.
+
+    Raises:
+        InvalidModelSpecError: naming the estimate, the limit and the variable that sets it.
+    """
+    limits = limits or SpecLimits.from_env()
+    need = processes * estimate(spec).run_bytes
+    if need > limits.max_run_bytes:
+        each = f"{processes} processes of " if processes > 1 else ""
+        raise InvalidModelSpecError(
+            f"{spec.label} at batch {spec.inputs.batch_size}: {each}about "
+            f"{need / 2**30:,.1f} GiB to train here, over this service's limit of "
+            f"{limits.max_run_bytes / 2**30:,.1f} GiB (DDLSIM_MAX_RUN_BYTES; default half this "
+            "machine's memory); use a smaller batch or model"
+        )

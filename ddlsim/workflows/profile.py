@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.data.errors import DdlsimError, InvalidOptionError, one_line
-from ddlsim.data.limits import SpecLimits, check_limits
+from ddlsim.data.limits import SpecLimits, check_limits, check_run
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
@@ -117,15 +117,16 @@ def check_job(job: Job, limits: SpecLimits | None = None) -> None:
     """
     limits = limits or SpecLimits.from_env()
     spec = check_batch_job(job, limits)
+    if spec is not None and job.kind in ("kernels", "fusion"):
+        check_run(spec, 1, limits)
     if job.kind in ("run", "compare"):
         settings = dict(job.settings)
         raws = [settings.pop("strategy", None)] if job.kind == "run" else settings["strategies"]
         settings.pop("strategies", None)
         settings.pop("rounds", None)
-        for raw in raws:
-            _job_strategy(raw)
+        strategies = [Strategy(), *(_job_strategy(raw) for raw in raws)]
         try:
-            _, options = _job_spec_and_options(settings)
+            spec, options = _job_spec_and_options(settings)
         except (ValueError, TypeError) as exc:  # int() of a word
             if isinstance(exc, DdlsimError):
                 raise
@@ -136,6 +137,10 @@ def check_job(job: Job, limits: SpecLimits | None = None) -> None:
                 f"measure_budget_s({options.budget_s:g}) is out of range; allowed: 0 to "
                 f"{MAX_MEASURE_BUDGET_S:g}"
             )
+        ranks = options.world_size
+        chosen = strategies if job.kind == "compare" else strategies[1:]
+        batch = max(s.parallel.rank_batch_size(spec.inputs.batch_size, ranks) for s in chosen)
+        check_run(spec.with_inputs(batch_size=batch), ranks, limits)
     if spec is not None:
         check_limits(spec, limits)
 

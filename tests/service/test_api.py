@@ -462,6 +462,15 @@ def test_profiling_jobs_over_the_work_limits_or_the_runners_checks_answer_422(
         ({"kind": "run", "model": "mlp", "measure_budget_s": 10**6}, "measure_budget_s"),
         ({"kind": "run", "model": "mlp", "optimizer": "lion"}, "optimizer 'lion'"),
         ({"kind": "compare", "model": "mlp", "strategies": [{}], "rounds": 10**6}, "rounds"),
+        # what exhausted the machine's memory in a fuzzed run (its logits alone: 13 GB)
+        (
+            {"kind": "kernels", "model": "bert-tiny", "batch_size": 16384, "seq_len": 128},
+            "DDLSIM_MAX_RUN_BYTES",
+        ),
+        (
+            {"kind": "run", "model": "bert-tiny", "batch_size": 16384, "world_size": 2},
+            "DDLSIM_MAX_RUN_BYTES",
+        ),
         ({"kind": "run", "model": "mlp", "strategy": {"parallel": {"tp": "x"}}}, "tp"),
     )
     for job, named in refused_jobs:
@@ -505,6 +514,15 @@ def test_specs_over_the_limits_are_refused_before_anything_is_built(
     vast = {"model": "resnet-18", "batch_size": 8, "image_size": 180_939, "world_size": 2}
     refused = client.post("/v1/strategy-requests", json=vast, headers=AUTH)
     assert refused.status_code == 422 and "DDLSIM_MAX_ACTIVATION_BYTES" in refused.text
+    # Runs must fit this machine: the rank's micro-batch profiled (a search), every rank run
+    # (an execution); a prediction runs nothing.
+    big = {"model": "bert-tiny", "batch_size": 32768, "world_size": 2}
+    for path in ("/v1/strategy-requests", "/v1/executions"):
+        refused = client.post(path, json=big, headers=AUTH)
+        assert refused.status_code == 422 and "DDLSIM_MAX_RUN_BYTES" in refused.text, path
+    monkeypatch.setenv("DDLSIM_MAX_RUN_BYTES", str(2**50))
+    assert client.post("/v1/strategy-requests", json=big, headers=AUTH).status_code == 202
+    monkeypatch.delenv("DDLSIM_MAX_RUN_BYTES")
     # The operator sets the limits: a zoo model at its inputs is over these.
     monkeypatch.setenv("DDLSIM_MAX_FLOPS", "1e6")
     refused = client.post("/v1/predictions", json=MLP, headers=AUTH)

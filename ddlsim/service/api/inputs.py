@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from ddlsim.data.errors import DdlsimError, one_line
-from ddlsim.data.limits import check_limits
+from ddlsim.data.limits import check_limits, check_run
 from ddlsim.data.models import check_model_spec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
@@ -65,6 +65,15 @@ def inputs_of(store: Store, body: Inputs) -> ModelSpec:
     except DdlsimError as exc:
         raise BadRequestError(one_line(exc), field="body", status=422) from None
     return sized
+
+
+def runs_fit(spec: ModelSpec, rank_batch: int, processes: int) -> None:
+    """Refuse a job whose runs would not fit this machine: ``processes`` processes, each
+    training ``spec`` at ``rank_batch`` (:func:`ddlsim.data.limits.check_run`)."""
+    try:
+        check_run(spec.with_inputs(batch_size=rank_batch), processes)
+    except DdlsimError as exc:
+        raise BadRequestError(one_line(exc), field="body", status=422) from None
 
 
 def request_json(body: Inputs, spec: ModelSpec, **resolved: Any) -> dict[str, Any]:

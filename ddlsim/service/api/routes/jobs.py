@@ -14,6 +14,7 @@ from pydantic import Field
 
 from ddlsim.data.errors import DdlsimError, one_line
 from ddlsim.data.limits import SpecLimits
+from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store.tasks import TaskNotFoundError
 from ddlsim.profiler.batch import parse_batch_data
 from ddlsim.service.api.deps import WRITE, QueueDep, StoreDep
@@ -24,6 +25,7 @@ from ddlsim.service.api.inputs import (
     inputs_of,
     request_json,
     resolve_ref,
+    runs_fit,
     strategy_object,
     strategy_of,
 )
@@ -49,6 +51,10 @@ def strategy_request(body: StrategyRequest, store: StoreDep, queue: QueueDep) ->
     """Queue a search for the fastest strategy (and, with ``verify``, runs of its pick)."""
     spec = inputs_of(store, body)
     request = built(lambda: SearchRequest.from_json(request_json(body, spec)), body=body)
+    # The rank's micro-batch under DDP's defaults is profiled in one process; with verify,
+    # every rank runs.
+    rank_batch = Strategy().parallel.rank_batch_size(spec.inputs.batch_size, body.world_size)
+    runs_fit(spec, rank_batch, body.world_size if body.verify else 1)
     return _public(queue.submit("search", request.to_json()).to_dict())
 
 
@@ -110,6 +116,8 @@ def execution(body: ExecutionRequest, store: StoreDep, queue: QueueDep) -> JobPu
         lambda: ExecuteRequest.from_json(request_json(body, spec, strategy=strategy.to_dict())),
         body=body,
     )
+    ranks = body.world_size
+    runs_fit(spec, strategy.parallel.rank_batch_size(spec.inputs.batch_size, ranks), ranks)
     return _public(queue.submit("execution", request.to_json()).to_dict())
 
 
