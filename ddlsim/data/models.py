@@ -41,6 +41,7 @@ _COMMON_CONFIG_KEYS = {
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flex_attention")
 # Config attributes that bound the sequence length, by model family.
 _MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len")
+MIN_STRIDE = 32  # a convolutional network's downsampling over its stages
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -200,6 +201,15 @@ def build_config(spec: ModelSpec, info: ModelInfo | None = None) -> Any:
         raise InvalidModelSpecError(
             f"inputs.image_size({inputs.image_size}) is not a multiple of "
             f"config.patch_size({patch})"
+        )
+    staged = not isinstance(patch, int) or isinstance(getattr(config, "hidden_sizes", None), list)
+    convolutional = spec.source == "transformers" and staged
+    if info.input_kind == "image" and convolutional and image_size and image_size < MIN_STRIDE:
+        # Its stages halve the image five times: smaller, a pooling or a batch norm of one
+        # value fails while the model runs.
+        raise InvalidModelSpecError(
+            f"inputs.image_size({image_size}) is under {MIN_STRIDE} pixels, the stride of "
+            f"{spec.cls}'s last stage"
         )
     if info.input_kind == "text" and inputs.seq_len is not None:
         for key in _MAX_POSITION_KEYS:

@@ -462,6 +462,7 @@ def test_profiling_jobs_over_the_work_limits_or_the_runners_checks_answer_422(
         ({"kind": "run", "model": "mlp", "measure_budget_s": 10**6}, "measure_budget_s"),
         ({"kind": "run", "model": "mlp", "optimizer": "lion"}, "optimizer 'lion'"),
         ({"kind": "compare", "model": "mlp", "strategies": [{}], "rounds": 10**6}, "rounds"),
+        ({"kind": "kernels", "model": "resnet-18", "image_size": 1}, "image_size(1)"),
         # what exhausted the machine's memory in a fuzzed run (its logits alone: 13 GB)
         (
             {"kind": "kernels", "model": "bert-tiny", "batch_size": 16384, "seq_len": 128},
