@@ -17,7 +17,13 @@ from collections.abc import Mapping
 import torch
 
 from ddlsim.data.errors import InvalidModelSpecError, InvalidOptionError, one_line
-from ddlsim.data.models import build_config, build_model, check_model_spec, count_parameters
+from ddlsim.data.models import (
+    MIN_STRIDE,
+    build_config,
+    build_model,
+    check_model_spec,
+    count_parameters,
+)
 from ddlsim.data.specs.model import ModelSpec
 
 LAYER_KEYS: tuple[str, ...] = ("n_layer", "num_hidden_layers", "num_layers")
@@ -143,9 +149,9 @@ def _estimate(spec_json: str) -> SpecEstimate:
         tokens = activations = tokens * (inputs.image_size // patch) ** 2
     elif inputs.image_size is not None:
         # A convolutional network: its stem's activations at every pixel, and its weights
-        # applied about once per position of the last stage (stride 32).
+        # applied about once per position of the last stage.
         activations = tokens * inputs.image_size**2
-        tokens *= max(1, inputs.image_size // 32) ** 2
+        tokens *= max(1, inputs.image_size // MIN_STRIDE) ** 2
     per_layer = 34.0 * activations * width
     if inputs.seq_len is not None:  # attention scores: 5 a s^2 b bytes a layer
         per_layer += 5.0 * heads * inputs.seq_len * activations

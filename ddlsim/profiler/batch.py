@@ -26,12 +26,13 @@ fails is recorded with its error and the run goes on. Each job's results are wri
 transaction together with its "done" mark.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from ddlsim.data.store import (
 )
 from ddlsim.data.store.records import record_of
 from ddlsim.data.zoo import resolve_model
+from ddlsim.profiler.capture import OPTIMIZERS
 from ddlsim.profiler.collective_fit import CollectiveProfile
 from ddlsim.profiler.collectives import (
     InvalidSizesError,
@@ -434,7 +436,6 @@ def run_collective_job(job: Job) -> Callable[[Any], None]:
 # Counts of steps, repeats and rounds, with their least value.
 COUNTS: dict[str, int] = {"iters": 1, "warmup": 0, "repeats": 1, "cpu_repeats": 0, "rounds": 1}
 MAX_THREADS = 256
-KERNEL_OPTIMIZERS: tuple[str, ...] = ("adamw", "sgd")
 
 
 def check_job(job: Job, limits: SpecLimits) -> ModelSpec | None:
@@ -453,15 +454,11 @@ def check_job(job: Job, limits: SpecLimits) -> ModelSpec | None:
             _check_count(key, settings[key], least, limits.max_iters, "DDLSIM_MAX_ITERS")
     if "threads" in settings:
         _check_count("threads", settings["threads"], 1, MAX_THREADS, None)
-    try:
+    with of_their_types():
         if job.kind == "collectives":
             options = {"collectives": COLLECTIVES, **_collective_options(settings)}
         else:
             spec = _job_model(settings)
-    except (ValueError, TypeError) as exc:  # int() of a word, a list where a number goes
-        if isinstance(exc, DdlsimError):
-            raise
-        raise InvalidBatchError(f"a setting is not of its type: {one_line(exc)}") from None
     if job.kind == "collectives":
         parse_bandwidth_gbps(options.pop("bandwidth") or "none")
         options["sizes"] = options["sizes"] or default_sizes()
@@ -479,16 +476,27 @@ def check_job(job: Job, limits: SpecLimits) -> ModelSpec | None:
                 f"device {device!r} is not supported; allowed: {', '.join(DEVICES)}"
             )
         optimizer = settings.get("optimizer", "adamw")
-        if optimizer not in KERNEL_OPTIMIZERS:
+        if optimizer not in OPTIMIZERS:
             raise InvalidOptionError(
-                f"optimizer {optimizer!r} is not supported; allowed: "
-                f"{', '.join(KERNEL_OPTIMIZERS)}"
+                f"optimizer {optimizer!r} is not supported; allowed: {', '.join(OPTIMIZERS)}"
             )
     blocks = settings.get("blocks")
     listed = isinstance(blocks, list) and all(isinstance(b, str) for b in blocks)
     if job.kind == "fusion" and blocks is not None and not listed:
         raise InvalidBatchError(f"blocks {blocks!r} must be a list of module names")
     return spec
+
+
+@contextlib.contextmanager
+def of_their_types() -> Iterator[None]:
+    """Read a job's settings as its runner does: a setting of the wrong type (``int()`` of a
+    word, a list where a number goes) is an :class:`InvalidBatchError` naming it."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, DdlsimError):
+            raise
+        raise InvalidBatchError(f"a setting is not of its type: {one_line(exc)}") from None
 
 
 def _check_count(key: str, value: Any, least: int, most: int, variable: str | None) -> None:

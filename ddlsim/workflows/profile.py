@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddlsim.data.errors import DdlsimError, InvalidOptionError, one_line
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.limits import SpecLimits, check_limits, check_run
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.model import ModelSpec
@@ -17,9 +17,9 @@ from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.run import RunOptions, compare_training, run_training
 from ddlsim.profiler.batch import (
     BatchOutcome,
-    InvalidBatchError,
     Job,
     JobRunner,
+    of_their_types,
     run_batch,
     run_collective_job,
     run_fusion_job,
@@ -125,12 +125,8 @@ def check_job(job: Job, limits: SpecLimits | None = None) -> None:
         settings.pop("strategies", None)
         settings.pop("rounds", None)
         strategies = [Strategy(), *(_job_strategy(raw) for raw in raws)]
-        try:
+        with of_their_types():
             spec, options = _job_spec_and_options(settings)
-        except (ValueError, TypeError) as exc:  # int() of a word
-            if isinstance(exc, DdlsimError):
-                raise
-            raise InvalidBatchError(f"a setting is not of its type: {one_line(exc)}") from None
         parse_bandwidth_gbps(options.bandwidth or "none")
         if not options.budget_s <= MAX_MEASURE_BUDGET_S:
             raise InvalidOptionError(

@@ -164,7 +164,12 @@ class TaskQueue:
 
     def finish(self, task: TaskRecord, result: Mapping[str, Any]) -> bool:
         """Mark the claimed task done with ``result``; ``False`` when the claim was lost."""
-        return self._end(task, status="done", result=dict(result), progress=1.0)
+        try:
+            with self.store.transaction() as session:
+                self.finish_in(session, task, result)
+        except TaskLostError:
+            return False
+        return True
 
     def finish_in(self, session: Session, task: TaskRecord, result: Mapping[str, Any]) -> None:
         """Mark the claimed task done with ``result`` in the caller's ``session``, so that the
@@ -175,15 +180,7 @@ class TaskQueue:
             TaskLostError: the claim is no longer this worker's (the caller's transaction must
                 be rolled back: another attempt owns the task).
         """
-        now = utc_now()
-        ended = session.execute(
-            update(TaskRow)
-            .where(*_owned(task))
-            .values(
-                status="done", result=dict(result), progress=1.0, finished_at=now, updated_at=now
-            )
-        )
-        if ended.rowcount != 1:  # type: ignore[attr-defined]
+        if not _ended(session, task, status="done", result=dict(result), progress=1.0):
             raise TaskLostError(f"task {task.id} is no longer claimed by {task.worker}")
 
     def fail(self, task: TaskRecord, error: str) -> bool:
@@ -283,14 +280,20 @@ class TaskQueue:
         return Recovery(requeued=tuple(requeued), failed=tuple(failed))
 
     def _end(self, task: TaskRecord, *, status: str, **values: Any) -> bool:
-        now = utc_now()
         with self.store.transaction() as session:
-            ended = session.execute(
-                update(TaskRow)
-                .where(*_owned(task))
-                .values(status=status, finished_at=now, updated_at=now, **values)
-            )
-        return bool(ended.rowcount == 1)  # type: ignore[attr-defined]
+            return _ended(session, task, status=status, **values)
+
+
+def _ended(session: Session, task: TaskRecord, *, status: str, **values: Any) -> bool:
+    """End the claimed ``task`` with ``status`` in ``session``; ``False`` when the claim was
+    lost."""
+    now = utc_now()
+    ended = session.execute(
+        update(TaskRow)
+        .where(*_owned(task))
+        .values(status=status, finished_at=now, updated_at=now, **values)
+    )
+    return bool(ended.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def _owned(task: TaskRecord) -> tuple[Any, ...]:

@@ -67,15 +67,7 @@ class Predictor:
         cost_model = self.cost_model()
 
         def capture(rank: ModelSpec, options: CaptureOptions) -> IterationGraph:
-            key = (_key(rank), options.strategy.to_json())
-            cached = GRAPHS.get("\n".join(key))
-            if cached is not None:
-                return cached
-            self._slots.release()  # a capture waits on its own threads, holding no slot
-            try:
-                return _capture(*key)
-            finally:
-                self._slots.acquire()
+            return _capture(_key(rank), options.strategy.to_json(), holding=self._slots)
 
         with self._slots:
             prediction, profile, _ = predict_on_store(
@@ -159,9 +151,12 @@ class _GraphCache:
 GRAPHS = _GraphCache()
 
 
-def _capture(spec_json: str, strategy_json: str) -> IterationGraph:
+def _capture(
+    spec_json: str, strategy_json: str, *, holding: threading.BoundedSemaphore | None = None
+) -> IterationGraph:
     """A rank's graph (AdamW, as profiles are taken), from the cache or captured on a thread
-    of its own within ``$DDLSIM_CAPTURE_DEADLINE_S`` (default 60 s).
+    of its own within ``$DDLSIM_CAPTURE_DEADLINE_S`` (default 60 s); a caller ``holding`` a
+    prediction slot gives it up while it waits for a capture.
 
     Raises:
         CaptureTimeoutError: the capture ran past the deadline.
@@ -181,6 +176,8 @@ def _capture(spec_json: str, strategy_json: str) -> IterationGraph:
         return graph
 
     future = _CAPTURES.submit(capture)
+    if holding is not None:
+        holding.release()
     try:
         return future.result(timeout=deadline_s)
     except concurrent.futures.TimeoutError:
@@ -190,3 +187,6 @@ def _capture(spec_json: str, strategy_json: str) -> IterationGraph:
             field="body.model",
             status=503,
         ) from None
+    finally:
+        if holding is not None:
+            holding.acquire()
