@@ -12,8 +12,6 @@ from torch import nn
 if TYPE_CHECKING:
     from ddlsim.data.specs.strategy import ParallelPlan
 
-# Stages per rank under the interleaved schedule (torchtitan's default is also two).
-VIRTUAL_STAGES = 2
 # The schedules that run one stage a rank.
 ONE_STAGE_A_RANK: tuple[str, ...] = ("gpipe", "1f1b", "eager_1f1b")
 
@@ -65,8 +63,8 @@ def stage_order(
 
 
 def stage_count(plan: "ParallelPlan") -> int:
-    """Stages in the pipeline: one per rank, ``VIRTUAL_STAGES`` per rank when interleaved."""
-    return plan.pp * (VIRTUAL_STAGES if plan.pp_schedule == "interleaved_1f1b" else 1)
+    """Stages in the pipeline: one per rank, ``plan.chunks`` per rank when interleaved."""
+    return plan.pp * plan.chunks
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -64,10 +64,12 @@ def layouts(space: ScaleSpace) -> Iterator[ScalePlan]:
                 if per_replica % mbs:
                     continue
                 m = per_replica // mbs
-                schedules: list[tuple[str, int]] = [("1f1b", 1)]
+                # Fewer micro-batches than stages: 1F1B runs as GPipe does (and the executor's
+                # 1F1B needs one a stage), so the layout is written as GPipe.
+                schedules: list[tuple[str, int]] = [("1f1b" if m >= pp else "gpipe", 1)]
                 if pp > 1:
                     schedules += [
-                        ("interleaved", v)
+                        ("interleaved_1f1b", v)
                         for v in (2, 4)
                         if pp * v <= space.layers and m % pp == 0
                     ]

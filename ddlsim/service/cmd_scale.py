@@ -23,9 +23,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, with_plan: bool) -
     if with_plan:
         parser.add_argument(
             "--plan",
-            help='with --cluster: the layout, JSON or a file: {"parallel": {"dp", "tp", "pp", '
-            '"micro_batches", "pp_schedule", "virtual_stages", "recompute", '
-            '"sequence_parallel", "fsdp", "async_tp"}, "precision", "compile"}',
+            help="with --cluster: the layout, a strategy as --strategy takes it (JSON or a "
+            'file): {"parallel": {"dp", "tp", "pp", "micro_batches", "pp_schedule", '
+            '"virtual_stages", "recompute", "sequence_parallel", "fsdp", '
+            '"distributed_optimizer", "async_tp"}, "precision", "compile"}; dp defaults to '
+            "what the cluster leaves, precision to bf16",
         )
     else:
         parser.add_argument(
@@ -60,7 +62,7 @@ def predict_on_cluster(args: argparse.Namespace) -> int:
     if not args.plan:
         raise InvalidStrategyError("--cluster needs --plan (the layout to price)")
     model, cluster, batch, seq_len = _request_parts(args)
-    plan = ScalePlan.parse(args.plan)
+    plan = ScalePlan.parse(args.plan, cluster.world_size)
     request = ScaleRequest(
         model=model, cluster=cluster, plan=plan, global_batch=batch, seq_len=seq_len
     )
@@ -76,7 +78,7 @@ def predict_on_cluster(args: argparse.Namespace) -> int:
     payload = {
         "model": model.label,
         "cluster": cluster.to_dict(),
-        "plan": plan.to_dict(),
+        "strategy": plan.to_dict(),
         "global_batch": batch,
         "seq_len": seq_len,
         **prediction.to_json(),
@@ -109,7 +111,7 @@ def search_on_cluster(args: argparse.Namespace) -> int:
     )
     top = [
         {
-            "plan": ranked.plan.to_dict(),
+            "strategy": ranked.plan.to_dict(),
             "layout": ranked.plan.label(),
             "iteration_s": ranked.iteration_s,
             "tokens_per_s_per_gpu": batch * seq_len / ranked.iteration_s / cluster.world_size,

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.stages import VIRTUAL_STAGES, stage_count
+from ddlsim.data.stages import stage_count
 
 GIB = 1024**3
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "sgd": 1}
@@ -116,7 +116,7 @@ def peak_memory(
     if plan.pp > 1:
         stages = stage_count(plan)
         weights = outside + in_blocks // plan.pp
-        chunks = _chunks_in_flight(plan.pp_schedule, plan.pp, plan.micro_batches)
+        chunks = _chunks_in_flight(plan.pp_schedule, plan.pp, plan.micro_batches, plan.chunks)
         held = activations * chunks // stages
         return _unsharded(weights, states, held, largest // stages + weights)
     if plan.fsdp:
@@ -169,7 +169,7 @@ def _unsharded(
     )
 
 
-def _chunks_in_flight(schedule: str, pp: int, micro_batches: int) -> int:
+def _chunks_in_flight(schedule: str, pp: int, micro_batches: int, virtual: int) -> int:
     """Forward chunks (a micro-batch through one stage) whose activations the first rank holds
     at once."""
     if schedule == "gpipe":
@@ -180,8 +180,8 @@ def _chunks_in_flight(schedule: str, pp: int, micro_batches: int) -> int:
         return min(2 * pp - 1, micro_batches)
     # torch's interleaved 1F1B: rank 0 warms up with (V - 1) * pp + 2 * (pp - 1) forwards,
     # then runs one more before its first backward.
-    chunks = (VIRTUAL_STAGES - 1) * pp + 2 * (pp - 1) + 1
-    return min(chunks, micro_batches * VIRTUAL_STAGES)
+    chunks = (virtual - 1) * pp + 2 * (pp - 1) + 1
+    return min(chunks, micro_batches * virtual)
 
 
 def _under(name: str, paths: Sequence[str]) -> bool:

@@ -51,7 +51,7 @@ def test_scale_plan_round_trip_and_label() -> None:
                 "tp": 8,
                 "pp": 4,
                 "micro_batches": 8,
-                "pp_schedule": "interleaved",
+                "pp_schedule": "interleaved_1f1b",
                 "virtual_stages": 2,
                 "recompute": "selective",
                 "sequence_parallel": True,
@@ -69,8 +69,12 @@ def test_scale_plan_round_trip_and_label() -> None:
     ("parallel", "message"),
     [
         ({"tp": 0}, r"parallel.tp must be >= 1"),
-        ({"pp": 4, "micro_batches": 6, "pp_schedule": "interleaved"}, "multiple of pp"),
-        ({"virtual_stages": 2}, "needs pp_schedule 'interleaved'"),
+        (
+            {"dp": 1, "pp": 4, "micro_batches": 6, "pp_schedule": "interleaved_1f1b"},
+            "multiple of pp",
+        ),
+        ({"tp": 2}, "parallel.dp must be given"),
+        ({"virtual_stages": 2}, "needs pp_schedule 'interleaved_1f1b'"),
         ({"sequence_parallel": True}, "needs tp > 1"),
         ({"recompute": "half"}, "recompute 'half' is not supported; allowed: none"),
         ({"fsdp": "yes"}, "fsdp must be true or false"),

@@ -1,6 +1,7 @@
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,7 +105,10 @@ def test_explicit_buckets_must_partition(buckets: tuple, message: str) -> None:
         ({"op_fusion": {"compiled": "encoder"}}, "must be a list of module paths"),
         ({"op_fusion": {"compiled": ["a", "a"]}}, "repeats a block"),
         ({"op_fusion": {"backend": "xla"}}, "backend 'xla' is not supported"),
-        ({"parallel": {"tpp": 2}}, "unknown key 'tpp' in parallel; allowed: dp, fsdp"),
+        (
+            {"parallel": {"tpp": 2}},
+            "unknown key 'tpp' in parallel; allowed: async_tp, distributed_optimizer, dp, fsdp",
+        ),
         ({"fusion": {}}, "unknown key 'fusion' in strategy"),
     ],
 )
@@ -171,3 +175,104 @@ def test_rank_batch_size_splits_the_global_batch_or_says_why_not() -> None:
 def test_a_strategy_names_itself_one_way(raw: dict, kind: str, label: str, line: str) -> None:
     strategy = Strategy.from_dict(raw)
     assert (strategy.kind, strategy.parallel.label, strategy.describe()) == (kind, label, line)
+
+
+def test_gpu_grade_settings_round_trip_and_stay_out_of_default_json() -> None:
+    raw = {
+        "parallel": {
+            "dp": 2,
+            "tp": 2,
+            "pp": 2,
+            "micro_batches": 4,
+            "pp_schedule": "interleaved_1f1b",
+            "virtual_stages": 3,
+            "recompute": "selective",
+            "sequence_parallel": True,
+            "distributed_optimizer": True,
+        },
+        "precision": "bf16",
+        "compile": True,
+    }
+    strategy = Strategy.from_dict(raw)
+    assert Strategy.from_dict(strategy.to_dict()) == strategy
+    assert strategy.parallel.chunks == 3
+    assert "sp" in strategy.describe() and "bf16" in strategy.describe()
+    # A strategy without them writes the JSON it wrote before they existed.
+    assert Strategy().to_dict() == {
+        "parallel": {
+            "dp": None,
+            "tp": 1,
+            "pp": 1,
+            "fsdp": False,
+            "fsdp_groups": None,
+            "micro_batches": 1,
+            "pp_schedule": "1f1b",
+        },
+        "tensor_fusion": Strategy().to_dict()["tensor_fusion"],
+        "op_fusion": {"compiled": [], "backend": "inductor"},
+    }
+    interleaved = Strategy.from_dict(
+        {"parallel": {"pp": 2, "micro_batches": 2, "pp_schedule": "interleaved_1f1b"}}
+    )
+    assert interleaved.parallel.chunks == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"precision": "fp64"}, "precision 'fp64' is not supported; allowed: fp32, bf16"),
+        ({"compile": "yes"}, "compile must be true or false"),
+        ({"parallel": {"recompute": "half"}}, "recompute 'half' is not supported"),
+        ({"parallel": {"sequence_parallel": True}}, r"sequence_parallel needs tp > 1"),
+        ({"parallel": {"async_tp": True}}, r"async_tp needs tp > 1"),
+        (
+            {"parallel": {"fsdp": True, "distributed_optimizer": True}},
+            "distributed_optimizer and parallel.fsdp",
+        ),
+        ({"parallel": {"virtual_stages": 2}}, "needs pp_schedule 'interleaved_1f1b'"),
+        (
+            {
+                "parallel": {
+                    "pp": 2,
+                    "micro_batches": 2,
+                    "pp_schedule": "interleaved_1f1b",
+                    "virtual_stages": 1,
+                }
+            },
+            "needs parallel.virtual_stages >= 2",
+        ),
+        (
+            {"parallel": {"tp": 2, "grid": [1, 2, 1], "sequence_parallel": True}},
+            "does not combine with parallel.grid",
+        ),
+    ],
+)
+def test_gpu_grade_settings_refused_by_name(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidStrategyError, match=message):
+        Strategy.from_dict(raw)
+
+
+def test_scale_plan_is_a_strategy_and_back() -> None:
+    from ddlsim.data.specs.scale_plan import ScalePlan
+
+    plan = ScalePlan(
+        dp=2,
+        tp=4,
+        pp=2,
+        micro_batches=4,
+        pp_schedule="interleaved_1f1b",
+        virtual_stages=2,
+        recompute="full",
+        sequence_parallel=True,
+        distributed_optimizer=True,
+        precision="fp8",
+    )
+    strategy = Strategy.from_dict(plan.to_dict())
+    assert strategy == plan.to_strategy()
+    assert ScalePlan.from_strategy(strategy) == plan
+    with pytest.raises(InvalidStrategyError, match="fp32' is not priced on GPU clusters"):
+        ScalePlan.from_strategy(Strategy(parallel=ParallelPlan(dp=1)))
+    with pytest.raises(InvalidStrategyError, match=r"tensor_fusion\.dear is not priced"):
+        ScalePlan.from_strategy(
+            Strategy.from_dict({"tensor_fusion": {"dear": True}, "precision": "bf16"}), 8
+        )

@@ -1,8 +1,10 @@
-"""``Strategy``: how a training job is parallelized, how gradients are bucketed, what is compiled.
+"""``Strategy``: how a training job is parallelized, how gradients are bucketed, what is compiled,
+in what precision. One vocabulary for the CPU loop and GPU clusters: what ``ddlsim search
+--cluster`` prints, ``ddlsim run`` accepts.
 
-Defaults equal PyTorch DDP's: pure data parallelism, gradient buckets capped at 25 MiB with a
-1 MiB first bucket (caps in MiB, as ``DistributedDataParallel(bucket_cap_mb=...)`` reads them),
-plain all-reduce, nothing compiled.
+Defaults equal PyTorch DDP's: pure data parallelism in fp32, gradient buckets capped at 25 MiB
+with a 1 MiB first bucket (caps in MiB, as ``DistributedDataParallel(bucket_cap_mb=...)`` reads
+them), plain all-reduce, nothing compiled, nothing recomputed.
 """
 
 import dataclasses
@@ -42,6 +44,17 @@ STAGE_LAYOUTS: tuple[str, ...] = ("batch", "tp")
 GRID_AXES: tuple[str, ...] = ("rows", "cols", "depth")
 ReduceScatterImplementation = Literal["auto", "ring", "native"]
 REDUCE_SCATTER_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ring", "native")
+# Activation recomputation per block: "full" recomputes the whole block before its backward;
+# "selective" is Megatron-LM's (Korthikanti et al.): only the attention core (scores, softmax,
+# their product with the values) is recomputed, every projection's output kept;
+# "selective_op" is torchtitan's op-level policy: the outputs of every other matmul and of the
+# attention kernels are kept, everything else recomputed.
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "selective_op", "full")
+# Training precision: fp32 throughout, or autocast (mixed precision with fp32 weights; FSDP
+# keeps its shards in fp32 and computes in the 16-bit type); fp8 linears need a GPU with fp8.
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
+# Chunks of the model per pipeline rank under the interleaved schedule when none are given.
+DEFAULT_VIRTUAL_STAGES = 2
 
 
 MAX_CAP_MB = float(1 << 30)  # a PiB: above any model's gradients, and bytes that fit an int
@@ -92,6 +105,11 @@ class ParallelPlan:
     stages: tuple[str, ...] = ()
     grid: tuple[int, ...] = ()
     grid_overlap: bool = True
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    virtual_stages: int | None = None
+    distributed_optimizer: bool = False
+    async_tp: bool = False
 
     def __post_init__(self) -> None:
         if self.dp is not None:
@@ -115,11 +133,52 @@ class ParallelPlan:
         self._check_grid()
         self._check_layouts()
         self._check_stages()
+        self._check_gpu_grade()
         if self.pp > 1 and self.micro_batches < self.pp and self.pp_schedule != "gpipe":
             raise InvalidStrategyError(
                 f"parallel.micro_batches({self.micro_batches}) < pp({self.pp}): the "
                 f"{self.pp_schedule} schedule needs at least one micro-batch per stage"
             )
+
+    def _check_gpu_grade(self) -> None:
+        expect_choice(self.recompute, RECOMPUTE, "parallel.recompute", InvalidStrategyError)
+        for name in ("sequence_parallel", "distributed_optimizer", "async_tp"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidStrategyError(
+                    f"parallel.{name} must be true or false, got {getattr(self, name)!r}"
+                )
+        for name in ("sequence_parallel", "async_tp"):
+            if getattr(self, name) and self.tp == 1:
+                raise InvalidStrategyError(f"parallel.{name} needs tp > 1, got tp(1)")
+            if getattr(self, name) and (self.grid or self.per_layer or self.stages):
+                raise InvalidStrategyError(
+                    f"parallel.{name} applies to Megatron's 1-D split of every block; it does "
+                    "not combine with parallel.grid, layers, vocab or stages"
+                )
+        if self.distributed_optimizer and self.fsdp:
+            raise InvalidStrategyError(
+                "parallel.distributed_optimizer and parallel.fsdp both shard the optimizer "
+                "states over dp; give one (FSDP also shards the parameters)"
+            )
+        if self.virtual_stages is not None:
+            expect_int(self.virtual_stages, "parallel.virtual_stages", InvalidStrategyError)
+            if self.virtual_stages > 1 and self.pp_schedule != "interleaved_1f1b":
+                raise InvalidStrategyError(
+                    f"parallel.virtual_stages({self.virtual_stages}) > 1 needs pp_schedule "
+                    f"'interleaved_1f1b', got {self.pp_schedule!r}"
+                )
+            if self.virtual_stages == 1 and self.pp_schedule == "interleaved_1f1b":
+                raise InvalidStrategyError(
+                    "pp_schedule 'interleaved_1f1b' needs parallel.virtual_stages >= 2 (model "
+                    "chunks per rank), got 1"
+                )
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks (virtual stages) per pipeline rank."""
+        if self.virtual_stages is not None:
+            return self.virtual_stages
+        return DEFAULT_VIRTUAL_STAGES if self.pp_schedule == "interleaved_1f1b" else 1
 
     def _check_layouts(self) -> None:
         if isinstance(self.layers, str) or not isinstance(self.layers, Sequence):
@@ -298,8 +357,18 @@ class ParallelPlan:
             parts.append(f"stages {','.join(self.stages)}")
         if self.pp > 1:
             parts.append(self.pp_schedule)
+        if self.virtual_stages is not None and self.virtual_stages != DEFAULT_VIRTUAL_STAGES:
+            parts.append(f"v{self.virtual_stages}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.async_tp:
+            parts.append("async-tp")
         if self.fsdp:
             parts.append(fsdp)
+        if self.distributed_optimizer:
+            parts.append("dist-opt")
+        if self.recompute != "none":
+            parts.append(f"recompute {self.recompute}")
         if self.micro_batches > 1:
             parts.append(micro_batches.format(self.micro_batches))
         return parts
@@ -506,6 +575,14 @@ class Strategy:
     parallel: ParallelPlan = dataclasses.field(default_factory=ParallelPlan)
     tensor_fusion: TensorFusionPlan = dataclasses.field(default_factory=TensorFusionPlan)
     op_fusion: OpFusionPlan = dataclasses.field(default_factory=OpFusionPlan)
+    precision: str = "fp32"
+    # Every repeated block compiled (torchtitan's per-block compile), on top of op_fusion's.
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        expect_choice(self.precision, PRECISIONS, "precision", InvalidStrategyError)
+        if not isinstance(self.compile, bool):
+            raise InvalidStrategyError(f"compile must be true or false, got {self.compile!r}")
 
     def validate_for(self, world_size: int) -> None:
         """Check the plan fits ``world_size`` ranks (``dp * tp * pp``)."""
@@ -547,6 +624,10 @@ class Strategy:
                 parts.append("DeAR")
         if self.op_fusion.compiled:
             parts.append(f"{len(self.op_fusion.compiled)} blocks compiled")
+        if self.compile:
+            parts.append("every block compiled")
+        if self.precision != "fp32":
+            parts.append(self.precision)
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -563,6 +644,14 @@ class Strategy:
         if not parallel["grid"]:
             del parallel["grid"]
             del parallel["grid_overlap"]
+        # So are the GPU-grade settings, and the precision and compile flag.
+        for key, default in _GPU_GRADE_DEFAULTS.items():
+            if parallel[key] == default:
+                del parallel[key]
+        if out["precision"] == "fp32":
+            del out["precision"]
+        if not out["compile"]:
+            del out["compile"]
         return out
 
     def to_json(self) -> str:
@@ -571,12 +660,21 @@ class Strategy:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> "Strategy":
         check_keys(
-            raw, {"parallel", "tensor_fusion", "op_fusion"}, "strategy", InvalidStrategyError
+            raw,
+            {"parallel", "tensor_fusion", "op_fusion", "precision", "compile"},
+            "strategy",
+            InvalidStrategyError,
         )
         parallel = _section(raw, "parallel", ParallelPlan)
         tensor_fusion = _section(raw, "tensor_fusion", TensorFusionPlan)
         op_fusion = _section(raw, "op_fusion", OpFusionPlan)
-        return cls(parallel=parallel, tensor_fusion=tensor_fusion, op_fusion=op_fusion)
+        return cls(
+            parallel=parallel,
+            tensor_fusion=tensor_fusion,
+            op_fusion=op_fusion,
+            precision=raw.get("precision", "fp32"),
+            compile=raw.get("compile", False),
+        )
 
     @classmethod
     def parse(cls, text: str) -> "Strategy":
@@ -595,6 +693,13 @@ def layout_summary(layers: Sequence[str]) -> str:
     return ",".join(f"{layout}*{count}" if count > 1 else layout for layout, count in runs)
 
 
+_GPU_GRADE_DEFAULTS: dict[str, Any] = {
+    "recompute": "none",
+    "sequence_parallel": False,
+    "virtual_stages": None,
+    "distributed_optimizer": False,
+    "async_tp": False,
+}
 _SectionT = TypeVar("_SectionT", ParallelPlan, TensorFusionPlan, OpFusionPlan)
 _LIST_FIELDS = {
     "fsdp_groups",

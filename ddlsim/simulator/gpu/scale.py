@@ -228,13 +228,13 @@ def predict_scale(
     ops = 2 * p * v * m
     if replay and ops <= REPLAY_LIMIT_OPS:
         pipeline_ms = max(
-            replay_pipeline(plan.pp_schedule, times, micro_batches=m, send_ms=send_ms)
+            replay_pipeline(plan.schedule_kind, times, micro_batches=m, send_ms=send_ms)
         )
     else:
         stage_f = max(sum(row) for row in forward)
         stage_b = max(sum(row) for row in backward)
         pipeline_ms = analytic_pipeline_ms(
-            plan.pp_schedule,
+            plan.schedule_kind,
             stage_f,
             stage_b,
             stages=p,
@@ -257,6 +257,10 @@ def predict_scale(
         dp_ms = nccl.time_us("all_reduce", busiest * _DTYPE_BYTES[plan.precision], dp_group) / 1e3
     if plan.fsdp:
         optimizer_ms = op_costs.optimizer_ms(-(-busiest // plan.dp))
+    elif plan.distributed_optimizer:
+        # Each rank steps its shard, then the updated 16-bit weights are all-gathered (the
+        # gradients' reduce-scatter plus that all-gather move what one all-reduce does).
+        optimizer_ms = op_costs.optimizer_ms(-(-busiest // plan.dp), bytes_per_param=34)
     else:
         # The master weights' 16-bit copy: 4 bytes read, 2 written per parameter.
         optimizer_ms = op_costs.optimizer_ms(busiest, bytes_per_param=34)
@@ -309,6 +313,10 @@ def estimate_memory(
     p, v = plan.pp, plan.virtual_stages
     if plan.fsdp:
         weights = [16 * n / plan.dp + 2 * 2 * costs.block.params for n in stage_params]
+    elif plan.distributed_optimizer:
+        # Megatron-LM's: 16-bit weights and fp32 gradients whole; the fp32 master weights and
+        # Adam's two moments sharded over dp.
+        weights = [(6.0 + 12.0 / plan.dp) * n for n in stage_params]
     else:
         weights = [18.0 * n for n in stage_params]
     per_block = (
@@ -326,7 +334,7 @@ def estimate_memory(
         )
     )
     layers_first = sum(_parts(dims.layers, p * v)[0::p])
-    held = in_flight(plan.pp_schedule, stages=p, chunks=v, micro_batches=plan.micro_batches)
+    held = in_flight(plan.schedule_kind, stages=p, chunks=v, micro_batches=plan.micro_batches)
     activations = per_block * layers_first * held
     if plan.recompute == "full":
         # One block's activations live while it is recomputed and differentiated.
