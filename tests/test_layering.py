@@ -21,6 +21,8 @@ ALLOWED = {
     "search": {"data", "simulator"},
     "workflows": {"data", "profiler", "executor", "simulator", "search"},
     "service": {"data", "profiler", "executor", "simulator", "search", "workflows"},
+    # ``python -m ddlsim`` (as launchers start it): the command line and nothing else.
+    "__main__": {"service"},
 }
 SERVICE_ONLY = {"fastapi", "uvicorn", "starlette"}
 

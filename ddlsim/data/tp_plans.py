@@ -30,6 +30,9 @@ class TensorParallelPlan:
     ``blocks`` matches the repeated blocks that per-layer placements (``ParallelPlan.layers``)
     address, in model order; ``shared_bias`` says that a stack's blocks share a position bias
     computed by its first block with its heads (T5), so that they must share one layout.
+
+    ``sequence`` is the family's sequence-parallel plan (``parallel.sequence_parallel``), or
+    ``None`` when it has none.
     """
 
     family: str
@@ -38,6 +41,20 @@ class TensorParallelPlan:
     divisible: tuple[str, ...]
     blocks: str
     shared_bias: bool = False
+    sequence: "SequencePlan | None" = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SequencePlan:
+    """Sequence parallelism (Korthikanti et al.) over a family's blocks: between the blocks'
+    split modules, activations hold ``1 / tp`` of the sequence. ``inputs`` matches the modules
+    (attention, MLP) whose input is all-gathered from sequence shards as they start (their
+    row-parallel outputs are reduce-scattered back into shards); the rest of a block (norms,
+    residual additions, dropout) computes on its shard. ``final_norm`` matches the norm after
+    the last block, whose output is all-gathered for the head."""
+
+    inputs: str
+    final_norm: str
 
 
 # Path fragments: a layer index, so that one expression covers every block.
@@ -57,6 +74,7 @@ PLANS: dict[str, TensorParallelPlan] = {
         attention=rf"h\.{_N}\.attn",
         divisible=("n_head", "n_inner", "vocab_size"),
         blocks=rf"h\.{_N}",
+        sequence=SequencePlan(inputs=rf"h\.{_N}\.(attn|mlp)", final_norm=r"ln_f"),
     ),
     "bert": TensorParallelPlan(
         family="bert",
@@ -90,6 +108,7 @@ PLANS: dict[str, TensorParallelPlan] = {
             "vocab_size",
         ),
         blocks=rf"layers\.{_N}",
+        sequence=SequencePlan(inputs=rf"layers\.{_N}\.(self_attn|mlp)", final_norm=r"norm"),
     ),
     "vit": TensorParallelPlan(
         family="vit",
@@ -185,6 +204,30 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
                 f"config.{key}({value}) of {spec.label} is not divisible by tp({tp}): "
                 "each tensor-parallel rank needs an equal share; pick a tp that divides it"
             )
+
+
+def check_sequence_parallel(spec: ModelSpec, tp: int) -> None:
+    """Refuse sequence parallelism for a family without a sequence-parallel plan, or a
+    sequence that does not split ``tp`` ways.
+
+    Raises:
+        InvalidStrategyError: naming the family or the sequence length.
+    """
+    check_tensor_parallel(spec, tp)
+    family = tp_family(spec)
+    assert family is not None
+    if PLANS[family].sequence is None:
+        with_plan = sorted(name for name, plan in PLANS.items() if plan.sequence is not None)
+        raise InvalidStrategyError(
+            f"parallel.sequence_parallel has no plan for the {family} family ({spec.label}); "
+            f"families with one: {', '.join(with_plan)}"
+        )
+    seq_len = spec.inputs.seq_len
+    if seq_len is not None and seq_len % tp:
+        raise InvalidStrategyError(
+            f"parallel.sequence_parallel splits the sequence tp ways: seq_len({seq_len}) of "
+            f"{spec.label} is not divisible by tp({tp})"
+        )
 
 
 def block_paths(plan: TensorParallelPlan, paths: Iterable[str]) -> list[str]:

@@ -22,6 +22,7 @@ from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.models import build_model, training_loss
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.executor.precision import Precision
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -48,6 +49,29 @@ class RankContext:
     optimizer: str = "adamw"
     dropout: bool = False
     frozen: tuple[str, ...] = ()
+    _precision: Precision | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def precision(self) -> Precision:
+        """The strategy's precision on this rank (autocast, gradient scaler, FSDP policy)."""
+        if self._precision is None:
+            # FSDP casts through its own policy; a single process (the reference) autocasts.
+            sharded = self.strategy.parallel.fsdp and self.world_size > 1
+            self._precision = Precision(self.strategy.precision, self.device, sharded=sharded)
+        return self._precision
+
+    def loss(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The model's training loss on ``batch`` in the strategy's precision."""
+        with self.precision.autocast():
+            return local_loss(model, batch)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, scaled first with fp16."""
+        self.precision.backward(loss)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()``; with fp16 unscaled and skipped on an overflow."""
+        self.precision.step(optimizer)
 
     @property
     def tp_rank(self) -> int:

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddlsim.data.specs.strategy import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_CAP_MB, Bucket
-from ddlsim.executor.context import RankContext, SynchronousTrainer, local_loss, split_batch
+from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
 from ddlsim.profiler.ring import (
     CommThread,
     default_implementation,
@@ -88,10 +88,10 @@ class DDPTrainer(SynchronousTrainer):
             last = index == len(self.batches) - 1
             context = self.model.no_sync() if not last else contextlib.nullcontext()
             with context:
-                loss = local_loss(self.model, batch) / len(self.batches)
-                loss.backward()
+                loss = self.ctx.loss(self.model, batch) / len(self.batches)
+                self.ctx.backward(loss)
             total += loss.detach()
-        self.optimizer.step()
+        self.ctx.step(self.optimizer)
         self.launched = self._recording
         return total / self.ctx.dp
 
@@ -266,8 +266,8 @@ class BucketTrainer:
         total = torch.zeros((), device=self.ctx.device)
         for index, batch in enumerate(self.batches):
             self._accumulating = index < len(self.batches) - 1
-            loss = local_loss(self.model, batch) / len(self.batches)
-            loss.backward()
+            loss = self.ctx.loss(self.model, batch) / len(self.batches)
+            self.ctx.backward(loss)
             total += loss.detach()
         self._accumulating = False
         # Buckets whose gradients did not all arrive (unused parameters) go last, with zeros.
@@ -282,7 +282,7 @@ class BucketTrainer:
                 work.wait()
                 self._unflatten_into_grads(index, flat)
             self._all_reduce_works = []
-            self.optimizer.step()
+            self.ctx.step(self.optimizer)
         return total / self.dp
 
     def drain(self) -> None:

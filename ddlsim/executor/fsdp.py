@@ -15,7 +15,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.stages import default_groups
-from ddlsim.executor.context import RankContext, SynchronousTrainer, local_loss, split_batch
+from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
 
 
 def check_groups(model: nn.Module, groups: list[list[str]]) -> None:
@@ -51,9 +51,10 @@ class FSDPTrainer(SynchronousTrainer):
         )
         check_groups(model, groups)
         mesh = ctx.mesh["dp"]
+        policy = ctx.precision.fsdp_policy()
         for group in groups:
-            fully_shard([model.get_submodule(path) for path in group], mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard([model.get_submodule(path) for path in group], mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         self.ctx = ctx
         self.groups = groups
         self.model = model
@@ -68,10 +69,10 @@ class FSDPTrainer(SynchronousTrainer):
         for index, batch in enumerate(self.batches):
             # Gradients of all but the last micro-batch accumulate unsharded, unsynchronized.
             root.set_requires_gradient_sync(index == len(self.batches) - 1)
-            loss = local_loss(self.model, batch) / len(self.batches)
-            loss.backward()
+            loss = self.ctx.loss(self.model, batch) / len(self.batches)
+            self.ctx.backward(loss)
             total += loss.detach()
-        self.optimizer.step()
+        self.ctx.step(self.optimizer)
         return total / self.ctx.dp
 
     def applied(self) -> dict[str, Any]:

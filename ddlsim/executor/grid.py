@@ -51,7 +51,6 @@ from ddlsim.executor.context import (
     RankContext,
     SynchronousTrainer,
     average_over_group,
-    local_loss,
     split_batch,
 )
 from ddlsim.executor.tensor_parallel import PREPARE, divide_heads
@@ -330,8 +329,8 @@ class GridTrainer(SynchronousTrainer):
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.ctx.device)
         for batch in self.batches:
-            loss = local_loss(self.model, batch) / len(self.batches)
-            loss.backward()
+            loss = self.ctx.loss(self.model, batch) / len(self.batches)
+            self.ctx.backward(loss)
             self.pending.settle()
             total += loss.detach()
         if self.sample_group is not None:
@@ -340,7 +339,7 @@ class GridTrainer(SynchronousTrainer):
         if self.dp_group is not None:
             grads = [p.grad for p in self.shards if p.grad is not None]
             average_over_group(grads, self.dp_group, self.ctx.dp)
-        self.optimizer.step()
+        self.ctx.step(self.optimizer)
         return total / (self.ctx.dp * self.ctx.tp)
 
     def applied(self) -> dict[str, Any]:

@@ -50,19 +50,63 @@ def check_strategy(
         check_pipeline(spec, plan)
         check_stage_layouts(spec, plan, plan.resolve_dp(world_size))
     _check_compiled_blocks(spec, strategy)
+    _check_gpu_grade(spec, strategy)
     if plan.fsdp and plan.fsdp_groups is not None:
         from ddlsim.executor.fsdp import check_groups
 
         with torch.device("meta"):
             check_groups(build_model(spec), [list(g) for g in plan.fsdp_groups])
-    model_parallel = plan.tp > 1 or plan.pp > 1 or plan.fsdp
+    model_parallel = plan.tp > 1 or plan.pp > 1 or plan.fsdp or plan.distributed_optimizer
     hooks = fusion.buckets is not None or fusion.dear or fusion.implementation == "hooks"
     if model_parallel and hooks:
         raise InvalidStrategyError(
             "tensor_fusion.buckets, dear and implementation 'hooks' apply to pure data "
-            f"parallelism; this plan has tp({plan.tp}), pp({plan.pp}), fsdp({plan.fsdp})"
+            f"parallelism; this plan has tp({plan.tp}), pp({plan.pp}), fsdp({plan.fsdp}), "
+            f"distributed_optimizer({plan.distributed_optimizer})"
         )
     return buckets
+
+
+def check_device(strategy: Strategy, device: str) -> None:
+    """Refuse what the device cannot run, before any rank starts.
+
+    Raises:
+        InvalidStrategyError: fp8 without a GPU that has it; async tensor parallelism (the
+            simulator prices it; this executor does not run it).
+    """
+    from ddlsim.executor.precision import check_precision
+
+    check_precision(strategy, device)
+    if strategy.parallel.async_tp:
+        raise InvalidStrategyError(
+            "parallel.async_tp is priced by the simulator but not run by this executor (it "
+            "needs torch.compile's micro-pipelined TP over CUDA symmetric memory); run the "
+            "plan without it to measure the rest"
+        )
+
+
+def _check_gpu_grade(spec: ModelSpec, strategy: Strategy) -> None:
+    plan = strategy.parallel
+    if plan.sequence_parallel:
+        from ddlsim.data.tp_plans import check_sequence_parallel
+
+        check_sequence_parallel(spec, plan.tp)
+    if plan.distributed_optimizer:
+        from ddlsim.executor.distributed_optimizer import check_distributed_optimizer
+
+        check_distributed_optimizer(plan)
+    if plan.recompute != "none" or strategy.compile:
+        from ddlsim.data.stages import block_stack
+        from ddlsim.executor.recompute import check_recompute
+
+        with torch.device("meta"):
+            model = build_model(spec)
+        check_recompute(model, plan.recompute)
+        if strategy.compile and block_stack(model) is None:
+            raise InvalidStrategyError(
+                f"compile compiles every repeated block; {spec.label} has no single stack of "
+                "them (list blocks in op_fusion.compiled instead)"
+            )
 
 
 def model_supports(spec: ModelSpec, strategy: Strategy) -> bool:
@@ -97,6 +141,14 @@ def build_trainer(ctx: RankContext, buckets: list[Bucket]) -> Trainer:
     """The trainer for ``ctx.strategy`` on this rank (the model is built here)."""
     plan = ctx.strategy.parallel
     model = ctx.build_model()
+    if ctx.strategy.precision == "fp8":
+        from ddlsim.executor.precision import to_fp8
+
+        to_fp8(model)
+    if plan.recompute != "none":
+        from ddlsim.executor.recompute import apply_recompute
+
+        apply_recompute(model, plan.recompute)
     _compile_blocks(ctx, model)
     if ctx.world_size == 1:
         from ddlsim.executor.single import SingleTrainer
@@ -118,6 +170,10 @@ def build_trainer(ctx: RankContext, buckets: list[Bucket]) -> Trainer:
         from ddlsim.executor.fsdp import FSDPTrainer
 
         return FSDPTrainer(ctx, model)
+    if plan.distributed_optimizer:
+        from ddlsim.executor.distributed_optimizer import DistributedOptimizerTrainer
+
+        return DistributedOptimizerTrainer(ctx, model)
     from ddlsim.executor.data_parallel import BucketTrainer, DDPTrainer
 
     if ctx.strategy.tensor_fusion.uses_ddp:
@@ -136,7 +192,14 @@ def _compile_blocks(ctx: RankContext, model: Any) -> None:
     dynamic shapes, which inductor (torch 2.13) fails to lower for ConvNeXt ("cannot determine
     truth value of Relational"); each shape gets a graph of its own instead.
     """
-    for path in ctx.strategy.op_fusion.compiled:
+    paths = list(ctx.strategy.op_fusion.compiled)
+    if ctx.strategy.compile:
+        from ddlsim.data.stages import block_stack
+
+        stack = block_stack(model)
+        assert stack is not None  # check_strategy refused the others
+        paths += [path for path in stack.blocks if path not in paths]
+    for path in paths:
         module = model.get_submodule(path)
         module.forward = torch.compile(
             module.forward, backend=ctx.strategy.op_fusion.backend, dynamic=False

@@ -101,12 +101,14 @@ def _peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _rank_device(kind: str, rank: int) -> torch.device:
+def _rank_device(kind: str, rank: int, *, by_local_rank: bool = False) -> torch.device:
     """This rank's device: the CPU, or GPU ``rank`` of this machine (every emulated host is this
-    machine; ranks beyond its GPU count share them round-robin, which only gloo allows)."""
+    machine; ranks beyond its GPU count share them round-robin, which only gloo allows); under
+    an external launcher (``by_local_rank``), GPU ``LOCAL_RANK`` of its node."""
     if kind != "cuda":
         return torch.device("cpu")
-    device = torch.device("cuda", rank % torch.cuda.device_count())
+    index = int(os.environ.get("LOCAL_RANK", "0")) if by_local_rank else rank
+    device = torch.device("cuda", index % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device
 
@@ -190,8 +192,15 @@ class _Agreement:
 def run_rank(config: dict[str, Any], output: Path) -> None:
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    torch.set_num_threads(1)
-    device = _rank_device(str(config.get("device", "cpu")), rank)
+    if not config.get("device_by_local_rank"):
+        # Ranks of this machine's launches share its cores, one each; an external launcher
+        # sets the threads of its own ranks (torchrun: OMP_NUM_THREADS).
+        torch.set_num_threads(1)
+    device = _rank_device(
+        str(config.get("device", "cpu")),
+        rank,
+        by_local_rank=bool(config.get("device_by_local_rank")),
+    )
     if world_size > 1:
         dist.init_process_group(
             str(config.get("backend", "gloo")),
@@ -309,6 +318,7 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
     mine = {
         "peak_memory_bytes": _peak_memory_bytes(device),
         "applied": [trainer.applied() for trainer in trainers],
+        "cores": sorted(os.sched_getaffinity(0)),
     }
     if world_size > 1:
         dist.all_reduce(losses)
@@ -354,6 +364,7 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
             "rounds": round_index,
             "stopped_by": stopped_by,
             "probe_ms": probes,
+            "rank_cores": {str(r): g["cores"] for r, g in enumerate(gathered)},
         }
         tmp = output.with_suffix(".tmp")
         tmp.write_text(json.dumps(result), encoding="utf-8")

@@ -10,12 +10,15 @@ the result once the whole run has succeeded, so a failed run leaves no half-writ
 import contextlib
 import dataclasses
 import json
+import os
 import platform
 import statistics
+import sys
 import tempfile
+import time
 import uuid
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,7 @@ from ddlsim.data.specs.cluster import BACKENDS
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.executor.context import OPTIMIZERS
-from ddlsim.executor.plan import check_strategy
+from ddlsim.executor.plan import check_device, check_strategy
 from ddlsim.executor.protocol import (
     StoppingRule,
     median_interval,
@@ -334,20 +337,20 @@ def compare_training(
     )
 
 
-def _launch(
+def _prepare(
     spec: ModelSpec,
     strategies: list[Strategy],
     options: RunOptions,
     *,
     rounds: int,
     settle: int,
-    progress: Callable[[str], None] | None,
-    extra_args: tuple[str, ...] = (),
-) -> list[RunResult]:
-    # Launches here follow the measurement protocol (executor.protocol).
-    say = progress or (lambda message: None)
+    progress: Callable[[str], None],
+) -> tuple[IterationGraph, dict[str, Any]]:
+    """Check everything and build the ranks' config: the captured graph and the config."""
     options.check_devices()
-    say(f"capturing the graph of {spec.label}")
+    for strategy in strategies:
+        check_device(strategy, options.device)
+    progress(f"capturing the graph of {spec.label}")
     graph = capture_graph(spec, CaptureOptions(optimizer=_capture_optimizer(options.optimizer)))
     variants = [
         {
@@ -374,6 +377,61 @@ def _launch(
         "backend": options.resolved_backend,
         "trace": options.trace,
     }
+    return graph, config
+
+
+def results_of(
+    raw: Mapping[str, Any],
+    *,
+    spec: ModelSpec,
+    graph: IterationGraph,
+    strategies: Sequence[Strategy],
+    options: RunOptions,
+    network: str,
+    rank_cores: dict[int, list[int]],
+    wall_s: float,
+) -> list[RunResult]:
+    """The results of one launch from rank 0's result JSON (``rank_main``)."""
+    launch_id = uuid.uuid4().hex[:16]
+    return [
+        RunResult(
+            model=spec.label,
+            graph=graph,
+            strategy=strategy,
+            options=options,
+            samples_ms=[float(x) for x in mine["samples_ms"]],
+            warmup_ms=[float(x) for x in mine["warmup_ms"]],
+            losses=[float(x) for x in mine["losses"]],
+            peak_memory_bytes=[int(x) for x in raw["peak_memory_bytes"]],
+            applied=mine["applied"],
+            network=network,
+            rank_cores=rank_cores,
+            wall_s=wall_s,
+            trace=raw.get("trace"),
+            side_by_side=len(strategies),
+            rounds=int(raw["rounds"]),
+            sample_rounds=[int(x) for x in mine["sample_rounds"]],
+            stopped_by=str(raw["stopped_by"]),
+            launch_id=launch_id,
+            probe_ms=[float(x) for x in raw.get("probe_ms", [])],
+        )
+        for strategy, mine in zip(strategies, raw["variants"], strict=True)
+    ]
+
+
+def _launch(
+    spec: ModelSpec,
+    strategies: list[Strategy],
+    options: RunOptions,
+    *,
+    rounds: int,
+    settle: int,
+    progress: Callable[[str], None] | None,
+    extra_args: tuple[str, ...] = (),
+) -> list[RunResult]:
+    # Launches here follow the measurement protocol (executor.protocol).
+    say = progress or (lambda message: None)
+    graph, config = _prepare(spec, strategies, options, rounds=rounds, settle=settle, progress=say)
     with tempfile.TemporaryDirectory(prefix="ddlsim-run-") as tmp:
         config_path = Path(tmp) / "config.json"
         output = Path(tmp) / "result.json"
@@ -401,31 +459,64 @@ def _launch(
                 stdout_callback=say,
             )
         raw = json.loads(output.read_text(encoding="utf-8"))
-    launch_id = uuid.uuid4().hex[:16]
-    return [
-        RunResult(
-            model=spec.label,
-            graph=graph,
-            strategy=strategy,
-            options=options,
-            samples_ms=[float(x) for x in mine["samples_ms"]],
-            warmup_ms=[float(x) for x in mine["warmup_ms"]],
-            losses=[float(x) for x in mine["losses"]],
-            peak_memory_bytes=[int(x) for x in raw["peak_memory_bytes"]],
-            applied=mine["applied"],
-            network=launched.network,
-            rank_cores=launched.rank_cores,
-            wall_s=launched.wall_s,
-            trace=raw.get("trace"),
-            side_by_side=len(strategies),
-            rounds=int(raw["rounds"]),
-            sample_rounds=[int(x) for x in mine["sample_rounds"]],
-            stopped_by=str(raw["stopped_by"]),
-            launch_id=launch_id,
-            probe_ms=[float(x) for x in raw.get("probe_ms", [])],
-        )
-        for strategy, mine in zip(strategies, raw["variants"], strict=True)
-    ]
+    return results_of(
+        raw,
+        spec=spec,
+        graph=graph,
+        strategies=strategies,
+        options=options,
+        network=launched.network,
+        rank_cores=launched.rank_cores,
+        wall_s=launched.wall_s,
+    )
+
+
+def run_joined(
+    spec: ModelSpec,
+    strategy: Strategy,
+    options: RunOptions,
+    *,
+    network: str,
+    progress: Callable[[str], None] | None = None,
+) -> RunResult | None:
+    """Run this process as one rank of a process group that an external launcher set up
+    (torchrun, srun, a PyTorchJob: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT`` in the environment); rank 0's result, ``None`` on the other ranks.
+
+    Every rank captures the graph and checks the strategy itself (the same on all: capture
+    is deterministic), so nothing but the process group is shared.
+
+    Raises:
+        InvalidStrategyError, InvalidOptionError: before the process group is joined.
+    """
+    say = progress or (lambda message: None)
+    rank = int(os.environ.get("RANK", "0"))
+    graph, config = _prepare(spec, [strategy], options, rounds=1, settle=0, progress=say)
+    config["device_by_local_rank"] = True
+    from ddlsim.executor.rank_main import run_rank
+
+    with tempfile.TemporaryDirectory(prefix="ddlsim-rank-") as tmp:
+        output = Path(tmp) / "result.json"
+        began = time.perf_counter()
+        say(f"rank {rank} of {options.world_size} joining the process group ({network})")
+        # The rank's progress lines go to stderr: stdout is the command's own (its JSON).
+        with contextlib.redirect_stdout(sys.stderr):
+            run_rank(config, output)
+        wall_s = time.perf_counter() - began
+        if rank != 0:
+            return None
+        raw = json.loads(output.read_text(encoding="utf-8"))
+    cores = {int(k): v for k, v in raw.get("rank_cores", {}).items()}
+    return results_of(
+        raw,
+        spec=spec,
+        graph=graph,
+        strategies=[strategy],
+        options=options,
+        network=network,
+        rank_cores=cores,
+        wall_s=wall_s,
+    )[0]
 
 
 def _capture_optimizer(name: str) -> Optimizer:

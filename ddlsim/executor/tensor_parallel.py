@@ -67,7 +67,6 @@ from ddlsim.executor.context import (
     RankContext,
     SynchronousTrainer,
     average_over_group,
-    local_loss,
     split_batch,
 )
 
@@ -83,6 +82,8 @@ _STYLES: dict[str, Callable[[], ParallelStyle]] = {
     "vocab_head": lambda: ColwiseParallel(output_layouts=Replicate()),
     # An embedding whose columns are heads (T5's relative position bias): local heads only.
     "head_embedding": ColwiseParallel,
+    # Sequence parallelism: partial outputs reduce-scattered into sequence shards.
+    "rowwise_sequence": lambda: RowwiseParallel(output_layouts=Shard(1)),
 }
 
 
@@ -206,10 +207,88 @@ def apply_tensor_parallel(
                 break
         if matches(plan.attention, path):
             divide_heads(module, tp)
+    if parallel.sequence_parallel:
+        styles = {
+            path: "rowwise_sequence" if style == "rowwise" else style
+            for path, style in styles.items()
+        }
     parallelize_module(model, mesh, {path: _STYLES[style]() for path, style in styles.items()})
     _retie(tied)
     _keep_gradients_split(model)
     return styles
+
+
+def _as_sequence_shards(x: torch.Tensor, mesh: Any) -> torch.Tensor:
+    """This rank's ``1 / tp`` of the sequence (Replicate -> Shard(1), a local slice); its
+    gradient is all-gathered in backward."""
+    whole = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+    return whole.redistribute(mesh, [Shard(1)]).to_local()
+
+
+def _gathered_sequence(x: torch.Tensor, mesh: Any) -> DTensor:
+    """The whole sequence from every rank's shard (an all-gather), left a ``DTensor`` so that
+    the split modules it feeds give their partial input gradients back as partial sums, which
+    backward reduce-scatters into shards."""
+    part = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
+    return part.redistribute(mesh, [Replicate()])
+
+
+def apply_sequence_parallel(
+    model: nn.Module, plan: TensorParallelPlan, mesh: Any
+) -> list[nn.Parameter]:
+    """Hook a tensor-parallel ``model`` (split by :func:`apply_tensor_parallel` with
+    ``sequence_parallel``) so that its blocks run on sequence shards; the parameters whose
+    gradients are partial sums over the sequence shards (the unsplit parameters of the blocks
+    and of the final norm), to be summed over ``mesh`` after backward.
+
+    The first block's input is sliced into shards; each module matching the sequence plan's
+    ``inputs`` all-gathers its hidden states as it starts; the final norm's output is
+    all-gathered for the head. The embedding's output stays whole (an all-reduce, not
+    Megatron-LM's reduce-scatter): the model builds its masks and positions from it.
+    """
+    sequence = plan.sequence
+    assert sequence is not None  # check_sequence_parallel refused the others
+    paths = [path for path, _ in model.named_modules() if path]
+    blocks = block_paths(plan, paths)
+
+    def shard_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return _map_hidden(args, kwargs, lambda x: _as_sequence_shards(x, mesh))
+
+    def gather_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return _map_hidden(args, kwargs, lambda x: _gathered_sequence(x, mesh))
+
+    def gather_output(module: nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return _gathered_sequence(output, mesh).to_local()
+
+    model.get_submodule(blocks[0]).register_forward_pre_hook(shard_input, with_kwargs=True)
+    on_shards = list(blocks)
+    for path in paths:
+        if matches(sequence.inputs, path):
+            model.get_submodule(path).register_forward_pre_hook(gather_input, with_kwargs=True)
+        elif matches(sequence.final_norm, path):
+            model.get_submodule(path).register_forward_hook(gather_output)
+            on_shards.append(path)
+    partial = []
+    for path in on_shards:
+        for param in model.get_submodule(path).parameters():
+            if param.requires_grad and not isinstance(param, DTensor):
+                partial.append(param)
+    return partial
+
+
+def _map_hidden(
+    args: tuple, kwargs: dict, change: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[tuple, dict]:
+    """Apply ``change`` to a module's hidden states: its first positional argument, else its
+    ``hidden_states`` keyword."""
+    if args and isinstance(args[0], torch.Tensor):
+        return (change(args[0]), *args[1:]), kwargs
+    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+        return args, {**kwargs, "hidden_states": change(kwargs["hidden_states"])}
+    raise InvalidStrategyError(
+        "sequence parallelism found no hidden states to split or gather (neither a first "
+        "positional argument nor a hidden_states keyword)"
+    )
 
 
 def _keep_gradients_split(model: nn.Module) -> None:
@@ -309,6 +388,11 @@ class TensorParallelTrainer(SynchronousTrainer):
         self.batch_params = split_batch_blocks(
             model, self.plan, parallel, ctx.mesh["tp"], micro_batch
         )
+        self.sequence_params = (
+            apply_sequence_parallel(model, self.plan, ctx.mesh["tp"])
+            if parallel.sequence_parallel
+            else []
+        )
         self.tp_group = ctx.mesh["tp"].get_group()
         self.optimizer = ctx.make_optimizer(model.parameters())
 
@@ -316,16 +400,17 @@ class TensorParallelTrainer(SynchronousTrainer):
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.ctx.device)
         for batch in self.batches:
-            loss = local_loss(self.model, batch) / len(self.batches)
-            loss.backward()
+            loss = self.ctx.loss(self.model, batch) / len(self.batches)
+            self.ctx.backward(loss)
             total += loss.detach()
-        if self.batch_params:
-            # Each rank's gradients cover its samples: the whole gradient is their sum.
-            grads = [p.grad for p in self.batch_params if p.grad is not None]
-            average_over_group(grads, self.tp_group, 1)
+        # Each rank's gradients of these cover its samples (batch blocks) or its sequence
+        # shard (sequence parallelism): the whole gradient is their sum.
+        partial = [p.grad for p in self.batch_params + self.sequence_params if p.grad is not None]
+        if partial:
+            average_over_group(partial, self.tp_group, 1)
         if self.dp_group is not None:
             self._average_gradients_over_dp()
-        self.optimizer.step()
+        self.ctx.step(self.optimizer)
         return total / (self.ctx.dp * self.ctx.tp)
 
     def _average_gradients_over_dp(self) -> None:
@@ -347,6 +432,7 @@ class TensorParallelTrainer(SynchronousTrainer):
             "parallelized": sorted(self.styles),
             "layers": layout_summary(self.parallel.layers),
             "vocab": self.parallel.vocab,
+            "sequence_parallel": self.parallel.sequence_parallel,
             "styles": dict(sorted(self.styles.items())),
             "collectives": self._collectives(),
         }
@@ -359,8 +445,10 @@ class TensorParallelTrainer(SynchronousTrainer):
         split = {"rowwise", "vocab_embedding", "colwise", "head_embedding"}
         if styles & split or "batch" in self.parallel.layers:
             out.append("all_reduce:tp")
+        if "rowwise_sequence" in styles:
+            out += ["reduce_scatter:tp", "all_gather:tp"]
         if "vocab_head" in styles or "batch" in self.parallel.layers:
             out.append("all_gather:tp")
         if self.dp_group is not None:
             out.append("all_reduce:dp")
-        return out
+        return list(dict.fromkeys(out))

@@ -6,12 +6,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ddlsim.data.errors import one_line
+from ddlsim.data.errors import InvalidOptionError, one_line
 from ddlsim.data.store import mask_url
+from ddlsim.executor.launchers import LAUNCHERS, SUBMITIT_CLUSTERS, ExternalRank, SlurmSettings
 from ddlsim.executor.run import RunOptions, RunResult
 from ddlsim.profiler.cluster import ClusterRunError
 from ddlsim.service import output
-from ddlsim.workflows.execute import execute
+from ddlsim.workflows.execute import execute, execute_launched
 from ddlsim.workflows.requests import ExecuteRequest, MeasureSettings, defaults
 
 EXIT_RUN_FAILED = 1
@@ -19,23 +20,74 @@ DEFAULTS = defaults(RunOptions)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    launcher = args.launcher
+    given: dict[str, Any] = {}
+    slurm = None
+    if launcher == "env":
+        given["world_size"] = ExternalRank.from_environ().world_size
+    elif launcher == "slurm":
+        slurm = SlurmSettings(
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            partition=args.partition,
+            time_min=args.time,
+            folder=args.slurm_folder,
+            cluster=args.submitit_cluster,
+        )
+        given["world_size"] = slurm.world_size
+    if launcher != "local" and args.bandwidth is not None:
+        raise InvalidOptionError(
+            f"--bandwidth shapes this machine's emulated cluster; under --launcher {launcher} "
+            "the ranks run on the real network"
+        )
+    if given and args.world_size not in (DEFAULTS["world_size"], given["world_size"]):
+        raise InvalidOptionError(
+            f"--world-size {args.world_size} differs from the {launcher} launcher's "
+            f"{given['world_size']} ranks; leave it out"
+        )
     options = output.request_from(
         args,
         RunOptions,
         renames={"timeout_s": "timeout", "budget_s": "measure_budget_s"},
         collective_timeout_s=min(args.timeout, args.collective_timeout),
+        **given,
     )
     request = output.request_from(
         args, ExecuteRequest, strategy=output.strategy_argument(args), options=options
     )
+    extra: dict[str, Any] = {}
     try:
-        done = output.run_on_store(args, execute, request)
+        if launcher == "local":
+            done = output.run_on_store(args, execute, request)
+        else:
+
+            def submitted(job_id: str) -> None:
+                extra["slurm_job_id"] = job_id
+                print(f"ddlsim: Slurm job {job_id}", file=sys.stderr, flush=True)
+
+            launched = execute_launched(
+                request,
+                launcher=launcher,
+                db=args.db,
+                slurm=slurm,
+                progress=output.stderr_progress,
+                on_submit=submitted,
+            )
+            if launched is None:
+                return 0  # a rank other than 0: rank 0 reports and stores
+            done = launched
     except ClusterRunError as exc:
         print(f"ddlsim: error: run failed: {one_line(exc, limit=2000)}", file=sys.stderr)
         return EXIT_RUN_FAILED
     result = done.result
     db = mask_url(done.store_url)
-    payload: dict[str, Any] = {**result.to_json(), "id": done.measurement_id, "db": db}
+    payload: dict[str, Any] = {
+        **result.to_json(),
+        "id": done.measurement_id,
+        "db": db,
+        "launcher": launcher,
+        **extra,
+    }
     if args.json:
         output.emit_json(payload)
     else:
@@ -113,6 +165,35 @@ def register(sub: Any) -> None:
             ci_target=DEFAULTS["ci_target"],
             budget_s=DEFAULTS["budget_s"],
         ),
+    )
+    run.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="local",
+        help="local: this machine's emulated cluster (default); env: join the process group "
+        "torchrun, srun or a PyTorchJob made (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
+        "MASTER_PORT; cuda:LOCAL_RANK with NCCL); slurm: submit env ranks with submitit",
+    )
+    slurm = run.add_argument_group("--launcher slurm")
+    slurm.add_argument("--nodes", type=int, default=1, help="nodes of the job (default 1)")
+    slurm.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=1,
+        help="ranks per node, one GPU each on cuda (default 1)",
+    )
+    slurm.add_argument("--partition", help="the Slurm partition (default: the cluster's)")
+    slurm.add_argument(
+        "--time", type=int, default=60, help="the job's time limit, minutes (default 60)"
+    )
+    slurm.add_argument(
+        "--slurm-folder", help="submitit's job files (default: ./ddlsim-slurm/JOB_ID)"
+    )
+    slurm.add_argument(
+        "--submitit-cluster",
+        choices=SUBMITIT_CLUSTERS,
+        default="slurm",
+        help="slurm, or local: submitit's local executor runs the job on this machine",
     )
     run.add_argument("--seed", type=int, default=DEFAULTS["seed"])
     run.add_argument("--optimizer", default=DEFAULTS["optimizer"], help="adamw or sgd")

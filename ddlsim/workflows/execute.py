@@ -6,6 +6,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.store import (
     MeasurementRecord,
     Store,
@@ -14,6 +15,7 @@ from ddlsim.data.store import (
     add_strategy,
     strategy_hash,
 )
+from ddlsim.executor.launchers import SlurmSettings, run_env, run_slurm
 from ddlsim.executor.run import RunResult, run_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.simulator.predict import Prediction
@@ -105,3 +107,48 @@ def add_result(session: Any, result: RunResult) -> int:
     add_graph(session, graph=result.graph)
     add_strategy(session, strategy=result.strategy)
     return add_measurement(session, measurement=measurement_record(result))
+
+
+def execute_launched(
+    request: ExecuteRequest,
+    *,
+    launcher: str,
+    db: str | None,
+    slurm: SlurmSettings | None = None,
+    progress: Progress = no_progress,
+    on_submit: Callable[[str], None] | None = None,
+) -> Executed | None:
+    """Run ``request`` under an external launcher (``env``: this process is one rank of a
+    group torchrun, srun or a PyTorchJob made; ``slurm``: a job submitit submits and waits for)
+    and store rank 0's result in the store ``db`` (``$DDLSIM_DB`` or the default when
+    ``None``); ``None`` on the other ranks of ``env``, which store nothing.
+
+    Raises:
+        InvalidOptionError: no launcher environment, bad Slurm settings or a world size that
+            differs from the launcher's.
+        ClusterRunError: the Slurm job failed.
+    """
+    if launcher == "env":
+        result = run_env(
+            request.model, request.strategy, request.options, progress=lambda m: progress(None, m)
+        )
+    elif launcher == "slurm":
+        result = run_slurm(
+            request.model,
+            request.strategy,
+            request.options,
+            slurm or SlurmSettings(),
+            progress=lambda m: progress(None, m),
+            on_submit=on_submit,
+        )
+    else:
+        raise InvalidOptionError(
+            f"launcher {launcher!r} is not external; allowed: env, slurm (local runs through "
+            "execute)"
+        )
+    if result is None:
+        return None
+    with Store.open(db) as store, store.transaction() as session:
+        measurement_id = add_result(session, result)
+        url = store.url
+    return Executed(result=result, measurement_id=measurement_id, store_url=url)

@@ -1,0 +1,237 @@
+"""Where ranks run: this machine's emulated cluster (``local``, :func:`executor.run.run_training`),
+a process group an external launcher made (``env``: torchrun, srun, a PyTorchJob), or a Slurm
+job that submitit submits and waits for (``slurm``).
+
+Under ``env`` every process is one rank: it reads its place from the environment
+(:class:`ExternalRank`), captures the graph and checks the strategy itself, joins the process
+group (NCCL on ``cuda:LOCAL_RANK``, gloo on the CPU) and trains; rank 0 reports. Under ``slurm``
+the submitting process waits for the job, whose tasks are ``env`` ranks
+(:class:`SlurmSettings`); rank 0's result comes back to it through submitit.
+"""
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.executor.run import RunOptions, RunResult, run_joined
+
+LAUNCHERS: tuple[str, ...] = ("local", "env", "slurm")
+ENV_KEYS: tuple[str, ...] = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+SUBMITIT_CLUSTERS: tuple[str, ...] = ("slurm", "local")
+MAX_SLURM_NODES = 4096
+MAX_SLURM_MINUTES = 60 * 24 * 14
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ExternalRank:
+    """This process's place in a process group made by an external launcher."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "ExternalRank":
+        """Read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (and
+        ``LOCAL_WORLD_SIZE`` when set).
+
+        Raises:
+            InvalidOptionError: a variable missing or not a number, or a rank out of range.
+        """
+        env = os.environ if environ is None else environ
+        missing = [key for key in ENV_KEYS if not env.get(key)]
+        if missing:
+            raise InvalidOptionError(
+                f"--launcher env joins a process group that torchrun, srun or a PyTorchJob "
+                f"made, but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
+                "set; start it under torchrun (or use --launcher local)"
+            )
+        numbers: dict[str, int] = {}
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+            raw = env.get(key)
+            if raw is None:
+                continue
+            try:
+                numbers[key] = int(raw)
+            except ValueError:
+                raise InvalidOptionError(f"{key}={raw!r} is not an integer") from None
+        world = numbers["WORLD_SIZE"]
+        if world < 1 or not 0 <= numbers["RANK"] < world:
+            raise InvalidOptionError(
+                f"RANK({numbers['RANK']}) must be in 0..WORLD_SIZE({world}) - 1"
+            )
+        local_world = numbers.get("LOCAL_WORLD_SIZE", world)
+        if local_world < 1 or world % local_world:
+            raise InvalidOptionError(
+                f"LOCAL_WORLD_SIZE({local_world}) must divide WORLD_SIZE({world})"
+            )
+        return cls(
+            rank=numbers["RANK"],
+            world_size=world,
+            local_rank=numbers["LOCAL_RANK"],
+            local_world_size=local_world,
+            master_addr=env["MASTER_ADDR"],
+            master_port=numbers["MASTER_PORT"],
+        )
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // self.local_world_size
+
+    def network(self, launcher: str, backend: str) -> str:
+        """How the run's ranks were connected, for the stored measurement."""
+        return (
+            f"{launcher}: {self.nodes} node(s) x {self.local_world_size} rank(s), {backend} "
+            f"rendezvous at {self.master_addr}:{self.master_port}"
+        )
+
+
+def run_env(
+    spec: ModelSpec,
+    strategy: Strategy,
+    options: RunOptions,
+    *,
+    launcher: str = "env",
+    progress: Callable[[str], None] | None = None,
+) -> RunResult | None:
+    """Run this process as its rank of an externally launched group; rank 0's result, ``None``
+    elsewhere. ``options.world_size`` must be 1 (take the group's) or the group's size.
+
+    Raises:
+        InvalidOptionError: no launcher's environment, or a world size that differs from it.
+        InvalidStrategyError: the strategy does not fit the model or the group.
+    """
+    place = ExternalRank.from_environ()
+    if options.world_size not in (1, place.world_size):
+        raise InvalidOptionError(
+            f"world_size({options.world_size}) differs from the launcher's "
+            f"WORLD_SIZE({place.world_size}); leave --world-size out under --launcher env"
+        )
+    options = dataclasses.replace(options, world_size=place.world_size, pin=False)
+    return run_joined(
+        spec,
+        strategy,
+        options,
+        network=place.network(launcher, options.resolved_backend),
+        progress=progress,
+    )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SlurmSettings:
+    """A Slurm job of ``nodes`` x ``gpus_per_node`` ranks (one task a GPU; on the CPU, tasks
+    without GPUs), submitted with submitit; ``cluster`` ``local`` runs the same job on this
+    machine with submitit's local executor (one node). ``folder`` holds submitit's files."""
+
+    nodes: int = 1
+    gpus_per_node: int = 1
+    partition: str | None = None
+    time_min: int = 60
+    folder: str | None = None
+    cluster: str = "slurm"
+
+    def __post_init__(self) -> None:
+        for name, high in (
+            ("nodes", MAX_SLURM_NODES),
+            ("gpus_per_node", 64),
+            ("time_min", MAX_SLURM_MINUTES),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                raise InvalidOptionError(f"{name}({value!r}) must be an integer in 1..{high}")
+        if self.cluster not in SUBMITIT_CLUSTERS:
+            raise InvalidOptionError(
+                f"submitit cluster {self.cluster!r} is not supported; allowed: "
+                f"{', '.join(SUBMITIT_CLUSTERS)}"
+            )
+        if self.cluster == "local" and self.nodes != 1:
+            raise InvalidOptionError(
+                f"submitit's local executor runs one node; got nodes({self.nodes})"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def _slurm_task(
+    spec: dict[str, Any], strategy: dict[str, Any], options: dict[str, Any]
+) -> RunResult | None:
+    """One task of the Slurm job: export the task's place as torchrun would, run as a rank."""
+    import submitit
+
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    return run_env(
+        ModelSpec.from_dict(spec),
+        Strategy.from_dict(strategy),
+        RunOptions(**options),
+        launcher="slurm",
+    )
+
+
+def run_slurm(
+    spec: ModelSpec,
+    strategy: Strategy,
+    options: RunOptions,
+    settings: SlurmSettings,
+    *,
+    progress: Callable[[str], None] | None = None,
+    on_submit: Callable[[str], None] | None = None,
+) -> RunResult:
+    """Submit the run as a Slurm job (``settings``) and wait; rank 0's result.
+
+    ``on_submit`` gets the job's id as soon as it is queued.
+
+    Raises:
+        InvalidOptionError: bad settings, or a world size other than the job's.
+        ClusterRunError: the job failed (its stderr's end in the message).
+    """
+    import submitit
+
+    from ddlsim.profiler.cluster import ClusterRunError
+
+    say = progress or (lambda message: None)
+    if options.world_size not in (1, settings.world_size):
+        raise InvalidOptionError(
+            f"world_size({options.world_size}) differs from nodes({settings.nodes}) x "
+            f"gpus_per_node({settings.gpus_per_node}); leave --world-size out"
+        )
+    folder = Path(settings.folder or Path.cwd() / "ddlsim-slurm") / "%j"
+    executor = submitit.AutoExecutor(folder=folder, cluster=settings.cluster)
+    gpus = settings.gpus_per_node if options.device == "cuda" else 0
+    parameters: dict[str, Any] = {
+        "nodes": settings.nodes,
+        "tasks_per_node": settings.gpus_per_node,
+        "timeout_min": settings.time_min,
+        "name": f"ddlsim-run-{spec.label}",
+    }
+    if gpus:
+        parameters["gpus_per_node"] = gpus
+    if settings.partition is not None:
+        parameters["slurm_partition"] = settings.partition
+    executor.update_parameters(**parameters)
+    fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
+    fields["world_size"] = settings.world_size
+    job = executor.submit(_slurm_task, spec.to_dict(), strategy.to_dict(), fields)
+    say(
+        f"submitted Slurm job {job.job_id} ({settings.nodes} node(s) x "
+        f"{settings.gpus_per_node} rank(s))"
+    )
+    if on_submit is not None:
+        on_submit(str(job.job_id))
+    try:
+        results = job.results()
+    except Exception as exc:  # submitit raises its own FailedJobError and UncompletedJobError
+        raise ClusterRunError(f"Slurm job {job.job_id} failed: {exc}") from exc
+    first = next((r for r in results if r is not None), None)
+    if first is None:
+        raise ClusterRunError(f"Slurm job {job.job_id} ended without rank 0's result")
+    return first

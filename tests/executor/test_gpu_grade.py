@@ -1,0 +1,176 @@
+"""GPU-grade plans (precision, recomputation, sequence parallelism, the distributed optimizer)
+train as a single process of the same precision does, and what a device cannot run is refused
+before any rank starts."""
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+
+from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import ZOO
+from ddlsim.executor.plan import build_trainer, check_device, check_strategy
+from ddlsim.executor.recompute import apply_recompute
+from ddlsim.profiler.capture import capture_graph
+from tests.executor.harness import (
+    STEPS,
+    Losses,
+    assert_losses_match,
+    make_context,
+    run_trainer,
+    train_steps,
+)
+
+GPT2 = ZOO["gpt2-tiny"].with_inputs(batch_size=4, seq_len=16)
+LLAMA = ZOO["llama-tiny"].with_inputs(batch_size=4, seq_len=16)
+# Tolerances: fp32 plans reduce in another order only; 16-bit ones round differently.
+RTOL = {"fp32": 1e-5, "bf16": 2e-2, "fp16": 2e-2}
+
+
+def single_losses(spec: Any, strategy: Strategy, steps: int = STEPS) -> list[float]:
+    """One process of the strategy's precision on the whole batch (the reference)."""
+    ctx = make_context(0, 1, spec, strategy, seed=0)
+    return train_steps(ctx, functools.partial(build_trainer, buckets=[]), steps).losses
+
+
+def _distributed(spec: Any, raw: dict[str, Any], world_size: int = 2) -> list[Losses]:
+    strategy = Strategy.from_dict(raw)
+    buckets = check_strategy(spec, strategy, world_size, capture_graph(spec))
+    return run_trainer(
+        world_size, functools.partial(build_trainer, buckets=buckets), spec, strategy
+    )
+
+
+PLANS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "ddp-bf16": (GPT2, {"precision": "bf16"}),
+    "ddp-fp16-scaled": (GPT2, {"precision": "fp16"}),
+    "fsdp-bf16-full-recompute": (
+        GPT2,
+        {"parallel": {"fsdp": True, "recompute": "full"}, "precision": "bf16"},
+    ),
+    "tp2-sequence-parallel": (GPT2, {"parallel": {"tp": 2, "sequence_parallel": True}}),
+    "tp2-sequence-parallel-llama": (
+        LLAMA,
+        {"parallel": {"tp": 2, "sequence_parallel": True, "recompute": "selective"}},
+    ),
+    "distributed-optimizer": (GPT2, {"parallel": {"distributed_optimizer": True}}),
+    "distributed-optimizer-bf16": (
+        GPT2,
+        {"parallel": {"distributed_optimizer": True, "micro_batches": 2}, "precision": "bf16"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_losses_match_a_single_process_of_the_same_precision(name: str) -> None:
+    spec, raw = PLANS[name]
+    strategy = Strategy.from_dict(raw)
+    results = _distributed(spec, raw)
+    want = single_losses(spec, Strategy(precision=strategy.precision))
+    for result in results:
+        assert_losses_match(result.losses, want, rtol=RTOL[strategy.precision])
+    # The 16-bit runs are not the fp32 one: they really ran in 16 bits.
+    if strategy.precision != "fp32":
+        fp32 = single_losses(spec, Strategy())
+        for losses in (want, results[0].losses):
+            assert any(abs(a - b) > 1e-5 * abs(b) for a, b in zip(losses, fp32, strict=True))
+    applied = results[0].applied
+    if strategy.parallel.sequence_parallel:
+        assert applied["sequence_parallel"] is True
+        assert "reduce_scatter:tp" in applied["collectives"]
+    if strategy.parallel.distributed_optimizer:
+        assert applied["plan"] == "distributed_optimizer"
+        assert applied["collectives"] == ["reduce_scatter", "all_gather"]
+
+
+@pytest.mark.parametrize("mode", ["full", "selective", "selective_op"])
+def test_recomputation_changes_memory_not_results(mode: str) -> None:
+    plain = single_losses(GPT2, Strategy())
+    recomputed = Strategy.from_dict({"parallel": {"recompute": mode}})
+    assert_losses_match(single_losses(GPT2, recomputed), plain, rtol=1e-6)
+
+
+def test_full_recomputation_runs_each_block_forward_twice() -> None:
+    ctx = make_context(0, 1, GPT2, Strategy(), seed=0)
+    model = ctx.build_model()
+    paths = apply_recompute(model, "full")
+    assert paths == [f"transformer.h.{i}" for i in range(len(paths))]
+    calls = []
+    model.get_submodule(paths[0]).attn.register_forward_hook(lambda *a: calls.append(1))
+    from ddlsim.executor.context import local_loss
+
+    local_loss(model, ctx.global_batch).backward()
+    assert len(calls) == 2  # the forward, then again before its backward
+
+
+def test_selective_recomputation_keeps_the_projections() -> None:
+    """Megatron's selective recomputation saves the projections' outputs: the attention's
+    matmuls are not run again, its softmax is."""
+    ctx = make_context(0, 1, GPT2, Strategy(), seed=0)
+    model = ctx.build_model()
+    apply_recompute(model, "selective")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ddlsim.executor.context import local_loss
+
+    plain = ctx.build_model()
+    counted = []
+    for candidate in (plain, model):
+        with FlopCounterMode(display=False) as counter:
+            local_loss(candidate, ctx.global_batch).backward()
+        counted.append(counter.get_total_flops())
+    # The recomputed attention core (scores and their product with the values) costs a little
+    # more than plain; whole projections again would cost far more.
+    assert counted[0] <= counted[1] < counted[0] * 1.1
+
+
+@pytest.mark.parametrize(
+    ("raw", "device", "message"),
+    [
+        ({"precision": "fp8"}, "cpu", "fp8' needs a GPU with fp8"),
+        ({"precision": "fp16", "parallel": {"fsdp": True}}, "cpu", "needs a gradient scaler"),
+        ({"parallel": {"tp": 2, "async_tp": True}}, "cpu", "async_tp is priced by the simul"),
+    ],
+)
+def test_what_the_device_cannot_run_is_refused_by_name(
+    raw: dict[str, Any], device: str, message: str
+) -> None:
+    with pytest.raises(InvalidStrategyError, match=message):
+        check_device(Strategy.from_dict(raw), device)
+
+
+@pytest.mark.parametrize(
+    ("spec", "raw", "message"),
+    [
+        (
+            ZOO["bert-tiny"],
+            {"parallel": {"tp": 2, "sequence_parallel": True}},
+            "no plan for the bert family",
+        ),
+        (
+            GPT2.with_inputs(batch_size=4, seq_len=15),
+            {"parallel": {"tp": 2, "sequence_parallel": True}},
+            r"seq_len\(15\)",
+        ),
+        (
+            GPT2,
+            {"parallel": {"tp": 2, "distributed_optimizer": True}},
+            "distributed_optimizer runs over data parallelism alone",
+        ),
+        (ZOO["mlp"], {"parallel": {"recompute": "selective"}}, "have no attention module"),
+    ],
+)
+def test_plans_the_model_cannot_take_are_refused(
+    spec: Any, raw: dict[str, Any], message: str
+) -> None:
+    strategy = Strategy.from_dict(raw)
+    with pytest.raises(InvalidStrategyError, match=message):
+        check_strategy(spec, strategy, 2, capture_graph(spec))
+
+
+def test_fp16_scaler_skips_an_overflowing_step() -> None:
+    ctx = make_context(0, 1, GPT2, Strategy(precision="fp16"), seed=0)
+    assert ctx.precision.scaler is not None
+    assert ctx.precision.dtype == torch.float16
