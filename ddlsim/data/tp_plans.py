@@ -51,9 +51,12 @@ class SequencePlan:
     (attention, MLP) whose input is all-gathered from sequence shards as they start (their
     row-parallel outputs are reduce-scattered back into shards); the rest of a block (norms,
     residual additions, dropout) computes on its shard. ``final_norm`` matches the norm after
-    the last block, whose output is all-gathered for the head."""
+    the last block, whose output is all-gathered for the head; ``norms`` the blocks' norms,
+    whose weights stay whole (replicated DTensors: their gradients, partial sums over the
+    shards, are summed over the tensor-parallel ranks)."""
 
     inputs: str
+    norms: str
     final_norm: str
 
 
@@ -74,7 +77,9 @@ PLANS: dict[str, TensorParallelPlan] = {
         attention=rf"h\.{_N}\.attn",
         divisible=("n_head", "n_inner", "vocab_size"),
         blocks=rf"h\.{_N}",
-        sequence=SequencePlan(inputs=rf"h\.{_N}\.(attn|mlp)", final_norm=r"ln_f"),
+        sequence=SequencePlan(
+            inputs=rf"h\.{_N}\.(attn|mlp)", norms=rf"h\.{_N}\.ln_(1|2)", final_norm=r"ln_f"
+        ),
     ),
     "bert": TensorParallelPlan(
         family="bert",
@@ -108,7 +113,11 @@ PLANS: dict[str, TensorParallelPlan] = {
             "vocab_size",
         ),
         blocks=rf"layers\.{_N}",
-        sequence=SequencePlan(inputs=rf"layers\.{_N}\.(self_attn|mlp)", final_norm=r"norm"),
+        sequence=SequencePlan(
+            inputs=rf"layers\.{_N}\.(self_attn|mlp)",
+            norms=rf"layers\.{_N}\.(input_layernorm|post_attention_layernorm)",
+            final_norm=r"norm",
+        ),
     ),
     "vit": TensorParallelPlan(
         family="vit",

@@ -43,11 +43,13 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 
@@ -229,27 +231,39 @@ def _gathered_sequence(x: torch.Tensor, mesh: Any) -> DTensor:
     """The whole sequence from every rank's shard (an all-gather), left a ``DTensor`` so that
     the split modules it feeds give their partial input gradients back as partial sums, which
     backward reduce-scatters into shards."""
-    part = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
+    part = (
+        x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
+    )
     return part.redistribute(mesh, [Replicate()])
 
 
 def apply_sequence_parallel(
     model: nn.Module, plan: TensorParallelPlan, mesh: Any
 ) -> list[nn.Parameter]:
-    """Hook a tensor-parallel ``model`` (split by :func:`apply_tensor_parallel` with
-    ``sequence_parallel``) so that its blocks run on sequence shards; the parameters whose
-    gradients are partial sums over the sequence shards (the unsplit parameters of the blocks
-    and of the final norm), to be summed over ``mesh`` after backward.
+    """Make a tensor-parallel ``model`` (split by :func:`apply_tensor_parallel` with
+    ``sequence_parallel``) run its blocks on sequence shards; the parameters whose gradients
+    are partial sums over the shards and are not DTensors (to be summed over ``mesh`` after
+    backward; none for the families with a plan, whose norms become replicated DTensors).
 
-    The first block's input is sliced into shards; each module matching the sequence plan's
-    ``inputs`` all-gathers its hidden states as it starts; the final norm's output is
-    all-gathered for the head. The embedding's output stays whole (an all-reduce, not
-    Megatron-LM's reduce-scatter): the model builds its masks and positions from it.
+    The first block's input is sliced into shards; the norms compute on shards
+    (``SequenceParallel``); each module matching the sequence plan's ``inputs`` all-gathers its
+    hidden states as it starts; the final norm's output is all-gathered for the head. The
+    embedding's output stays whole (an all-reduce, not Megatron-LM's reduce-scatter): the model
+    builds its masks and positions from it.
     """
     sequence = plan.sequence
     assert sequence is not None  # check_sequence_parallel refused the others
     paths = [path for path, _ in model.named_modules() if path]
     blocks = block_paths(plan, paths)
+    norms = {
+        path: SequenceParallel(use_local_output=True)
+        for path in paths
+        if matches(sequence.norms, path)
+    }
+    norms.update(
+        {path: SequenceParallel() for path in paths if matches(sequence.final_norm, path)}
+    )
+    parallelize_module(model, mesh, norms)
 
     def shard_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return _map_hidden(args, kwargs, lambda x: _as_sequence_shards(x, mesh))
@@ -394,12 +408,24 @@ class TensorParallelTrainer(SynchronousTrainer):
             else []
         )
         self.tp_group = ctx.mesh["tp"].get_group()
+        if parallel.fsdp:
+            # 2-D: each block's tensor-parallel shards sharded again over dp (FSDP2 over
+            # DTensor parameters), as torchtitan composes them; FSDP reduce-scatters the
+            # gradients over dp, so no all-reduce of them is left to do.
+            policy = ctx.precision.fsdp_policy()
+            for path in block_paths(self.plan, (p for p, _ in model.named_modules() if p)):
+                fully_shard(model.get_submodule(path), mesh=ctx.mesh["dp"], mp_policy=policy)
+            fully_shard(model, mesh=ctx.mesh["dp"], mp_policy=policy)
+            self.dp_group = None
         self.optimizer = ctx.make_optimizer(model.parameters())
 
     def step(self) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.ctx.device)
-        for batch in self.batches:
+        for index, batch in enumerate(self.batches):
+            if isinstance(self.model, FSDPModule):
+                # Gradients of all but the last micro-batch accumulate unsharded, unsynchronized.
+                self.model.set_requires_gradient_sync(index == len(self.batches) - 1)
             loss = self.ctx.loss(self.model, batch) / len(self.batches)
             self.ctx.backward(loss)
             total += loss.detach()
@@ -426,6 +452,7 @@ class TensorParallelTrainer(SynchronousTrainer):
     def applied(self) -> dict[str, Any]:
         return {
             "plan": "tp",
+            "fsdp": self.parallel.fsdp,
             "family": self.plan.family,
             "tp": self.ctx.tp,
             "dp": self.ctx.dp,
@@ -451,4 +478,6 @@ class TensorParallelTrainer(SynchronousTrainer):
             out.append("all_gather:tp")
         if self.dp_group is not None:
             out.append("all_reduce:dp")
+        if self.parallel.fsdp:
+            out += ["all_gather:dp", "reduce_scatter:dp"]
         return list(dict.fromkeys(out))

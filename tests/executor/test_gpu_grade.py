@@ -43,7 +43,7 @@ def _distributed(spec: Any, raw: dict[str, Any], world_size: int = 2) -> list[Lo
     )
 
 
-PLANS: dict[str, tuple[Any, dict[str, Any]]] = {
+PLANS: dict[str, tuple[Any, ...]] = {
     "ddp-bf16": (GPT2, {"precision": "bf16"}),
     "ddp-fp16-scaled": (GPT2, {"precision": "fp16"}),
     "fsdp-bf16-full-recompute": (
@@ -55,6 +55,12 @@ PLANS: dict[str, tuple[Any, dict[str, Any]]] = {
         LLAMA,
         {"parallel": {"tp": 2, "sequence_parallel": True, "recompute": "selective"}},
     ),
+    "tp2-fsdp-2d": (GPT2, {"parallel": {"tp": 2, "fsdp": True}}, 4),
+    "tp2-sp-fsdp-bf16": (
+        GPT2,
+        {"parallel": {"tp": 2, "fsdp": True, "sequence_parallel": True}, "precision": "bf16"},
+        4,
+    ),
     "distributed-optimizer": (GPT2, {"parallel": {"distributed_optimizer": True}}),
     "distributed-optimizer-bf16": (
         GPT2,
@@ -65,9 +71,9 @@ PLANS: dict[str, tuple[Any, dict[str, Any]]] = {
 
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_losses_match_a_single_process_of_the_same_precision(name: str) -> None:
-    spec, raw = PLANS[name]
+    spec, raw, *ranks = PLANS[name]
     strategy = Strategy.from_dict(raw)
-    results = _distributed(spec, raw)
+    results = _distributed(spec, raw, *ranks)
     want = single_losses(spec, Strategy(precision=strategy.precision))
     for result in results:
         assert_losses_match(result.losses, want, rtol=RTOL[strategy.precision])
@@ -98,7 +104,8 @@ def test_full_recomputation_runs_each_block_forward_twice() -> None:
     paths = apply_recompute(model, "full")
     assert paths == [f"transformer.h.{i}" for i in range(len(paths))]
     calls = []
-    model.get_submodule(paths[0]).attn.register_forward_hook(lambda *a: calls.append(1))
+    attention = model.get_submodule(f"{paths[0]}.attn")
+    attention.register_forward_hook(lambda *a: calls.append(1))
     from ddlsim.executor.context import local_loss
 
     local_loss(model, ctx.global_batch).backward()

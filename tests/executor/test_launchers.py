@@ -1,0 +1,250 @@
+"""``ddlsim run --launcher env`` under torchrun (two "nodes" on this machine, c10d rendezvous)
+and ``--launcher slurm`` on submitit's local executor: rank 0 reports, one run is stored, and the
+losses are those of a single process of the same precision."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.zoo import ZOO
+from ddlsim.executor.launchers import ExternalRank, SlurmSettings
+from tests.executor.harness import assert_losses_match
+from tests.executor.test_gpu_grade import RTOL, single_losses
+
+BIN = Path(sys.executable).parent
+GPT2 = ZOO["gpt2-tiny"]
+STRATEGIES: dict[str, dict[str, Any]] = {
+    "ddp-defaults": {},
+    "fsdp-bf16-full-recompute": {
+        "parallel": {"fsdp": True, "recompute": "full"},
+        "precision": "bf16",
+    },
+    "tp2-sequence-parallel": {"parallel": {"tp": 2, "sequence_parallel": True}},
+    "distributed-optimizer": {"parallel": {"distributed_optimizer": True}},
+}
+RUN_ARGS = ["--iters", "5", "--seed", "0", "--json", "--measure-budget", "0"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def torchrun_nodes(
+    tmp_path: Path, strategy: dict[str, Any], *, nproc: int, nodes: int = 2, timeout_s: int = 600
+) -> list[str]:
+    """``ddlsim run gpt2-tiny --launcher env`` on ``nodes`` torchrun agents of ``nproc``
+    ranks each, all on this machine; every agent's stdout."""
+    port = _free_port()
+    env = {**os.environ, "DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}", "OMP_NUM_THREADS": "1"}
+    command = [
+        str(BIN / "torchrun"),
+        "--nnodes", str(nodes),
+        "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "-m", "ddlsim", "run", "gpt2-tiny", "--launcher", "env",
+        "--strategy", json.dumps(strategy), *RUN_ARGS,
+    ]  # fmt: skip
+    agents = [
+        subprocess.Popen(
+            [*command[:7], "--node-rank", str(node), *command[7:]],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        for node in range(nodes)
+    ]
+    outputs = []
+    try:
+        for agent in agents:
+            out, err = agent.communicate(timeout=timeout_s)
+            assert agent.returncode == 0, err[-3000:]
+            outputs.append(out)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    return outputs
+
+
+def stored_runs(db: Path) -> list[tuple[Any, ...]]:
+    engine = create_engine(f"sqlite:///{db}")
+    with engine.connect() as connection:
+        rows = connection.execute(
+            text("SELECT model, world_size, network FROM ddlsim_measurements")
+        ).all()
+    engine.dispose()
+    return [tuple(row) for row in rows]
+
+
+def _report(outputs: list[str]) -> dict[str, Any]:
+    """Rank 0's JSON: exactly one agent printed one (c10d decides which node holds rank 0)."""
+    printed = [out for out in outputs if out.strip()]
+    assert len(printed) == 1, outputs
+    return json.loads(printed[0])
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_torchrun_nodes_match_a_single_process(tmp_path: Path, name: str, nproc: int) -> None:
+    raw = STRATEGIES[name]
+    report = _report(torchrun_nodes(tmp_path, raw, nproc=nproc))
+    strategy = Strategy.from_dict(raw)
+    assert report["world_size"] == 2 * nproc
+    assert report["launcher"] == "env"
+    assert report["network"].startswith(f"env: 2 node(s) x {nproc} rank(s), gloo")
+    assert Strategy.from_dict(report["strategy"]) == strategy
+    want = single_losses(GPT2, Strategy(precision=strategy.precision), len(report["losses"]))
+    assert_losses_match(report["losses"], want, rtol=RTOL[strategy.precision])
+    runs = stored_runs(tmp_path / "store.db")
+    assert runs == [("gpt2-tiny", 2 * nproc, report["network"])]
+    assert report["id"] == 1
+
+
+def test_slurm_on_submitits_local_executor(tmp_path: Path) -> None:
+    env = {**os.environ, "DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [
+            str(BIN / "ddlsim"),
+            "run",
+            "gpt2-tiny",
+            "--launcher",
+            "slurm",
+            "--submitit-cluster",
+            "local",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "2",
+            "--slurm-folder",
+            str(tmp_path / "jobs"),
+            "--time",
+            "10",
+            *RUN_ARGS,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["launcher"] == "slurm"
+    assert report["slurm_job_id"] and f"Slurm job {report['slurm_job_id']}" in done.stderr
+    assert report["world_size"] == 2
+    want = single_losses(GPT2, Strategy(), len(report["losses"]))
+    assert_losses_match(report["losses"], want)
+    assert stored_runs(tmp_path / "store.db") == [("gpt2-tiny", 2, report["network"])]
+
+
+def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
+    """What ``search --cluster dgx-h100:1 --json`` prints is a strategy ``run`` takes as it is
+    (its precision set to bf16); with fp8 it is refused before any rank starts."""
+    searched = subprocess.run(
+        [str(BIN / "ddlsim"), "search", "gpt2-tiny", "--cluster", "dgx-h100:1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    strategy = json.loads(searched.stdout)["best"]["strategy"]
+    picked = Strategy.from_dict(strategy)
+    ranks = picked.parallel.resolve_dp(8) * picked.parallel.tp * picked.parallel.pp
+    assert ranks == 8
+    strategy["precision"] = "bf16"
+    report = _report(torchrun_nodes(tmp_path, strategy, nproc=4, timeout_s=900))
+    assert Strategy.from_dict(report["strategy"]) == Strategy.from_dict(strategy)
+    assert report["world_size"] == 8
+    want = single_losses(GPT2, Strategy(precision="bf16"), len(report["losses"]))
+    assert_losses_match(report["losses"], want, rtol=RTOL["bf16"])
+    strategy["precision"] = "fp8"
+    refused = subprocess.run(
+        [
+            str(BIN / "ddlsim"),
+            "run",
+            "gpt2-tiny",
+            "--strategy",
+            json.dumps(strategy),
+            "--world-size",
+            "8",
+            *RUN_ARGS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "DDLSIM_DB": f"sqlite:///{tmp_path / 'refused.db'}"},
+    )
+    assert refused.returncode != 0
+    assert "precision 'fp8' needs a GPU with fp8" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_env_without_a_launcher_is_refused_naming_the_variables() -> None:
+    with pytest.raises(InvalidOptionError, match="RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR"):
+        ExternalRank.from_environ({})
+    with pytest.raises(InvalidOptionError, match=r"RANK\(4\) must be in 0..WORLD_SIZE\(4\)"):
+        ExternalRank.from_environ(
+            {
+                "RANK": "4",
+                "WORLD_SIZE": "4",
+                "LOCAL_RANK": "0",
+                "MASTER_ADDR": "h",
+                "MASTER_PORT": "1",
+            }
+        )
+    place = ExternalRank.from_environ(
+        {
+            "RANK": "3",
+            "WORLD_SIZE": "8",
+            "LOCAL_RANK": "3",
+            "LOCAL_WORLD_SIZE": "4",
+            "MASTER_ADDR": "node0",
+            "MASTER_PORT": "29500",
+        }
+    )
+    assert place.nodes == 2
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"nodes": 0}, r"nodes\(0\) must be an integer in 1..4096"),
+        ({"cluster": "pbs"}, "submitit cluster 'pbs' is not supported; allowed: slurm, local"),
+        ({"cluster": "local", "nodes": 2}, "local executor runs one node"),
+        ({"time_min": 0}, r"time_min\(0\)"),
+    ],
+)
+def test_bad_slurm_settings_are_named(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        SlurmSettings(**kwargs)
+
+
+def test_the_cli_refuses_env_outside_a_launcher(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+    done = subprocess.run(
+        [str(BIN / "ddlsim"), "run", "gpt2-tiny", "--launcher", "env", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**env, "DDLSIM_DB": f"sqlite:///{tmp_path / 'db'}"},
+    )
+    assert done.returncode != 0
+    assert "--launcher env joins a process group" in done.stderr
+    assert "Traceback" not in done.stderr
