@@ -255,7 +255,7 @@ def apply_sequence_parallel(
     assert sequence is not None  # check_sequence_parallel refused the others
     paths = [path for path, _ in model.named_modules() if path]
     blocks = block_paths(plan, paths)
-    norms = {
+    norms: dict[str, ParallelStyle] = {
         path: SequenceParallel(use_local_output=True)
         for path in paths
         if matches(sequence.norms, path)
