@@ -32,6 +32,7 @@ import hashlib
 import itertools
 import json
 import math
+import platform
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,14 @@ def _shown(value: Any) -> Any:
     if isinstance(value, Mapping) and "class" in value:
         return value.get("name") or value["class"]
     return value
+
+
+def gpus_needed(job: Job) -> int:
+    """CUDA GPUs the job needs on its host: one a rank on ``device: cuda``, else none."""
+    if job.settings.get("device") != "cuda":
+        return 0
+    size = job.settings.get("world_size", 1)
+    return size if isinstance(size, int) and size > 0 else 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -311,6 +320,7 @@ def kernel_record(profile: KernelProfile) -> KernelProfileRecord:
         profile,
         node_ms=dict(profile.node_ms),
         env={**profile.env, "matched_fraction": f"{profile.matched_fraction:.4f}"},
+        host=platform.node(),
     )
 
 

@@ -138,7 +138,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     }
     with Store.open(args.db) as store:
         models = None if args.all_models else models_of(args.version)
-        counts = export_dataset(store, Path(args.out), meta=meta, models=models, merge=args.merge)
+        counts = export_dataset(
+            store, Path(args.out), meta=meta, models=models, merge=args.merge, host=args.host
+        )
     payload = {"out": args.out, **counts}
     if args.json:
         emit_json(payload)
@@ -218,6 +220,11 @@ def register(commands: Any) -> None:
     export = kinds.add_parser("export", help="write a store's runs and profiles to a file")
     export.add_argument("--out", required=True, help="dataset file to write (.json.gz)")
     export.add_argument("--note", help="free text kept in the file's meta")
+    export.add_argument(
+        "--host",
+        help="the machine whose kernel profiles are exported (needed when several hosts "
+        "profiled into one store: a dataset never mixes machines)",
+    )
     export.add_argument(
         "--merge",
         action="store_true",

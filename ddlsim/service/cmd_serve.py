@@ -168,5 +168,17 @@ def register(sub: Any) -> None:
         help="seconds without a heartbeat after which a running task's worker is taken as "
         f"dead and the task queued again (default {STALE_S:g}; every worker of a store alike)",
     )
+    worker.add_argument(
+        "--devices",
+        default="cpu",
+        help="what this worker offers: cpu (CPU tasks only; default) or cuda:N (N GPUs on "
+        "this host; CPU tasks too); a task that needs more waits for another worker",
+    )
+    worker.add_argument(
+        "--cluster",
+        help="the named cluster profile this worker's host belongs to: tasks for that "
+        "cluster go to its workers only",
+    )
+    worker.add_argument("--name", help="the worker's name in the queue (default: HOST:PID)")
     worker.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # serve's pid
     worker.set_defaults(handler=cmd_worker)

@@ -93,6 +93,8 @@ class Worker:
         simulator: str | None = None,
         deadline_s: float | None = None,
         heartbeat_s: float | None = None,
+        gpus: int = 0,
+        cluster: str | None = None,
     ) -> None:
         self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
         if not 0 < 2 * self.heartbeat_s <= stale_s:
@@ -105,6 +107,8 @@ class Worker:
         self.poll_s = poll_s
         self.stale_s = stale_s
         self.simulator = simulator
+        self.gpus = gpus
+        self.cluster = cluster
         self.deadline_s = deadline_s if deadline_s is not None else task_deadline_s()
         self.stop = threading.Event()
         self.in_task = False  # a task's handler is running (SIGTERM may interrupt it)
@@ -122,7 +126,7 @@ class Worker:
             while not self.stop.is_set():
                 try:
                     queue.recover()
-                    task = queue.claim(self.name)
+                    task = queue.claim(self.name, gpus=self.gpus, cluster=self.cluster)
                 except Exception as exc:  # the database is down or locked: wait, try again
                     _say(f"worker {self.name}: the queue is unreachable ({one_line(exc)})")
                     self.stop.wait(min(30.0, 10 * self.poll_s))
@@ -255,6 +259,17 @@ def _profile(
         finish(session, {**outcome.to_dict(), "jobs": len(jobs)})
 
 
+def _profile_job(
+    worker: Worker, store: Store, request: dict[str, Any], report: Report, finish: Finish
+) -> None:
+    """One job of a profiling run (a child task): its rows land with its "done" mark, and the
+    task's end in the same transaction as that mark's check."""
+    jobs = parse_batch_data(request)
+    outcome = profile_batch(jobs, store, report)
+    with store.transaction() as session:
+        finish(session, {**outcome.to_dict(), "jobs": len(jobs), "host": socket.gethostname()})
+
+
 def _execution(
     worker: Worker, store: Store, request: dict[str, Any], report: Report, finish: Finish
 ) -> None:
@@ -288,8 +303,27 @@ def _executed(done: Executed) -> dict[str, Any]:
 HANDLERS: dict[str, Callable[[Worker, Store, dict[str, Any], Report, Finish], None]] = {
     "search": _search,
     "profile": _profile,
+    "profile-job": _profile_job,
     "execution": _execution,
 }
+
+
+def parse_devices(text: str) -> int:
+    """``--devices``: ``cpu`` (no GPU: CPU tasks only) or ``cuda:N`` (N GPUs, N >= 1; CPU
+    tasks too); the GPUs it offers.
+
+    Raises:
+        InvalidOptionError: naming the value and the forms allowed.
+    """
+    if text == "cpu":
+        return 0
+    kind, _, count = text.partition(":")
+    if kind == "cuda" and count.isdigit() and 1 <= int(count) <= 1024:
+        return int(count)
+    raise InvalidOptionError(
+        f"--devices {text!r} is not a device offer; allowed: cpu, or cuda:N with N GPUs (1 to "
+        "1024)"
+    )
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -299,10 +333,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
             return 0
     worker = Worker(
         args.db or default_url(),
+        name=args.name,
         poll_s=args.poll,
         simulator=args.simulator,
         heartbeat_s=args.heartbeat,
         stale_s=args.stale,
+        gpus=parse_devices(args.devices),
+        cluster=args.cluster,
     )
 
     def stop(signum: int, frame: Any) -> None:

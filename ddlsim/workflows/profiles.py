@@ -3,6 +3,7 @@ micro-batch (taken now when missing), the link's name and the machine's scale.
 """
 
 import os
+import platform
 from collections.abc import Callable
 
 from ddlsim.data.errors import DdlsimError
@@ -41,7 +42,14 @@ def kernel_profile_for(
         MissingProfileError: there is none and ``profile_missing`` is false.
     """
     graph = capture(spec, CaptureOptions(optimizer="sgd" if optimizer == "sgd" else "adamw"))
-    stored = [p for p in store.kernel_profiles(graph_hash=graph.graph_hash) if p.device == "cpu"]
+    # This machine's profiles (or those stored before profiles named their host): another
+    # host's kernels ran on other cores.
+    here = platform.node()
+    stored = [
+        p
+        for p in store.kernel_profiles(graph_hash=graph.graph_hash)
+        if p.device == "cpu" and p.host in (here, "")
+    ]
     if stored:
         return graph, stored[-1], False
     if not profile_missing:

@@ -154,3 +154,108 @@ def test_a_task_ends_in_the_transaction_that_stores_its_rows(
     done = queue.get(task.id)
     assert done.status == "done" and done.result == {"measurement_id": measurement_id}
     assert [m.id for m in store.measurements()] == [measurement_id]
+
+
+# ----- a queue that spans hosts ------------------------------------------------------------------
+
+
+def test_a_task_that_needs_cuda_waits_for_a_worker_that_offers_it(store: Store) -> None:
+    queue = TaskQueue(store)
+    cuda = queue.submit("profile-job", {"n": 1}, gpus=2)
+    assert cuda.message == "waits for a worker with 2 CUDA GPU(s) (ddlsim worker --devices cuda:2)"
+    cpu = queue.submit("profile-job", {"n": 2})
+    claimed = queue.claim("cpu-only")
+    assert claimed is not None and claimed.id == cpu.id, "the CPU worker passes the CUDA task"
+    assert queue.claim("cpu-only") is None, "and never claims it"
+    assert queue.claim("one-gpu", gpus=1) is None, "nor does a worker with too few GPUs"
+    assert queue.get(cuda.id).status == "queued"
+    taken = queue.claim("gpu-host", gpus=8)
+    assert taken is not None and taken.id == cuda.id
+
+
+def test_a_task_for_a_named_cluster_goes_to_its_workers(store: Store) -> None:
+    queue = TaskQueue(store)
+    task = queue.submit("profile-job", {"n": 1}, cluster="dgx-a")
+    assert "cluster 'dgx-a'" in (task.message or "")
+    assert queue.claim("elsewhere", cluster="dgx-b") is None
+    assert queue.claim("anywhere") is None
+    claimed = queue.claim("on-a", cluster="dgx-a")
+    assert claimed is not None and claimed.id == task.id
+
+
+def test_a_run_of_jobs_ends_when_its_last_job_does(store: Store) -> None:
+    queue = TaskQueue(store)
+    parent = queue.submit_run(
+        "profile", {"jobs": 3}, [("profile-job", {"job": i}, 0) for i in range(3)]
+    )
+    assert parent.children == 3 and parent.status == "queued"
+    children = queue.children(parent.id)
+    assert [c.parent_id for c in children] == [parent.id] * 3
+    first = queue.claim("w1")
+    assert first is not None and first.parent_id == parent.id, "the parent is never claimed"
+    assert queue.get(parent.id).status == "running"
+    assert queue.finish(first, {"done": ["a"], "skipped": [], "failed": []})
+    second = queue.claim("w2")
+    third = queue.claim("w1")
+    assert second is not None and third is not None
+    assert queue.claim("w3") is None
+    assert queue.fail(second, "boom")
+    midway = queue.get(parent.id)
+    assert midway.status == "running" and midway.progress == pytest.approx(2 / 3)
+    assert queue.finish(third, {"done": ["c"], "skipped": [], "failed": []})
+    ended = queue.get(parent.id)
+    assert ended.status == "done" and ended.progress == 1.0
+    assert ended.result is not None
+    assert ended.result["done"] == ["a", "c"]
+    assert ended.result["failed"] == [{"key": f"task {second.id}", "error": "boom"}]
+
+
+def test_cancelling_a_run_cancels_its_jobs(store: Store) -> None:
+    queue = TaskQueue(store)
+    parent = queue.submit_run("profile", {}, [("profile-job", {"job": i}, 0) for i in range(3)])
+    running = queue.claim("w1")
+    assert running is not None
+    queue.cancel(parent.id)
+    statuses = sorted(c.status for c in queue.children(parent.id))
+    assert statuses == ["cancelled", "cancelled", "running"]
+    assert queue.get(parent.id).status == "running", "until its running job stops"
+    with pytest.raises(TaskCancelledError):
+        queue.report(running)
+    assert queue.cancelled(running)
+    assert queue.get(parent.id).status == "cancelled"
+
+
+def test_a_lost_job_is_queued_again_and_its_run_goes_on(store: Store) -> None:
+    queue = TaskQueue(store, stale_s=STALE_S)
+    parent = queue.submit_run("profile", {}, [("profile-job", {"job": i}, 0) for i in range(2)])
+    lost = queue.claim("dead")
+    assert lost is not None
+    later = utc_now() + timedelta(seconds=STALE_S + 1)
+    assert queue.recover(now=later).requeued == (lost.id,)
+    assert queue.get(parent.id).status == "running", "the parent itself is never stale"
+    for worker in ("w1", "w2"):
+        task = queue.claim(worker)
+        assert task is not None
+        assert queue.finish(task, {"done": [str(task.id)], "skipped": [], "failed": []})
+    assert queue.get(parent.id).status == "done"
+    assert sorted(queue.get(parent.id).result["done"]) == sorted(  # type: ignore[index]
+        str(c.id) for c in queue.children(parent.id)
+    )
+
+
+def test_postgres_claims_skip_rows_another_worker_holds(store_url: str) -> None:
+    if not store_url.startswith("postgresql"):
+        pytest.skip("SKIP LOCKED is PostgreSQL's")
+    from sqlalchemy import select
+
+    from ddlsim.data.store.schema import TaskRow
+
+    with Store.open(store_url) as store:
+        queue = TaskQueue(store)
+        first = queue.submit("execution", {"n": 1})
+        second = queue.submit("execution", {"n": 2})
+        # Another worker is in the middle of claiming the oldest row (it holds its lock).
+        with store.transaction() as holding:
+            holding.scalar(select(TaskRow.id).where(TaskRow.id == first.id).with_for_update())
+            claimed = queue.claim("w2")  # would block on the lock without SKIP LOCKED
+            assert claimed is not None and claimed.id == second.id

@@ -85,6 +85,8 @@ class KernelProfileRecord(KernelTimes, _Result):
 
     what = "kernel profile"
 
+    # The machine that measured it (its host name).
+    host: str = ""
     created_at: datetime | None = None
     id: int | None = None
 
@@ -213,6 +215,11 @@ class TaskRecord:
     (``updated_at``) is fresh, then ``done`` (``result``), ``failed`` (``error``) or
     ``cancelled``. ``progress`` is the fraction done (0 to 1), ``message`` what it is doing;
     ``attempts`` counts claims (a task whose worker died is queued again once).
+
+    ``gpus`` and ``cluster`` say what its worker must offer (CUDA GPUs on one host, a named
+    cluster profile); a profiling run is a parent of ``children`` tasks, one a job
+    (``parent_id`` points back), which workers claim one by one; the parent is never claimed
+    and ends when its last child does.
     """
 
     id: int
@@ -230,6 +237,10 @@ class TaskRecord:
     started_at: datetime | None
     updated_at: datetime
     finished_at: datetime | None
+    gpus: int = 0
+    cluster: str | None = None
+    parent_id: int | None = None
+    children: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; times as ISO 8601 text (``None`` stays ``None``)."""

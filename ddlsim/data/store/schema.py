@@ -194,6 +194,10 @@ class KernelProfileRow(ResultRow[KernelProfileRecord]):
     node_ms: Mapped[dict[str, float]] = mapped_column(JSON)
     trace_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     env: Mapped[dict[str, str]] = mapped_column(JSON)
+    # The machine that measured it: an export never mixes machines.
+    host: Mapped[str] = mapped_column(
+        String(NAME_LENGTH), default="", server_default="", index=True
+    )
 
 
 class FusionProfileRow(ResultRow[FusionProfileRecord]):
@@ -325,6 +329,12 @@ class TaskRow(Base):
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker: Mapped[str | None] = mapped_column(String(NAME_LENGTH), nullable=True)
+    # What the task needs of its worker: CUDA GPUs on one host, a named cluster profile.
+    gpus: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cluster: Mapped[str | None] = mapped_column(String(NAME_LENGTH), nullable=True)
+    # A profiling run is a parent (``children`` > 0, never claimed) over one task a job.
+    parent_id: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True)
+    children: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)

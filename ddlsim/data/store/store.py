@@ -173,10 +173,10 @@ class Store:
         return self._write(writers.add_kernel_profile, profile=profile)
 
     def kernel_profiles(
-        self, *, graph_hash: str | None = None
+        self, *, graph_hash: str | None = None, host: str | None = None
     ) -> list[records.KernelProfileRecord]:
-        """Kernel profiles, oldest first, of one graph or of all."""
-        return self._records(KernelProfileRow, graph_hash=graph_hash)
+        """Kernel profiles, oldest first, of one graph or of all, of one host or of all."""
+        return self._records(KernelProfileRow, graph_hash=graph_hash, host=host)
 
     def save_fusion_profile(self, *, profile: records.FusionProfileRecord) -> int:
         """Store a fusion profile of a stored graph; return its id."""

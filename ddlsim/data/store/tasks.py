@@ -2,21 +2,28 @@
 
 Any number of workers, on one machine or several, share one queue through the database: a
 claim is one conditional ``UPDATE`` (``status = 'queued'`` still true), so two workers never
-run the same task. A running task's worker beats its heartbeat (``updated_at``); a task whose
-heartbeat is older than ``stale_s`` has lost its worker (a crash, a restart of the server) and
-is queued again once, then failed on the second loss: never silently lost. Every write of a
-running task names its claim (worker and attempt), so a worker whose task was taken from it can
-no longer touch it. Cancelling a queued task ends it at once; a running one is asked to stop
+run the same task; on PostgreSQL the candidate row is selected ``FOR UPDATE SKIP LOCKED``, so
+workers claiming at once each take a different row instead of queueing on one. A task names
+what its worker must offer (``gpus``: CUDA GPUs on one host; ``cluster``: a named cluster
+profile) and waits, saying so, until a worker that offers it claims it. A profiling run is a
+parent task over one child task a job: workers claim the children one by one, and the child
+that ends last ends the parent (in the same transaction).
+
+A running task's worker beats its heartbeat (``updated_at``); a task whose heartbeat is older
+than ``stale_s`` has lost its worker (a crash, a restart of the server) and is queued again
+once, then failed on the second loss: never silently lost. Every write of a running task names
+its claim (worker and attempt), so a worker whose task was taken from it can no longer touch
+it. Cancelling a queued task ends it at once; a running one is asked to stop
 and stops at its next progress report.
 """
 
 import dataclasses
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from ddlsim.data.errors import InvalidOptionError
@@ -60,23 +67,55 @@ class TaskQueue:
         self.store = store
         self.stale_s = stale_s
 
-    def submit(self, kind: str, request: Mapping[str, Any]) -> TaskRecord:
-        """Queue a task; returns it (with its id)."""
-        now = utc_now()
-        row = TaskRow(
-            kind=kind,
-            status="queued",
-            request=dict(request),
-            progress=0.0,
-            cancel_requested=False,
-            attempts=0,
-            created_at=now,
-            updated_at=now,
-        )
+    def submit(
+        self,
+        kind: str,
+        request: Mapping[str, Any],
+        *,
+        gpus: int = 0,
+        cluster: str | None = None,
+    ) -> TaskRecord:
+        """Queue a task that needs ``gpus`` CUDA GPUs on one host (0: any worker) and, when
+        given, a worker of the named ``cluster``; returns it (with its id)."""
         with self.store.transaction() as session:
+            row = _new_row(kind, request, gpus=gpus, cluster=cluster)
             session.add(row)
             session.flush()
             return row.to_record()
+
+    def submit_run(
+        self,
+        kind: str,
+        request: Mapping[str, Any],
+        children: Sequence[tuple[str, Mapping[str, Any], int]],
+    ) -> TaskRecord:
+        """Queue a parent task (``request`` kept for the record, never claimed) and its
+        ``children`` (``(kind, request, gpus)``, one task each) in one transaction; returns the
+        parent. It runs while its children do and ends when the last of them ends.
+
+        Raises:
+            InvalidOptionError: no children.
+        """
+        if not children:
+            raise InvalidOptionError("a run of tasks needs at least one child task")
+        with self.store.transaction() as session:
+            parent = _new_row(kind, request, gpus=0, cluster=None)
+            parent.children = len(children)
+            parent.message = f"0 of {len(children)} jobs done"
+            session.add(parent)
+            session.flush()
+            for child_kind, child_request, gpus in children:
+                child = _new_row(child_kind, child_request, gpus=gpus, cluster=None)
+                child.parent_id = parent.id
+                session.add(child)
+            session.flush()
+            return parent.to_record()
+
+    def children(self, parent_id: int) -> list[TaskRecord]:
+        """A run's child tasks, in submission order."""
+        query = select(TaskRow).where(TaskRow.parent_id == parent_id).order_by(TaskRow.id)
+        with self.store.transaction() as session:
+            return [row.to_record() for row in session.scalars(query)]
 
     def get(self, task_id: int) -> TaskRecord:
         """Raises: TaskNotFoundError."""
@@ -106,17 +145,31 @@ class TaskQueue:
                 out[(kind, status)] = out.get((kind, status), 0) + 1
         return out
 
-    def claim(self, worker: str | None = None) -> TaskRecord | None:
-        """The oldest queued task, now running under ``worker``; ``None`` when none waits."""
+    def claim(
+        self, worker: str | None = None, *, gpus: int = 0, cluster: str | None = None
+    ) -> TaskRecord | None:
+        """The oldest queued task this worker can run (it offers ``gpus`` CUDA GPUs and, when
+        given, the named ``cluster``), now running under ``worker``; ``None`` when none
+        waits."""
         worker = worker or f"{socket.gethostname()}"
         while True:
             with self.store.transaction() as session:
-                task_id = session.scalar(
+                candidate = (
                     select(TaskRow.id)
-                    .where(TaskRow.status == "queued", TaskRow.cancel_requested.is_(False))
+                    .where(
+                        TaskRow.status == "queued",
+                        TaskRow.cancel_requested.is_(False),
+                        TaskRow.children == 0,
+                        TaskRow.gpus <= gpus,
+                        or_(TaskRow.cluster.is_(None), TaskRow.cluster == cluster),
+                    )
                     .order_by(TaskRow.id)
                     .limit(1)
                 )
+                if session.get_bind().dialect.name == "postgresql":
+                    # Rows another worker is claiming right now are passed over, not waited on.
+                    candidate = candidate.with_for_update(skip_locked=True)
+                task_id = session.scalar(candidate)
                 if task_id is None:
                     return None
                 now = utc_now()
@@ -136,6 +189,8 @@ class TaskQueue:
                 if claimed.rowcount == 1:  # type: ignore[attr-defined]
                     row = session.get(TaskRow, task_id, populate_existing=True)
                     assert row is not None
+                    if row.parent_id is not None and _queued(session, row.parent_id):
+                        _settle_parent(session, row.parent_id)  # the run starts
                     return row.to_record()
             # another worker took it first: try the next one
 
@@ -208,6 +263,9 @@ class TaskQueue:
             else:
                 row.status, row.message, row.worker = "queued", message, None
             row.updated_at = now
+            if row.parent_id is not None:
+                session.flush()
+                _settle_parent(session, row.parent_id)
         return True
 
     def cancel(self, task_id: int) -> TaskRecord:
@@ -222,11 +280,16 @@ class TaskQueue:
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise TaskNotFoundError(f"no task {task_id}")
+            if row.children:
+                return _cancel_run(session, row, now)
             if row.status == "queued":
                 row.status = "cancelled"
                 row.error = "cancelled on request"
                 row.finished_at = now
                 row.updated_at = now
+                if row.parent_id is not None:
+                    session.flush()
+                    _settle_parent(session, row.parent_id)
             elif row.status == "running":
                 row.cancel_requested = True
             return row.to_record()
@@ -250,7 +313,11 @@ class TaskQueue:
                         TaskRow.updated_at,
                         TaskRow.attempts,
                         TaskRow.cancel_requested,
-                    ).where(TaskRow.status == "running", TaskRow.updated_at < cutoff)
+                    ).where(
+                        TaskRow.status == "running",
+                        TaskRow.updated_at < cutoff,
+                        TaskRow.children == 0,
+                    )
                 )
             )
         for task_id, worker, updated_at, attempts, cancel in stale:
@@ -275,6 +342,9 @@ class TaskQueue:
                     )
                     .values(updated_at=now, **values)
                 )
+                parent_id = session.scalar(select(TaskRow.parent_id).where(TaskRow.id == task_id))
+                if changed.rowcount == 1 and parent_id is not None:  # type: ignore[attr-defined]
+                    _settle_parent(session, parent_id)
             if changed.rowcount == 1:  # type: ignore[attr-defined]
                 (requeued if values["status"] == "queued" else failed).append(task_id)
         return Recovery(requeued=tuple(requeued), failed=tuple(failed))
@@ -293,7 +363,107 @@ def _ended(session: Session, task: TaskRecord, *, status: str, **values: Any) ->
         .where(*_owned(task))
         .values(status=status, finished_at=now, updated_at=now, **values)
     )
-    return bool(ended.rowcount == 1)  # type: ignore[attr-defined]
+    if ended.rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    if task.parent_id is not None:
+        _settle_parent(session, task.parent_id)
+    return True
+
+
+ENDED = ("done", "failed", "cancelled")
+
+
+def _new_row(kind: str, request: Mapping[str, Any], *, gpus: int, cluster: str | None) -> TaskRow:
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+        raise InvalidOptionError(f"gpus({gpus!r}) must be an integer >= 0")
+    now = utc_now()
+    needs = []
+    if gpus:
+        needs.append(f"{gpus} CUDA GPU(s) (ddlsim worker --devices cuda:{gpus})")
+    if cluster:
+        needs.append(f"cluster {cluster!r} (ddlsim worker --cluster {cluster})")
+    return TaskRow(
+        kind=kind,
+        status="queued",
+        request=dict(request),
+        progress=0.0,
+        message=f"waits for a worker with {' and '.join(needs)}" if needs else None,
+        cancel_requested=False,
+        attempts=0,
+        gpus=gpus,
+        cluster=cluster,
+        children=0,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def _queued(session: Session, task_id: int) -> bool:
+    return session.scalar(select(TaskRow.status).where(TaskRow.id == task_id)) == "queued"
+
+
+def _settle_parent(session: Session, parent_id: int) -> None:
+    """Bring a run's parent up to date with its children (in the caller's transaction, the one
+    that changed a child): running once one runs, ended once all have, with their results."""
+    parent = session.get(TaskRow, parent_id, with_for_update=True, populate_existing=True)
+    if parent is None or parent.status in ENDED:
+        return
+    # Read after the lock: a child ended concurrently has committed by now.
+    statuses = dict(
+        session.execute(
+            select(TaskRow.status, func.count())
+            .where(TaskRow.parent_id == parent_id)
+            .group_by(TaskRow.status)
+        ).all()
+    )
+    total = sum(statuses.values())
+    ended = sum(statuses.get(s, 0) for s in ENDED)
+    now = utc_now()
+    parent.progress = ended / total if total else 1.0
+    parent.message = (
+        f"{ended} of {total} jobs ended ({statuses.get('running', 0)} running, "
+        f"{statuses.get('queued', 0)} queued)"
+    )
+    parent.updated_at = now
+    if statuses.get("running") and parent.status == "queued":
+        parent.status, parent.started_at = "running", now
+    if ended < total:
+        return
+    outcome: dict[str, Any] = {"jobs": total, "done": [], "skipped": [], "failed": []}
+    children = session.scalars(
+        select(TaskRow).where(TaskRow.parent_id == parent_id).order_by(TaskRow.id)
+    )
+    for child in children:
+        result = child.result or {}
+        for key in ("done", "skipped", "failed"):
+            outcome[key].extend(result.get(key, []))
+        if child.status != "done":
+            outcome["failed"].append(
+                {"key": f"task {child.id}", "error": child.error or child.status}
+            )
+    parent.result = outcome
+    parent.status = "cancelled" if parent.cancel_requested else "done"
+    if parent.cancel_requested:
+        parent.error = "cancelled on request"
+    parent.finished_at = now
+    parent.started_at = parent.started_at or now
+
+
+def _cancel_run(session: Session, parent: TaskRow, now: datetime) -> TaskRecord:
+    """Cancel a run: its queued children at once, its running ones at their next report."""
+    if parent.status not in ENDED:
+        parent.cancel_requested = True
+        for child in session.scalars(
+            select(TaskRow).where(TaskRow.parent_id == parent.id).with_for_update()
+        ):
+            if child.status == "queued":
+                child.status, child.error = "cancelled", "cancelled on request"
+                child.finished_at = child.updated_at = now
+            elif child.status == "running":
+                child.cancel_requested = True
+        session.flush()
+        _settle_parent(session, parent.id)
+    return parent.to_record()
 
 
 def _owned(task: TaskRecord) -> tuple[Any, ...]:

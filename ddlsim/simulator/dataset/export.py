@@ -29,17 +29,37 @@ def export_dataset(
     meta: Mapping[str, Any],
     models: Sequence[ModelSpec] | None = None,
     merge: bool = False,
+    host: str | None = None,
 ) -> dict[str, int]:
     """Write what ``store`` holds (CPU kernel profiles, fusion profiles, collective fits,
     measurements) to ``out`` (gzip JSON); with ``models``, only the runs of those specs and the
     profiles of their labels (a store also used for other runs keeps them out of the dataset);
     with ``merge``, together with what ``out`` already holds (``merge_datasets``). Returns
-    counts of what was written, and of the store's runs ``models`` left out."""
+    counts of what was written, and of the store's runs ``models`` left out.
+
+    Kernel profiles come from one machine: ``host``, or the only one the store has profiles
+    of (profiles stored before hosts were recorded count as the unnamed host).
+
+    Raises:
+        InvalidOptionError: profiles of several hosts and no ``host``, or a ``host`` with none.
+    """
     specs = None if models is None else {spec_key(m) for m in models}
     labels = None if models is None else {m.label for m in models}
     kernels: dict[tuple[str, int], KernelEntry] = {}
-    for profile in store.kernel_profiles():  # oldest first: a newer profile replaces
-        if profile.device != "cpu":
+    profiles = [p for p in store.kernel_profiles() if p.device == "cpu"]
+    hosts = sorted({p.host for p in profiles})
+    if host is None and len(hosts) > 1:
+        raise InvalidOptionError(
+            f"the store holds kernel profiles of {len(hosts)} hosts ({', '.join(map(repr, hosts))}"
+            "); a dataset's times come from one machine: choose one with --host"
+        )
+    if host is not None and host not in hosts:
+        raise InvalidOptionError(
+            f"no kernel profile of host {host!r} in the store; hosts: "
+            f"{', '.join(map(repr, hosts)) or 'none'}"
+        )
+    for profile in profiles:  # oldest first: a newer profile replaces
+        if host is not None and profile.host != host:
             continue
         graph = store.load_graph(graph_hash=profile.graph_hash)
         if labels is not None and graph.model.label not in labels:

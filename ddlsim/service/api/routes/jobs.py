@@ -16,7 +16,7 @@ from ddlsim.data.errors import DdlsimError, one_line
 from ddlsim.data.limits import SpecLimits
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store.tasks import TaskNotFoundError
-from ddlsim.profiler.batch import parse_batch_data
+from ddlsim.profiler.batch import gpus_needed, parse_batch_data
 from ddlsim.service.api.deps import WRITE, QueueDep, StoreDep
 from ddlsim.service.api.errors import BadRequestError
 from ddlsim.service.api.inputs import (
@@ -103,7 +103,12 @@ def profiling_run(body: ProfilingRun, store: StoreDep, queue: QueueDep) -> Profi
             raise BadRequestError(
                 f"job {index} ({job.kind}): {one_line(exc)}", field="body.jobs", status=422
             ) from None
-    task = queue.submit("profile", raw).to_dict()
+    # One task a job: workers on any number of hosts take them one by one.
+    children = [
+        ("profile-job", {"jobs": [{"kind": job.kind, **job.settings}]}, gpus_needed(job))
+        for job in jobs
+    ]
+    task = queue.submit_run("profile", raw, children).to_dict()
     return ProfilingRunPublic.model_validate({**task, "jobs": len(jobs)})
 
 

@@ -121,7 +121,7 @@ class JobPublic(Public):
     """A job (``TaskRecord.to_dict()``): status, progress and, once done, the result."""
 
     id: int
-    kind: str = Field(description="search, profile or execution")
+    kind: str = Field(description="search, profile (a profiling run), profile-job or execution")
     status: TaskStatus
     request: dict[str, Any]
     result: dict[str, Any] | None
@@ -135,6 +135,10 @@ class JobPublic(Public):
     started_at: str | None
     updated_at: str
     finished_at: str | None
+    gpus: int = Field(0, description="CUDA GPUs its worker must offer on one host")
+    cluster: str | None = Field(None, description="the cluster its worker must belong to")
+    parent_id: int | None = Field(None, description="the profiling run a job task is part of")
+    children: int = Field(0, description="a profiling run's job tasks (0 for any other)")
 
 
 class ProfilingRunPublic(JobPublic):
