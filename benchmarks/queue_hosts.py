@@ -132,9 +132,7 @@ def collect(
         children_done = queue.children(parent.id)
         kernel_profiles = store.kernel_profiles()
         with store.transaction() as session:
-            marks = session.execute(
-                text("SELECT key, status FROM ddlsim_jobs ORDER BY key")
-            ).all()
+            marks = session.execute(text("SELECT key, status FROM ddlsim_jobs ORDER BY key")).all()
         final = queue.get(parent.id)
     by_worker = collections.Counter(c.worker for c in children_done)
     per_graph = collections.Counter(p.graph_hash for p in kernel_profiles)
