@@ -10,8 +10,7 @@ the submitting process waits for the job, whose tasks are ``env`` ranks
 """
 
 import dataclasses
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,79 +18,22 @@ from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.executor.run import RunOptions, RunResult, run_joined
+from ddlsim.profiler.cluster.external import ENV_KEYS, ExternalRank
 
 LAUNCHERS: tuple[str, ...] = ("local", "env", "slurm")
-ENV_KEYS: tuple[str, ...] = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+__all__ = [
+    "ENV_KEYS",
+    "LAUNCHERS",
+    "ExternalRank",
+    "SlurmSettings",
+    "export_slurm_environment",
+    "run_env",
+    "run_slurm",
+    "submit_slurm",
+]
 SUBMITIT_CLUSTERS: tuple[str, ...] = ("slurm", "local")
 MAX_SLURM_NODES = 4096
 MAX_SLURM_MINUTES = 60 * 24 * 14
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class ExternalRank:
-    """This process's place in a process group made by an external launcher."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    master_addr: str
-    master_port: int
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "ExternalRank":
-        """Read ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` (and
-        ``LOCAL_WORLD_SIZE`` when set).
-
-        Raises:
-            InvalidOptionError: a variable missing or not a number, or a rank out of range.
-        """
-        env = os.environ if environ is None else environ
-        missing = [key for key in ENV_KEYS if not env.get(key)]
-        if missing:
-            raise InvalidOptionError(
-                f"--launcher env joins a process group that torchrun, srun or a PyTorchJob "
-                f"made, but {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not "
-                "set; start it under torchrun (or use --launcher local)"
-            )
-        numbers: dict[str, int] = {}
-        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
-            raw = env.get(key)
-            if raw is None:
-                continue
-            try:
-                numbers[key] = int(raw)
-            except ValueError:
-                raise InvalidOptionError(f"{key}={raw!r} is not an integer") from None
-        world = numbers["WORLD_SIZE"]
-        if world < 1 or not 0 <= numbers["RANK"] < world:
-            raise InvalidOptionError(
-                f"RANK({numbers['RANK']}) must be in 0..WORLD_SIZE({world}) - 1"
-            )
-        local_world = numbers.get("LOCAL_WORLD_SIZE", world)
-        if local_world < 1 or world % local_world:
-            raise InvalidOptionError(
-                f"LOCAL_WORLD_SIZE({local_world}) must divide WORLD_SIZE({world})"
-            )
-        return cls(
-            rank=numbers["RANK"],
-            world_size=world,
-            local_rank=numbers["LOCAL_RANK"],
-            local_world_size=local_world,
-            master_addr=env["MASTER_ADDR"],
-            master_port=numbers["MASTER_PORT"],
-        )
-
-    @property
-    def nodes(self) -> int:
-        return self.world_size // self.local_world_size
-
-    def network(self, launcher: str, backend: str) -> str:
-        """How the run's ranks were connected, for the stored measurement."""
-        return (
-            f"{launcher}: {self.nodes} node(s) x {self.local_world_size} rank(s), {backend} "
-            f"rendezvous at {self.master_addr}:{self.master_port}"
-        )
 
 
 def run_env(
@@ -166,15 +108,69 @@ def _slurm_task(
     spec: dict[str, Any], strategy: dict[str, Any], options: dict[str, Any]
 ) -> RunResult | None:
     """One task of the Slurm job: export the task's place as torchrun would, run as a rank."""
-    import submitit
-
-    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    export_slurm_environment()
     return run_env(
         ModelSpec.from_dict(spec),
         Strategy.from_dict(strategy),
         RunOptions(**options),
         launcher="slurm",
     )
+
+
+def submit_slurm(
+    settings: SlurmSettings,
+    task: Callable[..., Any],
+    *args: Any,
+    name: str,
+    use_gpus: bool,
+    progress: Callable[[str], None] | None = None,
+    on_submit: Callable[[str], None] | None = None,
+) -> Any:
+    """Submit ``task(*args)`` as a Slurm job of ``settings.world_size`` tasks (GPUs requested
+    when ``use_gpus``), wait, and return the first task result that is not ``None`` (rank 0's).
+
+    Raises:
+        ClusterRunError: the job failed, or no task returned a result.
+    """
+    import submitit
+
+    from ddlsim.profiler.cluster import ClusterRunError
+
+    say = progress or (lambda message: None)
+    folder = Path(settings.folder or Path.cwd() / "ddlsim-slurm") / "%j"
+    executor = submitit.AutoExecutor(folder=folder, cluster=settings.cluster)
+    parameters: dict[str, Any] = {
+        "nodes": settings.nodes,
+        "tasks_per_node": settings.gpus_per_node,
+        "timeout_min": settings.time_min,
+        "name": name,
+    }
+    if use_gpus:
+        parameters["gpus_per_node"] = settings.gpus_per_node
+    if settings.partition is not None:
+        parameters["slurm_partition"] = settings.partition
+    executor.update_parameters(**parameters)
+    job = executor.submit(task, *args)
+    say(f"submitted Slurm job {job.job_id} ({settings.nodes} node(s) x "
+        f"{settings.gpus_per_node} rank(s))")  # fmt: skip
+    if on_submit is not None:
+        on_submit(str(job.job_id))
+    try:
+        results = job.results()
+    except Exception as exc:  # submitit raises its own FailedJobError and UncompletedJobError
+        raise ClusterRunError(f"Slurm job {job.job_id} failed: {exc}") from exc
+    first = next((r for r in results if r is not None), None)
+    if first is None:
+        raise ClusterRunError(f"Slurm job {job.job_id} ended without rank 0's result")
+    return first
+
+
+def export_slurm_environment() -> None:
+    """In a task of a Slurm job (or submitit's local executor): set what torchrun would
+    (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)."""
+    import submitit
+
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
 
 
 def run_slurm(
@@ -194,44 +190,22 @@ def run_slurm(
         InvalidOptionError: bad settings, or a world size other than the job's.
         ClusterRunError: the job failed (its stderr's end in the message).
     """
-    import submitit
-
-    from ddlsim.profiler.cluster import ClusterRunError
-
-    say = progress or (lambda message: None)
     if options.world_size not in (1, settings.world_size):
         raise InvalidOptionError(
             f"world_size({options.world_size}) differs from nodes({settings.nodes}) x "
             f"gpus_per_node({settings.gpus_per_node}); leave --world-size out"
         )
-    folder = Path(settings.folder or Path.cwd() / "ddlsim-slurm") / "%j"
-    executor = submitit.AutoExecutor(folder=folder, cluster=settings.cluster)
-    gpus = settings.gpus_per_node if options.device == "cuda" else 0
-    parameters: dict[str, Any] = {
-        "nodes": settings.nodes,
-        "tasks_per_node": settings.gpus_per_node,
-        "timeout_min": settings.time_min,
-        "name": f"ddlsim-run-{spec.label}",
-    }
-    if gpus:
-        parameters["gpus_per_node"] = gpus
-    if settings.partition is not None:
-        parameters["slurm_partition"] = settings.partition
-    executor.update_parameters(**parameters)
     fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
     fields["world_size"] = settings.world_size
-    job = executor.submit(_slurm_task, spec.to_dict(), strategy.to_dict(), fields)
-    say(
-        f"submitted Slurm job {job.job_id} ({settings.nodes} node(s) x "
-        f"{settings.gpus_per_node} rank(s))"
+    result: RunResult = submit_slurm(
+        settings,
+        _slurm_task,
+        spec.to_dict(),
+        strategy.to_dict(),
+        fields,
+        name=f"ddlsim-run-{spec.label}",
+        use_gpus=options.device == "cuda",
+        progress=progress,
+        on_submit=on_submit,
     )
-    if on_submit is not None:
-        on_submit(str(job.job_id))
-    try:
-        results = job.results()
-    except Exception as exc:  # submitit raises its own FailedJobError and UncompletedJobError
-        raise ClusterRunError(f"Slurm job {job.job_id} failed: {exc}") from exc
-    first = next((r for r in results if r is not None), None)
-    if first is None:
-        raise ClusterRunError(f"Slurm job {job.job_id} ended without rank 0's result")
-    return first
+    return result

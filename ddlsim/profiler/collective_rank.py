@@ -63,10 +63,16 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _operation(
-    collective: str, size_bytes: int, rank: int, world_size: int, device: torch.device
+    collective: str,
+    size_bytes: int,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    *,
+    group: Any = None,
 ) -> tuple[int, Callable[[], None]]:
     """The bytes actually used and a function that runs the collective once, to completion."""
-    used, start = _launcher(collective, size_bytes, rank, world_size, device)
+    used, start = _launcher(collective, size_bytes, rank, world_size, device, group=group)
 
     def run() -> None:
         for request in start():
@@ -90,17 +96,36 @@ class _Pending:
 _comm: list[CommThread] = []
 
 
+def close_comm_threads() -> None:
+    """Close the ring collectives' thread, if one was started (before the group ends)."""
+    for comm in _comm:
+        comm.close()
+    _comm.clear()
+
+
 def _comm_thread(device: torch.device) -> CommThread:
     if not _comm:
         _comm.append(CommThread(list(range(dist.get_world_size())), device=device))
     return _comm[0]
 
 
+GROUP_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+
+
 def _launcher(
-    collective: str, size_bytes: int, rank: int, world_size: int, device: torch.device
+    collective: str,
+    size_bytes: int,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    *,
+    group: Any = None,
 ) -> tuple[int, Callable[[], list[Any]]]:
     """The bytes actually used and a function that starts the collective once, asynchronously,
-    returning its requests (each has ``wait``)."""
+    returning its requests (each has ``wait``); over ``group`` (``world_size`` of its ranks)
+    for the collectives of ``GROUP_COLLECTIVES``, over every rank otherwise."""
+    if group is not None and collective not in GROUP_COLLECTIVES:
+        raise ValueError(f"{collective} runs over every rank only, not over a group")
     numel = max(1, size_bytes // _ELEMENT_BYTES)
     if collective in ("ring_reduce_scatter", "ring_all_gather"):
         comm = _comm_thread(device)
@@ -114,14 +139,20 @@ def _launcher(
         return full.nbytes, lambda: [_Pending(comm.submit(job))]
     if collective == "all_reduce":
         buffer = torch.ones(numel, device=device)
-        return numel * _ELEMENT_BYTES, lambda: [dist.all_reduce(buffer, async_op=True)]
+        return numel * _ELEMENT_BYTES, lambda: [
+            dist.all_reduce(buffer, group=group, async_op=True)
+        ]
     if collective in ("reduce_scatter", "all_gather"):
         shard = max(1, numel // world_size)
         full = torch.ones(shard * world_size, device=device)
         part = torch.ones(shard, device=device)
         if collective == "reduce_scatter":
-            return full.nbytes, lambda: [dist.reduce_scatter_tensor(part, full, async_op=True)]
-        return full.nbytes, lambda: [dist.all_gather_into_tensor(full, part, async_op=True)]
+            return full.nbytes, lambda: [
+                dist.reduce_scatter_tensor(part, full, group=group, async_op=True)
+            ]
+        return full.nbytes, lambda: [
+            dist.all_gather_into_tensor(full, part, group=group, async_op=True)
+        ]
     if collective == "broadcast":
         buffer = torch.ones(numel, device=device)
         return numel * _ELEMENT_BYTES, lambda: [dist.broadcast(buffer, src=0, async_op=True)]
@@ -141,23 +172,27 @@ def _launcher(
 
 
 def _time_repeats(
-    run: Callable[[], None], warmup: int, repeats: int, device: torch.device
+    run: Callable[[], None],
+    warmup: int,
+    repeats: int,
+    device: torch.device,
+    group: Any = None,
 ) -> list[float]:
-    """Per repeat, the slowest rank's time in microseconds."""
+    """Per repeat, the slowest rank's (of ``group``, or of all) time in microseconds."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(warmup):
         run()
     sync()
     local = []
     for _ in range(repeats):
-        dist.barrier()
+        dist.barrier(group=group)
         sync()
         start = time.perf_counter()
         run()
         sync()
         local.append((time.perf_counter() - start) * 1e6)
     slowest = torch.tensor(local, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     return [float(t) for t in slowest.cpu()]
 
 
@@ -228,6 +263,47 @@ def _stolen_us(
     return [float(t) / world_size for t in total]
 
 
+def measure(
+    collectives: list[str],
+    sizes: list[int],
+    *,
+    warmup: int,
+    repeats: int,
+    cpu_repeats: int,
+    device: torch.device,
+    group: Any = None,
+    say: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Time every collective at every size on this rank (every rank of ``group``, or of the
+    process group, calls it alike); one sample a collective and size: the bytes used, the
+    per-repeat times and, on the CPU with ``cpu_repeats``, the compute it takes."""
+    rank = dist.get_rank(group) if group is not None else dist.get_rank()
+    world_size = dist.get_world_size(group) if group is not None else dist.get_world_size()
+    samples = []
+    for collective in collectives:
+        for size_bytes in sizes:
+            used_bytes, run = _operation(
+                collective, size_bytes, rank, world_size, device, group=group
+            )
+            times_us = _time_repeats(run, warmup, repeats, device, group)
+            sample: dict[str, Any] = {
+                "collective": collective,
+                "size_bytes": used_bytes,
+                "times_us": times_us,
+            }
+            line = f"{collective} {used_bytes} B: {statistics.median(times_us) / 1e3:.3f} ms"
+            if cpu_repeats > 0 and device.type == "cpu" and group is None:
+                _, start = _launcher(collective, size_bytes, rank, world_size, device)
+                sample["stolen_us"] = _stolen_us(start, cpu_repeats, world_size)
+                line += f", {statistics.median(sample['stolen_us']) / 1e3:.3f} ms of compute"
+                del start
+            samples.append(sample)
+            if say is not None:
+                say(line)
+            del run
+    return samples
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run this rank's benchmark (``argv``: the options, default ``sys.argv``); the exit code."""
     args = _parse_args(argv)
@@ -249,29 +325,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.test_sleep_s > 0:
         time.sleep(args.test_sleep_s)
 
-    samples = []
     sizes = [int(s) for s in args.sizes.split(",")]
-    for collective in args.collectives.split(","):
-        for size_bytes in sizes:
-            used_bytes, run = _operation(collective, size_bytes, rank, world_size, device)
-            times_us = _time_repeats(run, args.warmup, args.repeats, device)
-            sample: dict[str, Any] = {
-                "collective": collective,
-                "size_bytes": used_bytes,
-                "times_us": times_us,
-            }
-            line = f"{collective} {used_bytes} B: {statistics.median(times_us) / 1e3:.3f} ms"
-            if args.cpu_repeats > 0 and device.type == "cpu":
-                _, start = _launcher(collective, size_bytes, rank, world_size, device)
-                sample["stolen_us"] = _stolen_us(start, args.cpu_repeats, world_size)
-                line += f", {statistics.median(sample['stolen_us']) / 1e3:.3f} ms of compute"
-                del start
-            samples.append(sample)
-            if rank == 0:
-                print(line, flush=True)
-            del run
-    for comm in _comm:
-        comm.close()
+    samples = measure(
+        args.collectives.split(","),
+        sizes,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        cpu_repeats=args.cpu_repeats,
+        device=device,
+        say=(lambda line: print(line, flush=True)) if rank == 0 else None,
+    )
+    close_comm_threads()
     placement = report_placement()
     if rank == 0:
         result = {

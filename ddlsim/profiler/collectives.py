@@ -16,9 +16,12 @@ import json
 import re
 import tempfile
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ddlsim.data.comm_model import COLLECTIVES
 from ddlsim.data.errors import InvalidOptionError
@@ -277,3 +280,113 @@ def profile_collectives(
         rank_last_core=result.last_cores,
         notes=tuple(notes),
     )
+
+
+# Fabric levels of a job launched across nodes: the first node's ranks alone, and every rank.
+LEVELS: tuple[str, ...] = ("node", "cluster")
+
+
+def profile_collectives_joined(
+    *,
+    backend: str,
+    sizes: Sequence[int] | None = None,
+    collectives: Sequence[str] = COLLECTIVES,
+    warmup: int = 2,
+    repeats: int = 5,
+    timeout_s: float = 600,
+    launcher: str = "env",
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, CollectiveProfile] | None:
+    """Benchmark the collectives as one rank of a process group that an external launcher made
+    (torchrun, srun, a PyTorchJob; NCCL on ``cuda:LOCAL_RANK``, gloo on the CPU), per level of
+    the fabric: ``node`` (the first node's ranks alone: NVLink on a DGX; only when the job spans
+    nodes of several ranks each, and only the collectives a group can run) and ``cluster``
+    (every rank: the network). Rank 0 returns each level's fitted profile (its ``bandwidth``
+    names the level, ``{launcher}:{level}``); the other ranks return ``None``.
+
+    Raises:
+        InvalidOptionError: no launcher environment, NCCL without a GPU, or bad options, before
+            the group is joined.
+    """
+    from ddlsim.profiler.cluster.external import ExternalRank
+    from ddlsim.profiler.collective_rank import GROUP_COLLECTIVES, close_comm_threads, measure
+
+    place = ExternalRank.from_environ()
+    size_list = list(default_sizes() if sizes is None else sizes)
+    collective_list = list(collectives)
+    check_options(
+        world_size=place.world_size,
+        backend=backend,
+        sizes=size_list,
+        collectives=collective_list,
+        warmup=warmup,
+        repeats=repeats,
+        cpu_repeats=0,
+        timeout_s=timeout_s,
+    )
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise InvalidOptionError("backend 'nccl' needs a CUDA GPU; torch sees none here")
+        device = torch.device("cuda", place.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    say = progress if progress is not None and place.rank == 0 else None
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    measured: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+    try:
+        if place.nodes > 1 and place.local_world_size > 1:
+            node_ranks = list(range(place.local_world_size))
+            group = dist.new_group(node_ranks)  # every rank takes part in making it
+            in_node = [c for c in collective_list if c in GROUP_COLLECTIVES]
+            if place.rank in node_ranks and in_node:
+                if say:
+                    say(f"level node: {place.local_world_size} ranks of one node")
+                measured["node"] = (
+                    place.local_world_size,
+                    measure(in_node, size_list, warmup=warmup, repeats=repeats, cpu_repeats=0,
+                            device=device, group=group, say=say),
+                )  # fmt: skip
+            dist.barrier()
+        if say:
+            say(f"level cluster: {place.world_size} ranks on {place.nodes} node(s)")
+        measured["cluster"] = (
+            place.world_size,
+            measure(collective_list, size_list, warmup=warmup, repeats=repeats, cpu_repeats=0,
+                    device=device, say=say),
+        )  # fmt: skip
+        close_comm_threads()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if place.rank != 0:
+        return None
+    network = place.network(launcher, backend)
+    profiles = {}
+    for level, (size, raw) in measured.items():
+        samples = tuple(
+            make_sample(s["collective"], s["size_bytes"], s["times_us"], world_size=size)
+            for s in raw
+        )
+        label = f"{launcher}:{level}"
+        fits = tuple(
+            fit_latency_bandwidth(
+                [s for s in samples if s.collective == collective],
+                world_size=size,
+                backend=backend,
+                bandwidth=label,
+            )
+            for collective in dict.fromkeys(s.collective for s in samples)
+            if len({s.size_bytes for s in samples if s.collective == collective}) >= 2
+        )
+        profiles[level] = CollectiveProfile(
+            fits=fits,
+            samples=samples,
+            network=network,
+            backend=backend,
+            world_size=size,
+            bandwidth=label,
+            rank_cores={},
+            notes=(f"{level} level of a {launcher}-launched job",),
+        )
+    return profiles

@@ -7,6 +7,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.resharding import MeshLayout
 from ddlsim.data.store import (
     Store,
@@ -27,13 +28,17 @@ from ddlsim.profiler.collectives import COLLECTIVES, parse_sizes, profile_collec
 from ddlsim.profiler.fusion import profile_fusion
 from ddlsim.profiler.kernels import DEVICES, profile_kernels
 from ddlsim.service.output import (
+    add_launcher_arguments,
     add_store_arguments,
     emit_json,
     model_argument,
     non_negative_int,
     positive_int,
     progress,
+    slurm_job_printer,
+    slurm_settings,
 )
+from ddlsim.workflows.clusters import CollectivesRequest, collect_collectives, describe
 from ddlsim.workflows.profile import profile_batch
 from ddlsim.workflows.resharding import reshard
 
@@ -100,6 +105,15 @@ def cmd_fusion(args: argparse.Namespace) -> int:
 
 def cmd_collectives(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.sizes) if args.sizes else None
+    if args.launcher != "local":
+        return _collectives_launched(args, sizes)
+    if args.world_size is None:
+        raise InvalidOptionError("--world-size is needed with --launcher local")
+    if args.name is not None:
+        raise InvalidOptionError(
+            "--name stores a GPU cluster profile measured on your cluster: use --launcher env "
+            "or slurm with --backend nccl"
+        )
     remove_stale_namespaces()  # left by runs whose process was killed outright
     with Store.open(args.db) as store:
         profile = profile_collectives(
@@ -194,6 +208,48 @@ def cmd_batch(args: argparse.Namespace) -> int:
     return 1 if outcome.failed else 0
 
 
+def _collectives_launched(args: argparse.Namespace, sizes: list[int] | None) -> int:
+    """``ddlsim profile collectives --launcher env|slurm``: per fabric level, on the real
+    network; rank 0 stores and prints."""
+    request = CollectivesRequest(
+        backend=args.backend,
+        sizes=sizes,
+        collectives=args.collectives,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        name=args.name,
+        gpu=args.gpu,
+    )
+    extra: dict[str, Any] = {}
+    done = collect_collectives(
+        request,
+        launcher=args.launcher,
+        db=args.db,
+        slurm=slurm_settings(args) if args.launcher == "slurm" else None,
+        progress=progress,
+        on_submit=slurm_job_printer(extra),
+    )
+    if done is None:
+        return 0  # a rank other than 0
+    measured, ids = done
+    if args.json:
+        emit_json({**describe(measured), "ids": ids, **extra})
+        return 0
+    for level, profile in measured.profiles.items():
+        print(f"{level}: {profile.world_size} ranks, {profile.backend}, {profile.network}")
+        for fit in profile.fits:
+            print(
+                f"  {fit.collective:<16}{fit.alpha_us:>9.0f} us{fit.busbw_gbps:>11.3f} Gb/s "
+                f"busbw (r2 {fit.r2:.3f})"
+            )
+    if measured.cluster is not None:
+        print(
+            f"stored cluster profile {measured.cluster.name!r}: use --cluster "
+            f"{measured.cluster.name}[:NODES] with ddlsim predict and search"
+        )
+    return 0
+
+
 def register(sub: Any) -> None:
     profile = sub.add_parser("profile", help="measure kernels and collectives, store them")
     kinds = profile.add_subparsers(dest="profile_command", required=True, metavar="KIND")
@@ -237,7 +293,9 @@ def register(sub: Any) -> None:
         "collectives",
         help="benchmark collectives between processes on an emulated cluster, fit alpha-beta",
     )
-    collectives.add_argument("--world-size", type=positive_int, required=True)
+    collectives.add_argument(
+        "--world-size", type=positive_int, help="ranks (--launcher local; else the launcher's)"
+    )
     collectives.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl (GPUs)")
     collectives.add_argument(
         "--bandwidth", default="1gbit", help="link rate per host: 1gbit, 100mbit, 10gbit, none"
@@ -260,6 +318,15 @@ def register(sub: Any) -> None:
         default=5,
         help="times, per size, the compute each collective takes from its rank while in "
         "flight (what the replay charges to the rank's compute); 0 skips it",
+    )
+    add_launcher_arguments(collectives, what="the benchmark")
+    collectives.add_argument(
+        "--name",
+        help="with --launcher env or slurm and NCCL: store the fabric as a cluster profile of "
+        "this name, for ddlsim predict|search --cluster NAME[:NODES]",
+    )
+    collectives.add_argument(
+        "--gpu", help="the preset whose GPU the cluster has (default: from the device's name)"
     )
     add_store_arguments(collectives)
     collectives.set_defaults(handler=cmd_collectives)

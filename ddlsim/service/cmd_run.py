@@ -8,7 +8,7 @@ from typing import Any
 
 from ddlsim.data.errors import InvalidOptionError, one_line
 from ddlsim.data.store import mask_url
-from ddlsim.executor.launchers import LAUNCHERS, SUBMITIT_CLUSTERS, ExternalRank, SlurmSettings
+from ddlsim.executor.launchers import ExternalRank
 from ddlsim.executor.run import RunOptions, RunResult
 from ddlsim.profiler.cluster import ClusterRunError
 from ddlsim.service import output
@@ -26,14 +26,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if launcher == "env":
         given["world_size"] = ExternalRank.from_environ().world_size
     elif launcher == "slurm":
-        slurm = SlurmSettings(
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            partition=args.partition,
-            time_min=args.time,
-            folder=args.slurm_folder,
-            cluster=args.submitit_cluster,
-        )
+        slurm = output.slurm_settings(args)
         given["world_size"] = slurm.world_size
     if launcher != "local" and args.bandwidth is not None:
         raise InvalidOptionError(
@@ -60,18 +53,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         if launcher == "local":
             done = output.run_on_store(args, execute, request)
         else:
-
-            def submitted(job_id: str) -> None:
-                extra["slurm_job_id"] = job_id
-                print(f"ddlsim: Slurm job {job_id}", file=sys.stderr, flush=True)
-
             launched = execute_launched(
                 request,
                 launcher=launcher,
                 db=args.db,
                 slurm=slurm,
                 progress=output.stderr_progress,
-                on_submit=submitted,
+                on_submit=output.slurm_job_printer(extra),
             )
             if launched is None:
                 return 0  # a rank other than 0: rank 0 reports and stores
@@ -166,35 +154,7 @@ def register(sub: Any) -> None:
             budget_s=DEFAULTS["budget_s"],
         ),
     )
-    run.add_argument(
-        "--launcher",
-        choices=LAUNCHERS,
-        default="local",
-        help="local: this machine's emulated cluster (default); env: join the process group "
-        "torchrun, srun or a PyTorchJob made (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, "
-        "MASTER_PORT; cuda:LOCAL_RANK with NCCL); slurm: submit env ranks with submitit",
-    )
-    slurm = run.add_argument_group("--launcher slurm")
-    slurm.add_argument("--nodes", type=int, default=1, help="nodes of the job (default 1)")
-    slurm.add_argument(
-        "--gpus-per-node",
-        type=int,
-        default=1,
-        help="ranks per node, one GPU each on cuda (default 1)",
-    )
-    slurm.add_argument("--partition", help="the Slurm partition (default: the cluster's)")
-    slurm.add_argument(
-        "--time", type=int, default=60, help="the job's time limit, minutes (default 60)"
-    )
-    slurm.add_argument(
-        "--slurm-folder", help="submitit's job files (default: ./ddlsim-slurm/JOB_ID)"
-    )
-    slurm.add_argument(
-        "--submitit-cluster",
-        choices=SUBMITIT_CLUSTERS,
-        default="slurm",
-        help="slurm, or local: submitit's local executor runs the job on this machine",
-    )
+    output.add_launcher_arguments(run, what="the run")
     run.add_argument("--seed", type=int, default=DEFAULTS["seed"])
     run.add_argument("--optimizer", default=DEFAULTS["optimizer"], help="adamw or sgd")
     run.add_argument(

@@ -10,11 +10,14 @@ from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import PRECISIONS, ScalePlan
 from ddlsim.data.tp_plans import PLANS, tp_family
 from ddlsim.service import output
+from ddlsim.workflows.clusters import resolve_cluster
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
 
 CLUSTER_HELP = (
-    f"a GPU cluster on paper: PRESET:NODES ({', '.join(PRESETS)}), inline JSON or a file; "
-    "prices the job for it instead of measuring this machine"
+    f"a GPU cluster on paper: PRESET:NODES ({', '.join(PRESETS)}), the name of a cluster "
+    "profile measured with 'ddlsim profile collectives --launcher env --name NAME' "
+    "(NAME[:NODES]), inline JSON or a file; prices the job for it instead of measuring this "
+    "machine"
 )
 
 
@@ -45,7 +48,7 @@ def _request_parts(args: argparse.Namespace) -> tuple[ModelSpec, GpuClusterSpec,
             f"{model.label} ({model.cls}) has no tensor-parallel plan, so it cannot be priced "
             f"on a GPU cluster; supported families: {', '.join(sorted(PLANS))}"
         )
-    cluster = GpuClusterSpec.parse(args.cluster)
+    cluster = resolve_cluster(args.cluster, getattr(args, "db", None))
     seq_len = args.seq_len or model.inputs.seq_len
     if seq_len is None:
         raise InvalidStrategyError("--cluster needs --seq-len (the model's spec has none)")

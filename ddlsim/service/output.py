@@ -288,3 +288,60 @@ def verification_lines(verified: Any) -> list[str]:
 def describe(strategy: dict[str, Any]) -> str:
     """One line of a strategy's JSON (:meth:`Strategy.describe`)."""
     return Strategy.from_dict(strategy).describe()
+
+
+def add_launcher_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """``--launcher local|env|slurm`` and the Slurm job's settings (:func:`slurm_settings`)."""
+    from ddlsim.executor.launchers import LAUNCHERS, SUBMITIT_CLUSTERS
+
+    parser.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="local",
+        help=f"where {what} runs. local: this machine's emulated cluster (default); env: join "
+        "the process group torchrun, srun or a PyTorchJob made (RANK, WORLD_SIZE, "
+        "LOCAL_RANK, MASTER_ADDR, MASTER_PORT; cuda:LOCAL_RANK with NCCL); slurm: submit "
+        "env ranks as a Slurm job with submitit and wait",
+    )
+    slurm = parser.add_argument_group("--launcher slurm")
+    slurm.add_argument("--nodes", type=int, default=1, help="nodes of the job (default 1)")
+    slurm.add_argument(
+        "--gpus-per-node", type=int, default=1, help="ranks per node, one GPU each on cuda"
+    )
+    slurm.add_argument("--partition", help="the Slurm partition (default: the cluster's)")
+    slurm.add_argument(
+        "--time", type=int, default=60, help="the job's time limit, minutes (default 60)"
+    )
+    slurm.add_argument(
+        "--slurm-folder", help="submitit's job files (default: ./ddlsim-slurm/JOB_ID)"
+    )
+    slurm.add_argument(
+        "--submitit-cluster",
+        choices=SUBMITIT_CLUSTERS,
+        default="slurm",
+        help="slurm, or local: submitit's local executor runs the job on this machine",
+    )
+
+
+def slurm_settings(args: argparse.Namespace) -> Any:
+    """The ``SlurmSettings`` of :func:`add_launcher_arguments`'s options (checked)."""
+    from ddlsim.executor.launchers import SlurmSettings
+
+    return SlurmSettings(
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        partition=args.partition,
+        time_min=args.time,
+        folder=args.slurm_folder,
+        cluster=args.submitit_cluster,
+    )
+
+
+def slurm_job_printer(extra: dict[str, Any]) -> Any:
+    """An ``on_submit`` that prints the Slurm job's id and keeps it in ``extra``."""
+
+    def submitted(job_id: str) -> None:
+        extra["slurm_job_id"] = job_id
+        print(f"ddlsim: Slurm job {job_id}", file=sys.stderr, flush=True)
+
+    return submitted

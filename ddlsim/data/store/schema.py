@@ -149,6 +149,18 @@ class ModelSpecRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
 
 
+class ClusterProfileRow(Base):
+    """A named GPU cluster measured by its users (``ddlsim profile collectives --launcher env
+    --name NAME``): the cluster spec fitted to its fabric, and what was measured."""
+
+    __tablename__ = "ddlsim_cluster_profiles"
+
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    measured: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utc_now)
+
+
 class GraphRow(Base):
     """An ``IterationGraph``: gzip-compressed JSON plus its summary for listings."""
 

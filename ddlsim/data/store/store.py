@@ -12,7 +12,7 @@ several processes may open the same database.
 """
 
 import gzip
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
@@ -27,6 +27,7 @@ from ddlsim.data.store import records, writers
 from ddlsim.data.store.database import default_url, mask_url, open_engine
 from ddlsim.data.store.errors import StoreError
 from ddlsim.data.store.schema import (
+    ClusterProfileRow,
     CollectiveProfileRow,
     FusionProfileRow,
     GraphRow,
@@ -150,6 +151,23 @@ class Store:
         with self.transaction() as session:
             rows = [(row.spec_hash, row.spec) for row in session.scalars(query)]
         return [(spec_hash, ModelSpec.from_dict(raw)) for spec_hash, raw in rows]
+
+    def save_cluster_profile(
+        self, *, name: str, spec: Mapping[str, Any], measured: Mapping[str, Any]
+    ) -> None:
+        """Store the named cluster profile, replacing one of the same name."""
+        with self.transaction() as session:
+            row = session.get(ClusterProfileRow, name, with_for_update=True)
+            if row is None:
+                session.add(ClusterProfileRow(name=name, spec=dict(spec), measured=dict(measured)))
+            else:
+                row.spec, row.measured, row.created_at = dict(spec), dict(measured), utc_now()
+
+    def cluster_profiles(self) -> dict[str, dict[str, Any]]:
+        """The named cluster profiles: name -> ``{"spec": ..., "measured": ...}``."""
+        with self.transaction() as session:
+            rows = session.scalars(select(ClusterProfileRow).order_by(ClusterProfileRow.name))
+            return {r.name: {"spec": r.spec, "measured": r.measured} for r in rows}
 
     def save_strategy(self, *, strategy: Strategy) -> str:
         """Store ``strategy`` (once per hash); return :func:`strategy_hash` of it."""

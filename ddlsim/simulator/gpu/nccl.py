@@ -117,3 +117,53 @@ class NcclModel:
         factor = _factor(collective, group.size)
         bandwidth = self.busbw_gbps(collective, group) * 1e3  # bytes per us
         return self.latency_us(collective, group) + factor * nbytes / bandwidth
+
+
+def fitted_cluster(
+    base: GpuClusterSpec,
+    *,
+    name: str,
+    nodes: int,
+    gpus_per_node: int,
+    node_busbw_gbps: float | None,
+    node_alpha_us: float | None,
+    cluster_busbw_gbps: float,
+    cluster_alpha_us: float,
+) -> GpuClusterSpec:
+    """``base`` (its GPU) with the fabric measured on a real cluster: all-reduce's bus
+    bandwidth (GB/s) and latency inside one node (``node_*``; ``None`` on one node, where the
+    cluster level is the node) and over every GPU (``cluster_*``), fitted as nccl-tests reports
+    them. The rates are set so that :class:`NcclModel` gives back the measured bus bandwidths
+    (NVLink's inside a node; across nodes one NIC a GPU, a rail-optimised fabric); the latencies
+    so that a ring all-reduce's steps add up to the measured ones.
+
+    Raises:
+        InvalidClusterError: a rate or latency the cluster spec refuses (not positive).
+    """
+    inside_busbw = node_busbw_gbps if nodes > 1 else cluster_busbw_gbps
+    inside_alpha = node_alpha_us if nodes > 1 else cluster_alpha_us
+    inside_steps = max(2 * (gpus_per_node - 1), 1)
+    nvlink_latency = max((inside_alpha or 0.0) / inside_steps, 0.01)
+    net_latency = base.net_latency_us
+    nic_gbits = base.nic_gbits
+    nics = base.nics_per_node
+    if nodes > 1:
+        n = nodes * gpus_per_node
+        inter_steps = 2 * (n - 1) * (nodes - 1) / n
+        intra_steps = 2 * (n - 1) - inter_steps
+        net_latency = max((cluster_alpha_us - intra_steps * nvlink_latency) / inter_steps, 0.01)
+        # One NIC a GPU; a ring over whole nodes drives every NIC of a node at once, so the
+        # busbw across nodes is all of a node's NICs times NET_EFFICIENCY (busbw_gbps).
+        nics = gpus_per_node
+        nic_gbits = cluster_busbw_gbps / NET_EFFICIENCY * 8 / gpus_per_node
+    return dataclasses.replace(
+        base,
+        name=name,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        nvlink_gbps=(inside_busbw or base.nvlink_gbps * NVLINK_EFFICIENCY) / NVLINK_EFFICIENCY,
+        nvlink_latency_us=nvlink_latency,
+        nics_per_node=nics,
+        nic_gbits=nic_gbits,
+        net_latency_us=net_latency,
+    )

@@ -1,5 +1,6 @@
 """A queue that spans hosts: what a task needs of its worker (CUDA GPUs, a named cluster), a
-profiling run's jobs as tasks of their own under it, kernel profiles keyed by host.
+profiling run's jobs as tasks of their own under it, kernel profiles keyed by host, and named
+cluster profiles measured on users' own clusters.
 
 Revision ID: 0005
 Revises: 0004
@@ -18,6 +19,14 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    op.create_table(
+        "ddlsim_cluster_profiles",
+        sa.Column("name", sa.String(255), nullable=False),
+        sa.Column("spec", sa.JSON(), nullable=False),
+        sa.Column("measured", sa.JSON(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("name", name="pk_ddlsim_cluster_profiles"),
+    )
     with op.batch_alter_table("ddlsim_tasks") as batch:
         batch.add_column(sa.Column("gpus", sa.Integer(), nullable=False, server_default="0"))
         batch.add_column(sa.Column("cluster", sa.String(255), nullable=True))
@@ -39,3 +48,4 @@ def downgrade() -> None:
         batch.drop_column("parent_id")
         batch.drop_column("cluster")
         batch.drop_column("gpus")
+    op.drop_table("ddlsim_cluster_profiles")

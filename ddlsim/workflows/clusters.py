@@ -1,0 +1,227 @@
+"""Users' own clusters: collectives measured under an external launcher (torchrun, srun, a
+PyTorchJob, or a Slurm job submitit submits), stored as fits per fabric level and, on GPUs,
+as a named cluster profile that ``ddlsim predict|search --cluster NAME`` prices with."""
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ddlsim.data.comm_model import COLLECTIVES
+from ddlsim.data.errors import InvalidClusterError, InvalidOptionError
+from ddlsim.data.specs.gpu_cluster import PRESETS, GpuClusterSpec, preset
+from ddlsim.data.store import Store, add_collective_profile
+from ddlsim.executor.launchers import SlurmSettings, export_slurm_environment, submit_slurm
+from ddlsim.profiler.batch import collective_records
+from ddlsim.profiler.collective_fit import CollectiveProfile
+from ddlsim.profiler.collectives import profile_collectives_joined
+from ddlsim.simulator.gpu.nccl import fitted_cluster
+
+# Which preset's GPU a measured device is, by a part of its name (torch.cuda.get_device_name).
+GPU_NAMES: dict[str, str] = {"H200": "dgx-h200", "H100": "dgx-h100", "A100": "dgx-a100-80g"}
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CollectivesRequest:
+    """Collectives to measure on a launched job, and the cluster profile to make of them."""
+
+    backend: str = "nccl"
+    sizes: Sequence[int] | None = None
+    collectives: Sequence[str] = COLLECTIVES
+    warmup: int = 2
+    repeats: int = 5
+    timeout_s: float = 600.0
+    name: str | None = None
+    gpu: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.name is not None:
+            if not _NAME.match(self.name) or self.name.split(":")[0] in PRESETS:
+                raise InvalidOptionError(
+                    f"cluster name {self.name!r} must be 1-64 of a-z, 0-9, '.', '_', '-' and "
+                    f"not a preset ({', '.join(PRESETS)})"
+                )
+            if self.backend != "nccl":
+                raise InvalidOptionError(
+                    "a named cluster profile prices GPUs: measure it with backend 'nccl' "
+                    f"(got {self.backend!r})"
+                )
+        if self.gpu is not None and self.gpu not in PRESETS:
+            raise InvalidOptionError(
+                f"gpu preset {self.gpu!r} is unknown; allowed: {', '.join(PRESETS)}"
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Measured:
+    """Rank 0's outcome: the profiles by level, and the named cluster when one was made."""
+
+    profiles: dict[str, CollectiveProfile]
+    nodes: int
+    gpus_per_node: int
+    device_name: str
+    cluster: GpuClusterSpec | None = None
+
+
+def measure_joined(request: CollectivesRequest, *, launcher: str = "env") -> Measured | None:
+    """This process's rank of the launched job; rank 0's outcome, ``None`` elsewhere."""
+    import torch
+
+    from ddlsim.profiler.cluster.external import ExternalRank
+
+    place = ExternalRank.from_environ()
+    profiles = profile_collectives_joined(
+        backend=request.backend,
+        sizes=request.sizes,
+        collectives=request.collectives,
+        warmup=request.warmup,
+        repeats=request.repeats,
+        timeout_s=request.timeout_s,
+        launcher=launcher,
+    )
+    if profiles is None:
+        return None
+    device = torch.cuda.get_device_name() if request.backend == "nccl" else "cpu"
+    return Measured(
+        profiles=profiles,
+        nodes=place.nodes,
+        gpus_per_node=place.local_world_size,
+        device_name=device,
+    )
+
+
+def _slurm_task(request: CollectivesRequest) -> Measured | None:
+    export_slurm_environment()
+    return measure_joined(request, launcher="slurm")
+
+
+def cluster_from(measured: Measured, *, name: str, gpu: str | None = None) -> GpuClusterSpec:
+    """The named cluster of what was measured: the GPU's preset (``gpu``, else recognised
+    from the device's name) with the fabric's measured all-reduce.
+
+    Raises:
+        InvalidOptionError: an unrecognised GPU without ``gpu``, or no all-reduce measured.
+    """
+    base_name = gpu or next(
+        (preset_name for part, preset_name in GPU_NAMES.items() if part in measured.device_name),
+        None,
+    )
+    if base_name is None:
+        raise InvalidOptionError(
+            f"GPU {measured.device_name!r} is not one of the presets' ({', '.join(GPU_NAMES)}); "
+            f"name the closest with --gpu ({', '.join(PRESETS)})"
+        )
+
+    def all_reduce(level: str) -> tuple[float, float] | None:
+        profile = measured.profiles.get(level)
+        if profile is None:
+            return None
+        fit = next((f for f in profile.fits if f.collective == "all_reduce"), None)
+        if fit is None:
+            return None
+        return fit.busbw_gbps / 8, fit.alpha_us  # Gbit/s -> GB/s
+
+    whole = all_reduce("cluster")
+    if whole is None:
+        raise InvalidOptionError("a cluster profile needs all_reduce measured at two sizes")
+    inside = all_reduce("node")
+    return fitted_cluster(
+        preset(base_name),
+        name=name,
+        nodes=measured.nodes,
+        gpus_per_node=measured.gpus_per_node,
+        node_busbw_gbps=inside[0] if inside else None,
+        node_alpha_us=inside[1] if inside else None,
+        cluster_busbw_gbps=whole[0],
+        cluster_alpha_us=whole[1],
+    )
+
+
+def collect_collectives(
+    request: CollectivesRequest,
+    *,
+    launcher: str,
+    db: str | None,
+    slurm: SlurmSettings | None = None,
+    progress: Callable[[str], None] | None = None,
+    on_submit: Callable[[str], None] | None = None,
+) -> tuple[Measured, list[int]] | None:
+    """Measure under ``launcher`` (``env``: this process is a rank; ``slurm``: submit and wait)
+    and store rank 0's fits (and, with ``request.name``, the named cluster) in ``db``; the
+    outcome and the fits' ids, ``None`` on ranks other than 0.
+
+    Raises:
+        InvalidOptionError: bad settings, no launcher environment, NCCL without GPUs.
+        ClusterRunError: the Slurm job failed.
+    """
+    if launcher == "env":
+        measured = measure_joined(request)
+    elif launcher == "slurm":
+        settings = slurm or SlurmSettings()
+        measured = submit_slurm(
+            settings,
+            _slurm_task,
+            request,
+            name="ddlsim-collectives",
+            use_gpus=request.backend == "nccl",
+            progress=progress,
+            on_submit=on_submit,
+        )
+    else:
+        raise InvalidOptionError(f"launcher {launcher!r} is not external; allowed: env, slurm")
+    if measured is None:
+        return None
+    if request.name is not None:
+        cluster = cluster_from(measured, name=request.name, gpu=request.gpu)
+        measured = dataclasses.replace(measured, cluster=cluster)
+    with Store.open(db) as store:
+        with store.transaction() as session:
+            ids = [
+                add_collective_profile(session, profile=record)
+                for profile in measured.profiles.values()
+                for record in collective_records(profile)
+            ]
+        if measured.cluster is not None:
+            store.save_cluster_profile(
+                name=measured.cluster.name,
+                spec=measured.cluster.to_dict(),
+                measured={
+                    level: profile.to_json_dict() for level, profile in measured.profiles.items()
+                },
+            )
+    return measured, ids
+
+
+def resolve_cluster(text: str, db: str | None) -> GpuClusterSpec:
+    """``--cluster``: a preset (``PRESET:NODES``), inline JSON, a file, or the name of a
+    cluster profile stored in ``db`` (``NAME`` or ``NAME:NODES``, nodes as measured by
+    default).
+
+    Raises:
+        InvalidClusterError: none of those; the message lists the stored names.
+    """
+    try:
+        return GpuClusterSpec.parse(text)
+    except InvalidClusterError as exc:
+        match = re.fullmatch(r"\s*([a-z0-9][a-z0-9._-]*)(?::(\d+))?\s*", text)
+        if match is None:
+            raise
+        with Store.open(db) as store:
+            stored = store.cluster_profiles()
+        if match.group(1) not in stored:
+            names = ", ".join(stored) or "none stored"
+            raise InvalidClusterError(f"{exc}; or a stored cluster profile: {names}") from None
+        spec = GpuClusterSpec.from_dict(stored[match.group(1)]["spec"])
+        return spec.with_nodes(int(match.group(2))) if match.group(2) else spec
+
+
+def describe(measured: Measured) -> dict[str, Any]:
+    """What was measured, for ``--json``."""
+    return {
+        "nodes": measured.nodes,
+        "gpus_per_node": measured.gpus_per_node,
+        "device": measured.device_name,
+        "levels": {level: p.to_json_dict() for level, p in measured.profiles.items()},
+        "cluster": measured.cluster.to_dict() if measured.cluster is not None else None,
+    }
