@@ -11,13 +11,14 @@ the submitting process waits for the job, whose tasks are ``env`` ranks
 
 import dataclasses
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.executor.run import RunOptions, RunResult, run_joined
+from ddlsim.executor.run import RunOptions, RunResult, compare_joined, run_joined
 from ddlsim.profiler.cluster.external import ENV_KEYS, ExternalRank
 
 LAUNCHERS: tuple[str, ...] = ("local", "env", "slurm")
@@ -26,6 +27,8 @@ __all__ = [
     "LAUNCHERS",
     "ExternalRank",
     "SlurmSettings",
+    "compare_env",
+    "compare_slurm",
     "export_slurm_environment",
     "run_env",
     "run_slurm",
@@ -65,6 +68,104 @@ def run_env(
         network=place.network(launcher, options.resolved_backend),
         progress=progress,
     )
+
+
+def compare_env(
+    spec: ModelSpec,
+    strategies: list[Strategy] | None,
+    options: RunOptions,
+    *,
+    rounds: int,
+    settle: int = 1,
+    launcher: str = "env",
+    progress: Callable[[str], None] | None = None,
+) -> list[RunResult] | None:
+    """Strategies side by side (:func:`executor.run.compare_training`'s protocol) on an
+    externally launched group: rank 0 gives ``strategies`` (the others ``None``) and they are
+    agreed on over the process group before anything runs; an empty list runs nothing (rank
+    0 had nothing to verify, or failed: the others must not wait for it). Rank 0's results,
+    ``None`` elsewhere.
+
+    Raises:
+        InvalidOptionError: no launcher environment, or a world size other than the group's.
+    """
+    import torch.distributed as dist
+
+    place = ExternalRank.from_environ()
+    if options.world_size not in (1, place.world_size):
+        raise InvalidOptionError(
+            f"world_size({options.world_size}) differs from the launcher's "
+            f"WORLD_SIZE({place.world_size})"
+        )
+    options = dataclasses.replace(options, world_size=place.world_size, pin=False)
+    if not dist.is_initialized():
+        backend = options.resolved_backend
+        # Objects travel over gloo on the CPU; a CUDA run's tensors over NCCL.
+        dist.init_process_group(
+            "cpu:gloo,cuda:nccl" if backend == "nccl" else backend,
+            timeout=timedelta(seconds=options.timeout_s),
+        )
+    box: list[Any] = [None]
+    if place.rank == 0:
+        box = [[strategy.to_dict() for strategy in strategies or []]]
+    dist.broadcast_object_list(box, src=0)
+    agreed = [Strategy.from_dict(raw) for raw in box[0]]
+    if not agreed:
+        dist.destroy_process_group()
+        return [] if place.rank == 0 else None
+    return compare_joined(
+        spec,
+        agreed,
+        options,
+        rounds=rounds,
+        settle=settle,
+        network=place.network(launcher, options.resolved_backend),
+        progress=progress,
+    )
+
+
+def _slurm_compare_task(
+    spec: dict[str, Any],
+    strategies: list[dict[str, Any]],
+    options: dict[str, Any],
+    rounds: int,
+) -> list[RunResult] | None:
+    export_slurm_environment()
+    return compare_env(
+        ModelSpec.from_dict(spec),
+        [Strategy.from_dict(raw) for raw in strategies],
+        RunOptions(**options),
+        rounds=rounds,
+        launcher="slurm",
+    )
+
+
+def compare_slurm(
+    spec: ModelSpec,
+    strategies: list[Strategy],
+    options: RunOptions,
+    settings: "SlurmSettings",
+    *,
+    rounds: int,
+    progress: Callable[[str], None] | None = None,
+    on_submit: Callable[[str], None] | None = None,
+) -> list[RunResult]:
+    """Strategies side by side in one Slurm job (``settings``); rank 0's results."""
+    fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
+    fields["world_size"] = settings.world_size
+    results: list[RunResult] = submit_slurm(
+        settings,
+        _slurm_compare_task,
+        spec.to_dict(),
+        [strategy.to_dict() for strategy in strategies],
+        fields,
+        rounds,
+        name=f"ddlsim-verify-{spec.label}",
+        use_gpus=options.device == "cuda",
+        progress=progress,
+        on_submit=on_submit,
+    )
+    return results
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -201,7 +201,7 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
         rank,
         by_local_rank=bool(config.get("device_by_local_rank")),
     )
-    if world_size > 1:
+    if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(
             str(config.get("backend", "gloo")),
             timeout=timedelta(seconds=float(config["collective_timeout_s"])),

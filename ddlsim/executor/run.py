@@ -489,9 +489,28 @@ def run_joined(
     Raises:
         InvalidStrategyError, InvalidOptionError: before the process group is joined.
     """
+    results = compare_joined(
+        spec, [strategy], options, rounds=1, settle=0, network=network, progress=progress
+    )
+    return None if results is None else results[0]
+
+
+def compare_joined(
+    spec: ModelSpec,
+    strategies: list[Strategy],
+    options: RunOptions,
+    *,
+    rounds: int,
+    settle: int,
+    network: str,
+    progress: Callable[[str], None] | None = None,
+) -> list[RunResult] | None:
+    """:func:`compare_training`'s launch with this process as one of its ranks (see
+    :func:`run_joined`); rank 0's results, ``None`` on the other ranks. The process group may
+    already be joined (strategies agreed on over it first); it is left when the launch ends."""
     say = progress or (lambda message: None)
     rank = int(os.environ.get("RANK", "0"))
-    graph, config = _prepare(spec, [strategy], options, rounds=1, settle=0, progress=say)
+    graph, config = _prepare(spec, strategies, options, rounds=rounds, settle=settle, progress=say)
     config["device_by_local_rank"] = True
     from ddlsim.executor.rank_main import run_rank
 
@@ -511,12 +530,12 @@ def run_joined(
         raw,
         spec=spec,
         graph=graph,
-        strategies=[strategy],
+        strategies=strategies,
         options=options,
         network=network,
         rank_cores=cores,
         wall_s=wall_s,
-    )[0]
+    )
 
 
 def _capture_optimizer(name: str) -> Optimizer:

@@ -58,7 +58,7 @@ from ddlsim.workflows.profiles import (
     normalized_bandwidth,
 )
 from ddlsim.workflows.requests import Progress, SearchRequest, no_progress
-from ddlsim.workflows.verify import verify
+from ddlsim.workflows.verify import Compare, verify
 
 AUTOTUNE_RUNS = MAX_RUNS
 """Autotune measures live runs: at most this many, whatever the budget."""
@@ -70,6 +70,7 @@ def search(
     progress: Progress = no_progress,
     *,
     commit: Callable[[Session, dict[str, Any]], None] | None = None,
+    compare: Compare | None = None,
 ) -> dict[str, Any]:
     """The search ``request`` describes, as its JSON payload: the pick (``best``), DDP's
     defaults (``baseline``) and the ``top`` candidates, each with its predicted and scored time,
@@ -80,7 +81,9 @@ def search(
     ``progress(fraction, message)`` hears the strategies priced against the budget, then the
     verifying runs. It may raise to stop the search. The verifying runs are stored in one
     transaction with whatever ``commit(session, payload)`` writes (a queued task's end): after a
-    crash, either both are stored or neither is.
+    crash, either both are stored or neither is. ``compare`` runs them (default: this
+    machine's emulated cluster; :mod:`ddlsim.executor.launchers` for a launched group or a
+    Slurm job).
 
     Raises:
         DdlsimError: a model or plan the tools cannot handle, a study storage Optuna cannot
@@ -106,7 +109,7 @@ def search(
     runs: list[RunResult] = []
     if request.verify:
         progress(None, "running the pick and the baseline for real")
-        verified, runs = verify(request, payload, progress)
+        verified, runs = verify(request, payload, progress, compare=compare)
         payload.update(verified)
     if runs or commit is not None:
         with store.transaction() as session:

@@ -1,8 +1,10 @@
 """A search's pick checked against the executor: the pick, the next candidates and DDP's
 defaults run side by side in one launch under the measurement protocol."""
 
+from collections.abc import Callable
 from typing import Any
 
+from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.executor.protocol import speedup as measured_speedup
 from ddlsim.executor.run import RunOptions, RunResult, compare_training
@@ -10,9 +12,36 @@ from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.workflows.profiles import normalized_bandwidth
 from ddlsim.workflows.requests import Progress, SearchRequest, no_progress
 
+Compare = Callable[[ModelSpec, list[Strategy], RunOptions, int], list[RunResult]]
+"""``compare(model, strategies, options, rounds)``: the strategies measured side by side (this
+machine's emulated cluster by default; a launched group or a Slurm job otherwise). Called once,
+with every strategy to run, possibly none."""
+
+
+def _compare_here(
+    model: ModelSpec, strategies: list[Strategy], options: RunOptions, rounds: int
+) -> list[RunResult]:
+    if not strategies:
+        return []
+    remove_stale_namespaces()
+    return compare_training(model, strategies, options, rounds=rounds)
+
+
+def verify_options(request: SearchRequest) -> RunOptions:
+    """The options the verifying runs take (the same on every rank of a launched group)."""
+    return RunOptions(
+        world_size=request.world_size,
+        bandwidth=normalized_bandwidth(request.bandwidth),
+        **request.measure.run_options(),
+    )
+
 
 def verify(
-    request: SearchRequest, payload: dict[str, Any], progress: Progress = no_progress
+    request: SearchRequest,
+    payload: dict[str, Any],
+    progress: Progress = no_progress,
+    *,
+    compare: Compare | None = None,
 ) -> tuple[dict[str, Any], list[RunResult]]:
     """Run the pick, the next ``verify_top`` - 1 candidates and the baseline through the
     executor, side by side: what was measured (for the payload) and the runs, for the caller
@@ -29,12 +58,7 @@ def verify(
     memory, every rank being here): its measured time is ``None`` and ``not_run`` says why. A
     strategy listed twice (the pick is DDP's defaults: ``kept_baseline``) runs once.
     """
-    remove_stale_namespaces()
-    options = RunOptions(
-        world_size=request.world_size,
-        bandwidth=normalized_bandwidth(request.bandwidth),
-        **request.measure.run_options(),
-    )
+    options = verify_options(request)
     named = _verified_candidates(payload, request.verify_top)
     keys = {name: _key(entry["strategy"]) for name, entry in named.items()}
     not_run: dict[str, str] = {}
@@ -47,15 +71,14 @@ def verify(
             )
         else:
             to_run.setdefault(keys[name], Strategy.from_dict(entry["strategy"]))
-    runs: dict[str, RunResult] = {}
     if to_run:
         progress(
             None, f"running {len(to_run)} strateg{'y' if len(to_run) == 1 else 'ies'} for real"
         )
-        launched = compare_training(
-            request.model, list(to_run.values()), options, rounds=request.verify_rounds
-        )
-        runs = dict(zip(to_run, launched, strict=True))
+    launched = (compare or _compare_here)(
+        request.model, list(to_run.values()), options, request.verify_rounds
+    )
+    runs: dict[str, RunResult] = dict(zip(to_run, launched, strict=True))
 
     def median(name: str) -> float | None:
         got = runs.get(keys[name])

@@ -248,3 +248,92 @@ def test_the_cli_refuses_env_outside_a_launcher(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "--launcher env joins a process group" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+SEARCH_ARGS = [
+    "--world-size", "2", "--verify", "--iters", "3", "--measure-budget", "0", "--budget",
+    "20", "--verify-rounds", "1", "--json",
+]  # fmt: skip
+
+
+def _check_verified(report: dict[str, Any]) -> None:
+    assert report["measured_baseline_ms"] > 0
+    assert report["measured_best_ms"] > 0
+    assert report["measurement"]["side_by_side"] in (1, 2)
+    assert report["verified"], "the verifying runs are reported"
+
+
+def test_search_verify_runs_on_a_torchrun_group(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}", "OMP_NUM_THREADS": "1"}
+    agents = [
+        subprocess.Popen(
+            [
+                str(BIN / "torchrun"),
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(node),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "-m",
+                "ddlsim",
+                "search",
+                "gpt2-tiny",
+                "--launcher",
+                "env",
+                *SEARCH_ARGS,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        for node in range(2)
+    ]
+    outputs = []
+    for agent in agents:
+        out, err = agent.communicate(timeout=600)
+        assert agent.returncode == 0, err[-3000:]
+        outputs.append(out)
+    report = _report(outputs)
+    _check_verified(report)
+    networks = {row[2] for row in stored_runs(tmp_path / "store.db")}
+    assert len(networks) == 1
+    assert networks.pop().startswith("env: 2 node(s) x 1 rank(s), gloo rendezvous at ")
+    assert report["measurement"]["side_by_side"] == len(stored_runs(tmp_path / "store.db"))
+
+
+def test_search_verify_runs_as_a_slurm_job(tmp_path: Path) -> None:
+    env = {**os.environ, "DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [
+            str(BIN / "ddlsim"),
+            "search",
+            "gpt2-tiny",
+            "--launcher",
+            "slurm",
+            "--submitit-cluster",
+            "local",
+            "--gpus-per-node",
+            "2",
+            "--slurm-folder",
+            str(tmp_path / "jobs"),
+            *SEARCH_ARGS,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    _check_verified(report)
+    assert report["slurm_job_id"]
+    assert {row[2].split(":")[0] for row in stored_runs(tmp_path / "store.db")} == {"slurm"}
