@@ -22,7 +22,6 @@ Then it prints, and checks:
 
 import argparse
 import collections
-import contextlib
 import datetime
 import json
 import os
@@ -30,15 +29,14 @@ import platform
 import signal
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from ddlsim.data.store import Store
+from ddlsim.data.store.scratch import scratch_schema
 from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.profiler.batch import gpus_needed, parse_batch_data
 from ddlsim.profiler.cluster.hosts import EmulatedHosts
@@ -61,22 +59,6 @@ def kernel_jobs(count: int) -> list[dict[str, Any]]:
     return jobs[:count]
 
 
-@contextlib.contextmanager
-def fresh_schema(base_url: str) -> Iterator[str]:
-    """A URL of a new, empty schema of the server at ``base_url``; dropped afterwards."""
-    schema = f"ddlsim_hosts_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base_url)
-    with admin.begin() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(base_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
-
-
 def collect(
     base_url: str,
     *,
@@ -89,7 +71,7 @@ def collect(
     """Run the collection (see the module's docstring); what it measured and found."""
     entries = kernel_jobs(jobs)
     parsed = parse_batch_data({"jobs": entries})
-    with fresh_schema(base_url) as url, Store.open(url) as store:
+    with scratch_schema(base_url, prefix="ddlsim_hosts") as url, Store.open(url) as store:
         queue = TaskQueue(store)
         children = [
             ("profile-job", {"jobs": [{"kind": j.kind, **j.settings}]}, gpus_needed(j))

@@ -39,6 +39,22 @@ MAX_SLURM_NODES = 4096
 MAX_SLURM_MINUTES = 60 * 24 * 14
 
 
+def _in_group(options: RunOptions) -> tuple[ExternalRank, RunOptions]:
+    """This process's place, and ``options`` for its group (its world size; no pinning: the
+    launcher places the ranks).
+
+    Raises:
+        InvalidOptionError: no launcher environment, or a world size other than the group's.
+    """
+    place = ExternalRank.from_environ()
+    if options.world_size not in (1, place.world_size):
+        raise InvalidOptionError(
+            f"world_size({options.world_size}) differs from the launcher's "
+            f"WORLD_SIZE({place.world_size}); leave --world-size out under --launcher env"
+        )
+    return place, dataclasses.replace(options, world_size=place.world_size, pin=False)
+
+
 def run_env(
     spec: ModelSpec,
     strategy: Strategy,
@@ -54,13 +70,7 @@ def run_env(
         InvalidOptionError: no launcher's environment, or a world size that differs from it.
         InvalidStrategyError: the strategy does not fit the model or the group.
     """
-    place = ExternalRank.from_environ()
-    if options.world_size not in (1, place.world_size):
-        raise InvalidOptionError(
-            f"world_size({options.world_size}) differs from the launcher's "
-            f"WORLD_SIZE({place.world_size}); leave --world-size out under --launcher env"
-        )
-    options = dataclasses.replace(options, world_size=place.world_size, pin=False)
+    place, options = _in_group(options)
     return run_joined(
         spec,
         strategy,
@@ -91,13 +101,7 @@ def compare_env(
     """
     import torch.distributed as dist
 
-    place = ExternalRank.from_environ()
-    if options.world_size not in (1, place.world_size):
-        raise InvalidOptionError(
-            f"world_size({options.world_size}) differs from the launcher's "
-            f"WORLD_SIZE({place.world_size})"
-        )
-    options = dataclasses.replace(options, world_size=place.world_size, pin=False)
+    place, options = _in_group(options)
     if not dist.is_initialized():
         backend = options.resolved_backend
         # Objects travel over gloo on the CPU; a CUDA run's tensors over NCCL.

@@ -6,15 +6,13 @@ under ``CI=true``, where they fail: CI must test both backends.
 """
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from ddlsim.data.store import Store
+from ddlsim.data.store.scratch import scratch_schema
 
 POSTGRES_ENV = "DDLSIM_TEST_POSTGRES_URL"
 
@@ -34,17 +32,8 @@ def _postgres_base_url() -> str:
 
 def _fresh_postgres_schema(base_url: str) -> Iterator[str]:
     """A URL whose connections see only a new, empty schema; the schema is dropped after."""
-    schema = f"ddlsim_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base_url)
-    with admin.begin() as connection:
-        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
-    url = make_url(base_url).update_query_dict({"options": f"-csearch_path={schema}"})
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.begin() as connection:
-            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with scratch_schema(base_url, prefix="ddlsim_test") as url:
+        yield url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

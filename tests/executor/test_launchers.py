@@ -4,9 +4,7 @@ losses are those of a single process of the same precision."""
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +17,8 @@ from ddlsim.data.zoo import ZOO
 from ddlsim.executor.launchers import ExternalRank, SlurmSettings
 from tests.executor.harness import assert_losses_match
 from tests.executor.test_gpu_grade import RTOL, single_losses
+from tests.torchrun import BIN, torchrun_agents
 
-BIN = Path(sys.executable).parent
 GPT2 = ZOO["gpt2-tiny"]
 STRATEGIES: dict[str, dict[str, Any]] = {
     "ddp-defaults": {},
@@ -34,51 +32,19 @@ STRATEGIES: dict[str, dict[str, Any]] = {
 RUN_ARGS = ["--iters", "5", "--seed", "0", "--json", "--measure-budget", "0"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def torchrun_nodes(
     tmp_path: Path, strategy: dict[str, Any], *, nproc: int, nodes: int = 2, timeout_s: int = 600
 ) -> list[str]:
     """``ddlsim run gpt2-tiny --launcher env`` on ``nodes`` torchrun agents of ``nproc``
     ranks each, all on this machine; every agent's stdout."""
-    port = _free_port()
-    env = {**os.environ, "DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}", "OMP_NUM_THREADS": "1"}
-    command = [
-        str(BIN / "torchrun"),
-        "--nnodes", str(nodes),
-        "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{port}",
-        "-m", "ddlsim", "run", "gpt2-tiny", "--launcher", "env",
-        "--strategy", json.dumps(strategy), *RUN_ARGS,
-    ]  # fmt: skip
-    agents = [
-        subprocess.Popen(
-            [*command[:7], "--node-rank", str(node), *command[7:]],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-        )
-        for node in range(nodes)
-    ]
-    outputs = []
-    try:
-        for agent in agents:
-            out, err = agent.communicate(timeout=timeout_s)
-            assert agent.returncode == 0, err[-3000:]
-            outputs.append(out)
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                agent.kill()
-                agent.wait()
-    return outputs
+    return torchrun_agents(
+        ["run", "gpt2-tiny", "--launcher", "env", "--strategy", json.dumps(strategy), *RUN_ARGS],
+        nodes=nodes,
+        nproc=nproc,
+        env={"DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}"},
+        cwd=tmp_path,
+        timeout_s=timeout_s,
+    )
 
 
 def stored_runs(db: Path) -> list[tuple[Any, ...]]:
@@ -115,27 +81,12 @@ def test_torchrun_nodes_match_a_single_process(tmp_path: Path, name: str, nproc:
     assert report["id"] == 1
 
 
-def test_slurm_on_submitits_local_executor(tmp_path: Path) -> None:
+def _on_local_slurm(tmp_path: Path, args: list[str]) -> dict[str, Any]:
+    """``ddlsim ARGS --launcher slurm`` on submitit's local executor (2 ranks); its JSON."""
     env = {**os.environ, "DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}", "OMP_NUM_THREADS": "1"}
+    command = [str(BIN / "ddlsim"), *args, "--launcher", "slurm", "--submitit-cluster", "local"]
     done = subprocess.run(
-        [
-            str(BIN / "ddlsim"),
-            "run",
-            "gpt2-tiny",
-            "--launcher",
-            "slurm",
-            "--submitit-cluster",
-            "local",
-            "--nodes",
-            "1",
-            "--gpus-per-node",
-            "2",
-            "--slurm-folder",
-            str(tmp_path / "jobs"),
-            "--time",
-            "10",
-            *RUN_ARGS,
-        ],
+        [*command, "--gpus-per-node", "2", "--slurm-folder", str(tmp_path / "jobs")],
         capture_output=True,
         text=True,
         env=env,
@@ -143,9 +94,14 @@ def test_slurm_on_submitits_local_executor(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
-    assert report["launcher"] == "slurm"
+    report: dict[str, Any] = json.loads(done.stdout)
     assert report["slurm_job_id"] and f"Slurm job {report['slurm_job_id']}" in done.stderr
+    return report
+
+
+def test_slurm_on_submitits_local_executor(tmp_path: Path) -> None:
+    report = _on_local_slurm(tmp_path, ["run", "gpt2-tiny", "--time", "10", *RUN_ARGS])
+    assert report["launcher"] == "slurm"
     assert report["world_size"] == 2
     want = single_losses(GPT2, Strategy(), len(report["losses"]))
     assert_losses_match(report["losses"], want)
@@ -264,43 +220,13 @@ def _check_verified(report: dict[str, Any]) -> None:
 
 
 def test_search_verify_runs_on_a_torchrun_group(tmp_path: Path) -> None:
-    port = _free_port()
-    env = {**os.environ, "DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}", "OMP_NUM_THREADS": "1"}
-    agents = [
-        subprocess.Popen(
-            [
-                str(BIN / "torchrun"),
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "1",
-                "--node-rank",
-                str(node),
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                f"127.0.0.1:{port}",
-                "-m",
-                "ddlsim",
-                "search",
-                "gpt2-tiny",
-                "--launcher",
-                "env",
-                *SEARCH_ARGS,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-        )
-        for node in range(2)
-    ]
-    outputs = []
-    for agent in agents:
-        out, err = agent.communicate(timeout=600)
-        assert agent.returncode == 0, err[-3000:]
-        outputs.append(out)
+    outputs = torchrun_agents(
+        ["search", "gpt2-tiny", "--launcher", "env", *SEARCH_ARGS],
+        nodes=2,
+        nproc=1,
+        env={"DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}"},
+        cwd=tmp_path,
+    )
     report = _report(outputs)
     _check_verified(report)
     networks = {row[2] for row in stored_runs(tmp_path / "store.db")}
@@ -310,30 +236,6 @@ def test_search_verify_runs_on_a_torchrun_group(tmp_path: Path) -> None:
 
 
 def test_search_verify_runs_as_a_slurm_job(tmp_path: Path) -> None:
-    env = {**os.environ, "DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [
-            str(BIN / "ddlsim"),
-            "search",
-            "gpt2-tiny",
-            "--launcher",
-            "slurm",
-            "--submitit-cluster",
-            "local",
-            "--gpus-per-node",
-            "2",
-            "--slurm-folder",
-            str(tmp_path / "jobs"),
-            *SEARCH_ARGS,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    report = _on_local_slurm(tmp_path, ["search", "gpt2-tiny", *SEARCH_ARGS])
     _check_verified(report)
-    assert report["slurm_job_id"]
     assert {row[2].split(":")[0] for row in stored_runs(tmp_path / "store.db")} == {"slurm"}

@@ -3,10 +3,7 @@ cluster profile fitted to measured all-reduce gives the measured bus bandwidth b
 ``--cluster NAME`` prices with it."""
 
 import json
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,63 +19,33 @@ from ddlsim.workflows.clusters import (
     cluster_from,
     resolve_cluster,
 )
-
-BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.torchrun import BIN, torchrun_agents
 
 
 def test_collectives_under_torchrun_are_fitted_per_level_and_stored(tmp_path: Path) -> None:
-    port = _free_port()
-    env = {**os.environ, "DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}", "OMP_NUM_THREADS": "1"}
-    agents = [
-        subprocess.Popen(
-            [
-                str(BIN / "torchrun"),
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "2",
-                "--node-rank",
-                str(node),
-                "--rdzv-backend",
-                "c10d",
-                "--rdzv-endpoint",
-                f"127.0.0.1:{port}",
-                "-m",
-                "ddlsim",
-                "profile",
-                "collectives",
-                "--launcher",
-                "env",
-                "--backend",
-                "gloo",
-                "--sizes",
-                "16k,256k",
-                "--repeats",
-                "2",
-                "--collectives",
-                "all_reduce",
-                "all_gather",
-                "sendrecv",
-                "--json",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for node in range(2)
-    ]
-    outputs = []
-    for agent in agents:
-        out, err = agent.communicate(timeout=600)
-        assert agent.returncode == 0, err[-3000:]
-        outputs.append(out)
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    outputs = torchrun_agents(
+        [
+            "profile",
+            "collectives",
+            "--launcher",
+            "env",
+            "--backend",
+            "gloo",
+            "--sizes",
+            "16k,256k",
+            "--repeats",
+            "2",
+            "--collectives",
+            "all_reduce",
+            "all_gather",
+            "sendrecv",
+            "--json",
+        ],
+        nodes=2,
+        nproc=2,
+        env={"DDLSIM_DB": db},
+    )
     printed = [json.loads(out) for out in outputs if out.strip()]
     assert len(printed) == 1, "rank 0 alone reports"
     report = printed[0]
@@ -92,7 +59,7 @@ def test_collectives_under_torchrun_are_fitted_per_level_and_stored(tmp_path: Pa
         "sendrecv",
     }
     assert levels["node"]["world_size"] == 2 and levels["cluster"]["world_size"] == 4
-    with Store.open(env["DDLSIM_DB"]) as store:
+    with Store.open(db) as store:
         stored = store.collective_profiles()
     assert sorted((p.bandwidth, p.collective) for p in stored) == [
         ("env:cluster", "all_gather"),
