@@ -10,6 +10,8 @@ the submitting process waits for the job, whose tasks are ``env`` ranks
 """
 
 import dataclasses
+import json
+import os
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -91,10 +93,11 @@ def compare_env(
     progress: Callable[[str], None] | None = None,
 ) -> list[RunResult] | None:
     """Strategies side by side (:func:`executor.run.compare_training`'s protocol) on an
-    externally launched group: rank 0 gives ``strategies`` (the others ``None``) and they are
-    agreed on over the process group before anything runs; an empty list runs nothing (rank
-    0 had nothing to verify, or failed: the others must not wait for it). Rank 0's results,
-    ``None`` elsewhere.
+    externally launched group: rank 0 gives ``strategies`` (the others ``None``), which it
+    posts to the launch's store and the others wait for (up to ``AGREE_TIMEOUT_S``: rank 0 may
+    search first), before the group is joined with the run's collective timeout; an empty list
+    runs nothing (rank 0 had nothing to verify, or failed: the others must not wait for it).
+    Rank 0's results, ``None`` elsewhere.
 
     Raises:
         InvalidOptionError: no launcher environment, or a world size other than the group's.
@@ -102,21 +105,22 @@ def compare_env(
     import torch.distributed as dist
 
     place, options = _in_group(options)
-    if not dist.is_initialized():
-        backend = options.resolved_backend
-        # Objects travel over gloo on the CPU; a CUDA run's tensors over NCCL.
-        dist.init_process_group(
-            "cpu:gloo,cuda:nccl" if backend == "nccl" else backend,
-            timeout=timedelta(seconds=options.timeout_s),
-        )
-    box: list[Any] = [None]
+    store = _launch_store(place)
     if place.rank == 0:
-        box = [[strategy.to_dict() for strategy in strategies or []]]
-    dist.broadcast_object_list(box, src=0)
-    agreed = [Strategy.from_dict(raw) for raw in box[0]]
+        store.set("strategies", json.dumps([s.to_dict() for s in strategies or []]))
+    else:
+        # Rank 0 may search for a long time first: wait on the store, not in a collective.
+        store.wait(["strategies"])
+    agreed = [Strategy.from_dict(raw) for raw in json.loads(store.get("strategies"))]
     if not agreed:
-        dist.destroy_process_group()
         return [] if place.rank == 0 else None
+    dist.init_process_group(
+        options.resolved_backend,
+        store=store,
+        rank=place.rank,
+        world_size=place.world_size,
+        timeout=timedelta(seconds=options.collective_timeout_s),
+    )
     return compare_joined(
         spec,
         agreed,
@@ -126,6 +130,29 @@ def compare_env(
         network=place.network(launcher, options.resolved_backend),
         progress=progress,
     )
+
+
+# How long the group's other ranks wait for rank 0 to agree on what to run (its search).
+AGREE_TIMEOUT_S = 24 * 3600.0
+
+
+def _launch_store(place: ExternalRank) -> Any:
+    """The launch's key-value store at ``MASTER_ADDR:MASTER_PORT``, under a prefix of ours:
+    torchrun's agent hosts it (``TORCHELASTIC_USE_AGENT_STORE``), else rank 0 does, as
+    ``init_process_group`` would."""
+    import torch.distributed as dist
+
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        place.master_addr,
+        place.master_port,
+        place.world_size,
+        is_master=place.rank == 0 and not agent,
+        timeout=timedelta(seconds=AGREE_TIMEOUT_S),
+        wait_for_workers=False,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"ddlsim/compare/{attempt}/", store)
 
 
 def _slurm_compare_task(

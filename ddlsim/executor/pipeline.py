@@ -448,10 +448,13 @@ class PipelineTrainer(SynchronousTrainer):
         self.losses_seen.clear()
         indices = torch.arange(self.micro_batches, device=self.ctx.device)
         losses: list[torch.Tensor] = []
-        if self.modules[0].first:
-            self.schedule.step(indices, target=indices, losses=losses, return_outputs=False)
-        else:
-            self.schedule.step(target=indices, losses=losses, return_outputs=False)
+        # The strategy's precision: every stage's forward under autocast (weights stay fp32,
+        # the hidden states between stages come out of residual additions in fp32).
+        with self.ctx.precision.autocast():
+            if self.modules[0].first:
+                self.schedule.step(indices, target=indices, losses=losses, return_outputs=False)
+            else:
+                self.schedule.step(target=indices, losses=losses, return_outputs=False)
         for module in self.modules:
             if module.order != list(range(self.micro_batches)):
                 raise RuntimeError(

@@ -40,6 +40,7 @@ def check_precision(strategy: Strategy, device: str) -> None:
             "parallel.fsdp": plan.fsdp,
             "parallel.distributed_optimizer": plan.distributed_optimizer,
             "parallel.pp > 1": plan.pp > 1,
+            "parallel.tp > 1": plan.tp > 1,
             "parallel.grid": bool(plan.grid),
             "tensor_fusion.dear": strategy.tensor_fusion.dear,
         }
@@ -47,8 +48,7 @@ def check_precision(strategy: Strategy, device: str) -> None:
         if named:
             raise InvalidStrategyError(
                 f"precision 'fp16' needs a gradient scaler, which this executor applies to "
-                f"DDP, bucket and tensor-parallel plans only; {', '.join(named)} runs bf16 "
-                "or fp32"
+                f"DDP and bucket plans only; {', '.join(named)} runs bf16 or fp32"
             )
     if precision != "fp8":
         return

@@ -10,7 +10,6 @@ the result once the whole run has succeeded, so a failed run leaves no half-writ
 import contextlib
 import dataclasses
 import json
-import os
 import platform
 import statistics
 import sys
@@ -23,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.errors import DdlsimError, InvalidOptionError, one_line
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.cluster import BACKENDS
 from ddlsim.data.specs.model import ModelSpec
@@ -39,7 +39,13 @@ from ddlsim.executor.protocol import (
 )
 from ddlsim.profiler.allocator import ALLOCATOR_ENV
 from ddlsim.profiler.capture import CaptureOptions, Optimizer, capture_graph
-from ddlsim.profiler.cluster import MAX_WORLD_SIZE, EmulatedCluster, LoopbackFallbackWarning
+from ddlsim.profiler.cluster import (
+    MAX_WORLD_SIZE,
+    ClusterRunError,
+    EmulatedCluster,
+    LoopbackFallbackWarning,
+)
+from ddlsim.profiler.cluster.external import ExternalRank
 
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 # The measurement protocol's defaults have one home: the stopping rule's.
@@ -131,8 +137,10 @@ class RunOptions:
             return self.backend
         return "nccl" if self.device == "cuda" else "gloo"
 
-    def check_devices(self) -> None:
-        """Refuse a CUDA run this machine cannot host, before any rank starts.
+    def check_devices(self, *, ranks_here: int | None = None) -> None:
+        """Refuse a CUDA run this machine cannot host, before any rank starts; ``ranks_here``
+        is how many of the ranks run on this machine (default: all of them; under an external
+        launcher, this node's).
 
         Raises:
             InvalidOptionError: no CUDA device, or fewer GPUs than NCCL ranks (NCCL refuses two
@@ -145,9 +153,10 @@ class RunOptions:
                 "device 'cuda' was asked for but torch sees no CUDA device; use device 'cpu'"
             )
         count = torch.cuda.device_count()
-        if self.world_size > 1 and self.resolved_backend == "nccl" and count < self.world_size:
+        here = self.world_size if ranks_here is None else ranks_here
+        if self.world_size > 1 and self.resolved_backend == "nccl" and count < here:
             raise InvalidOptionError(
-                f"backend 'nccl' needs one GPU per rank: world_size({self.world_size}) > "
+                f"backend 'nccl' needs one GPU per rank: {here} rank(s) on this machine > "
                 f"{count} GPU(s) here; use fewer ranks, or backend 'gloo' to share GPUs"
             )
 
@@ -345,9 +354,10 @@ def _prepare(
     rounds: int,
     settle: int,
     progress: Callable[[str], None],
+    ranks_here: int | None = None,
 ) -> tuple[IterationGraph, dict[str, Any]]:
     """Check everything and build the ranks' config: the captured graph and the config."""
-    options.check_devices()
+    options.check_devices(ranks_here=ranks_here)
     for strategy in strategies:
         check_device(strategy, options.device)
     progress(f"capturing the graph of {spec.label}")
@@ -509,8 +519,17 @@ def compare_joined(
     :func:`run_joined`); rank 0's results, ``None`` on the other ranks. The process group may
     already be joined (strategies agreed on over it first); it is left when the launch ends."""
     say = progress or (lambda message: None)
-    rank = int(os.environ.get("RANK", "0"))
-    graph, config = _prepare(spec, strategies, options, rounds=rounds, settle=settle, progress=say)
+    place = ExternalRank.from_environ()
+    rank = place.rank
+    graph, config = _prepare(
+        spec,
+        strategies,
+        options,
+        rounds=rounds,
+        settle=settle,
+        progress=say,
+        ranks_here=place.local_world_size,
+    )
     config["device_by_local_rank"] = True
     from ddlsim.executor.rank_main import run_rank
 
@@ -519,8 +538,14 @@ def compare_joined(
         began = time.perf_counter()
         say(f"rank {rank} of {options.world_size} joining the process group ({network})")
         # The rank's progress lines go to stderr: stdout is the command's own (its JSON).
-        with contextlib.redirect_stdout(sys.stderr):
-            run_rank(config, output)
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                run_rank(config, output)
+        except (RuntimeError, dist.DistError) as exc:
+            if isinstance(exc, DdlsimError):
+                raise
+            # A peer that crashed or hung ends this rank's collectives with torch's error.
+            raise ClusterRunError(f"rank {rank}: {one_line(exc, limit=2000)}") from exc
         wall_s = time.perf_counter() - began
         if rank != 0:
             return None

@@ -170,8 +170,9 @@ def _shown(value: Any) -> Any:
 
 
 def gpus_needed(job: Job) -> int:
-    """CUDA GPUs the job needs on its host: one a rank on ``device: cuda``, else none."""
-    if job.settings.get("device") != "cuda":
+    """CUDA GPUs the job needs on its host: one a rank on ``device: cuda`` or ``backend:
+    nccl``, else none."""
+    if job.settings.get("device") != "cuda" and job.settings.get("backend") != "nccl":
         return 0
     size = job.settings.get("world_size", 1)
     return size if isinstance(size, int) and size > 0 else 1

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from ddlsim.data.comm_model import COLLECTIVES
-from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.errors import InvalidOptionError, one_line
 from ddlsim.data.specs.cluster import BACKENDS, parse_bandwidth_gbps
-from ddlsim.profiler.cluster import EmulatedCluster
+from ddlsim.profiler.cluster import ClusterRunError, EmulatedCluster
 from ddlsim.profiler.collective_fit import CollectiveProfile, fit_latency_bandwidth, make_sample
 
 RANK_MODULE = "ddlsim.profiler.collective_rank"
@@ -323,10 +323,16 @@ def profile_collectives_joined(
         repeats=repeats,
         cpu_repeats=0,
         timeout_s=timeout_s,
+        on_this_host=False,  # the group spans nodes: this node's GPUs are checked below
     )
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise InvalidOptionError("backend 'nccl' needs a CUDA GPU; torch sees none here")
+        if torch.cuda.device_count() < place.local_world_size:
+            raise InvalidOptionError(
+                f"backend 'nccl' needs one GPU per rank: LOCAL_WORLD_SIZE"
+                f"({place.local_world_size}) > {torch.cuda.device_count()} GPU(s) on this node"
+            )
         device = torch.device("cuda", place.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
@@ -357,6 +363,9 @@ def profile_collectives_joined(
         )  # fmt: skip
         close_comm_threads()
         dist.barrier()
+    except (RuntimeError, dist.DistError) as exc:
+        # A peer that crashed or hung ends this rank's collectives with torch's error.
+        raise ClusterRunError(f"rank {place.rank}: {one_line(exc, limit=2000)}") from exc
     finally:
         dist.destroy_process_group()
     if place.rank != 0:

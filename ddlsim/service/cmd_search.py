@@ -46,13 +46,13 @@ def cmd_search(args: argparse.Namespace) -> int:
     compare = _launched_compare(args, request, extra)
     if compare is _FOLLOWER:
         return 0  # a rank other than 0 of a launched group: it ran the verifying runs
-    with Store.open(args.db) as store, _bar(request) as progress:
-        try:
+    try:
+        with Store.open(args.db) as store, _bar(request) as progress:
             payload = search(request, store, progress, compare=compare)
-        finally:
-            if args.launcher == "env" and not extra.get("compared"):
-                # The group's other ranks wait for the strategies: none, so that they end.
-                compare_env(request.model, [], verify_options(request), rounds=1)
+    finally:
+        if args.launcher == "env" and not extra.get("compared"):
+            # The group's other ranks wait for the strategies: none, so that they end.
+            compare_env(request.model, [], verify_options(request), rounds=1)
     payload.update(extra)
     payload.pop("compared", None)
     if args.json:
@@ -77,12 +77,18 @@ def _launched_compare(
         raise InvalidOptionError(
             f"--launcher {args.launcher} runs the --verify runs; add --verify"
         )
+    if request.algo == "autotune":
+        raise InvalidOptionError(
+            f"--algo autotune measures live runs on this machine; it does not run under "
+            f"--launcher {args.launcher}"
+        )
     if args.launcher == "env":
         place = ExternalRank.from_environ()
         if place.world_size != request.world_size:
             raise InvalidOptionError(
                 f"--world-size {request.world_size} differs from the launcher's WORLD_SIZE"
-                f"({place.world_size}): the search prices the group it runs on"
+                f"({place.world_size}): the search prices --world-size ranks, which the group "
+                "then runs"
             )
         options = dataclasses.replace(verify_options(request), bandwidth=None)
         if place.rank != 0:

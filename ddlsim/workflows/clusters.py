@@ -172,16 +172,17 @@ def collect_collectives(
         raise InvalidOptionError(f"launcher {launcher!r} is not external; allowed: env, slurm")
     if measured is None:
         return None
-    if request.name is not None:
-        cluster = cluster_from(measured, name=request.name, gpu=request.gpu)
-        measured = dataclasses.replace(measured, cluster=cluster)
     with Store.open(db) as store:
+        # The fits first: a cluster that cannot be made of them (an unknown GPU) keeps them.
         with store.transaction() as session:
             ids = [
                 add_collective_profile(session, profile=record)
                 for profile in measured.profiles.values()
                 for record in collective_records(profile)
             ]
+        if request.name is not None:
+            cluster = cluster_from(measured, name=request.name, gpu=request.gpu)
+            measured = dataclasses.replace(measured, cluster=cluster)
         if measured.cluster is not None:
             store.save_cluster_profile(
                 name=measured.cluster.name,

@@ -259,3 +259,23 @@ def test_postgres_claims_skip_rows_another_worker_holds(store_url: str) -> None:
             holding.scalar(select(TaskRow.id).where(TaskRow.id == first.id).with_for_update())
             claimed = queue.claim("w2")  # would block on the lock without SKIP LOCKED
             assert claimed is not None and claimed.id == second.id
+
+
+def test_cancelling_a_run_while_its_jobs_end_is_safe(store_url: str) -> None:
+    """Jobs ending lock themselves, then their run; a cancel of the run locks them in the same
+    order: on PostgreSQL the two never deadlock, and the run ends either way."""
+    with Store.open(store_url) as store:
+        queue = TaskQueue(store)
+        parent = queue.submit_run(
+            "profile", {}, [("profile-job", {"job": i}, 0) for i in range(8)]
+        )
+        claimed = [queue.claim(f"w{i}") for i in range(8)]
+        outcome = {"done": [], "skipped": [], "failed": []}
+        with ThreadPoolExecutor(4) as pool:
+            ends = [pool.submit(queue.finish, task, outcome) for task in claimed if task]
+            cancel = pool.submit(queue.cancel, parent.id)
+            assert all(end.result() for end in ends)
+            cancel.result()
+        # Cancelled, or done when every job ended before the cancel came.
+        assert queue.get(parent.id).status in ("cancelled", "done")
+        assert {c.status for c in queue.children(parent.id)} == {"done"}

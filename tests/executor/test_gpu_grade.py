@@ -61,6 +61,7 @@ PLANS: dict[str, tuple[Any, ...]] = {
         {"parallel": {"tp": 2, "fsdp": True, "sequence_parallel": True}, "precision": "bf16"},
         4,
     ),
+    "pp2-bf16": (GPT2, {"parallel": {"pp": 2, "micro_batches": 2}, "precision": "bf16"}),
     "distributed-optimizer": (GPT2, {"parallel": {"distributed_optimizer": True}}),
     "distributed-optimizer-bf16": (
         GPT2,
@@ -139,6 +140,7 @@ def test_selective_recomputation_keeps_the_projections() -> None:
         ({"precision": "fp8"}, "cpu", "fp8' needs a GPU with fp8"),
         ({"precision": "fp16", "parallel": {"fsdp": True}}, "cpu", "needs a gradient scaler"),
         ({"parallel": {"tp": 2, "async_tp": True}}, "cpu", "async_tp is priced by the simul"),
+        ({"precision": "fp16", "parallel": {"tp": 2}}, "cpu", r"parallel.tp > 1 runs bf16"),
     ],
 )
 def test_what_the_device_cannot_run_is_refused_by_name(

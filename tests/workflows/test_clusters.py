@@ -109,7 +109,22 @@ def test_a_cluster_fitted_to_measured_all_reduce_gives_it_back() -> None:
     assert model.busbw_gbps("all_reduce", Group(32, 8)) == pytest.approx(160.0, rel=1e-6)
     ring_steps_alpha = model.latency_us("all_reduce", Group(8, 8))
     assert ring_steps_alpha == pytest.approx(40.0, rel=1e-6)
-    assert model.latency_us("all_reduce", Group(32, 8)) <= 90.0 + 1e-6
+    assert model.latency_us("all_reduce", Group(32, 8)) == pytest.approx(90.0, rel=1e-6)
+    for nodes, alpha in ((2, 50.0), (4, 60.0), (16, 120.0)):
+        fitted = cluster_from(
+            Measured(
+                profiles={
+                    "node": _profile("env:node", 8, 300.0, 20.0),
+                    "cluster": _profile("env:cluster", 8 * nodes, 160.0, alpha),
+                },
+                nodes=nodes,
+                gpus_per_node=8,
+                device_name="NVIDIA H100 80GB HBM3",
+            ),
+            name="ours",
+        )
+        got = NcclModel(fitted).latency_us("all_reduce", Group(8 * nodes, 8))
+        assert got == pytest.approx(alpha, rel=1e-6), (nodes, got)
     unknown = Measured(
         profiles=measured.profiles, nodes=4, gpus_per_node=8, device_name="Some GPU"
     )

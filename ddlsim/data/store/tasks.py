@@ -277,11 +277,14 @@ class TaskQueue:
         """
         now = utc_now()
         with self.store.transaction() as session:
+            children = session.scalar(select(TaskRow.children).where(TaskRow.id == task_id))
+            if children:
+                # A run's children are locked before it, in the order every child's own
+                # change takes them (the child, then its parent): no deadlock with them.
+                return _cancel_run(session, task_id, now)
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise TaskNotFoundError(f"no task {task_id}")
-            if row.children:
-                return _cancel_run(session, row, now)
             if row.status == "queued":
                 row.status = "cancelled"
                 row.error = "cancelled on request"
@@ -449,20 +452,29 @@ def _settle_parent(session: Session, parent_id: int) -> None:
     parent.started_at = parent.started_at or now
 
 
-def _cancel_run(session: Session, parent: TaskRow, now: datetime) -> TaskRecord:
-    """Cancel a run: its queued children at once, its running ones at their next report."""
+def _cancel_run(session: Session, parent_id: int, now: datetime) -> TaskRecord:
+    """Cancel a run: its queued children at once, its running ones at their next report.
+    Its children are locked first (by id), then the run itself."""
+    children = list(
+        session.scalars(
+            select(TaskRow)
+            .where(TaskRow.parent_id == parent_id)
+            .order_by(TaskRow.id)
+            .with_for_update()
+        )
+    )
+    parent = session.get(TaskRow, parent_id, with_for_update=True, populate_existing=True)
+    assert parent is not None
     if parent.status not in ENDED:
         parent.cancel_requested = True
-        for child in session.scalars(
-            select(TaskRow).where(TaskRow.parent_id == parent.id).with_for_update()
-        ):
+        for child in children:
             if child.status == "queued":
                 child.status, child.error = "cancelled", "cancelled on request"
                 child.finished_at = child.updated_at = now
             elif child.status == "running":
                 child.cancel_requested = True
         session.flush()
-        _settle_parent(session, parent.id)
+        _settle_parent(session, parent_id)
     return parent.to_record()
 
 

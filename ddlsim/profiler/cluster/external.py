@@ -51,7 +51,10 @@ class ExternalRank:
             raise InvalidOptionError(
                 f"RANK({numbers['RANK']}) must be in 0..WORLD_SIZE({world}) - 1"
             )
-        local_world = numbers.get("LOCAL_WORLD_SIZE", world)
+        # srun sets no LOCAL_WORLD_SIZE; its tasks per node say the same (a plain count).
+        per_node = env.get("SLURM_NTASKS_PER_NODE", "")
+        fallback = int(per_node) if per_node.isdigit() else world
+        local_world = numbers.get("LOCAL_WORLD_SIZE", fallback)
         if local_world < 1 or world % local_world:
             raise InvalidOptionError(
                 f"LOCAL_WORLD_SIZE({local_world}) must divide WORLD_SIZE({world})"

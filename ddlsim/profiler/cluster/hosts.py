@@ -72,11 +72,12 @@ class _Relay:
                 for source in ready:
                     try:
                         data = source.recv(_CHUNK)
+                        if data:
+                            pair[source].sendall(data)
                     except OSError:
                         data = b""
                     if not data:
                         return
-                    pair[source].sendall(data)
 
     def close(self) -> None:
         self.closed.set()

@@ -142,8 +142,9 @@ def fitted_cluster(
     """
     inside_busbw = node_busbw_gbps if nodes > 1 else cluster_busbw_gbps
     inside_alpha = node_alpha_us if nodes > 1 else cluster_alpha_us
-    inside_steps = max(2 * (gpus_per_node - 1), 1)
-    nvlink_latency = max((inside_alpha or 0.0) / inside_steps, 0.01)
+    nvlink_latency = base.nvlink_latency_us
+    if inside_alpha is not None and gpus_per_node > 1:
+        nvlink_latency = max(inside_alpha / (2 * (gpus_per_node - 1)), 0.01)
     net_latency = base.net_latency_us
     nic_gbits = base.nic_gbits
     nics = base.nics_per_node
@@ -151,7 +152,13 @@ def fitted_cluster(
         n = nodes * gpus_per_node
         inter_steps = 2 * (n - 1) * (nodes - 1) / n
         intra_steps = 2 * (n - 1) - inter_steps
-        net_latency = max((cluster_alpha_us - intra_steps * nvlink_latency) / inter_steps, 0.01)
+        # NCCL takes the faster of ring and tree (latency_us): solve each for the network's
+        # step latency and keep the larger, so that the faster of the two is the measured.
+        ring = (cluster_alpha_us - intra_steps * nvlink_latency) / inter_steps
+        tree = (cluster_alpha_us - 2 * (gpus_per_node - 1) * nvlink_latency) / (
+            2 * math.log2(nodes)
+        )
+        net_latency = max(ring, tree, 0.01)
         # One NIC a GPU; a ring over whole nodes drives every NIC of a node at once, so the
         # busbw across nodes is all of a node's NICs times NET_EFFICIENCY (busbw_gbps).
         nics = gpus_per_node
