@@ -270,7 +270,7 @@ def test_cancelling_a_run_while_its_jobs_end_is_safe(store_url: str) -> None:
             "profile", {}, [("profile-job", {"job": i}, 0) for i in range(8)]
         )
         claimed = [queue.claim(f"w{i}") for i in range(8)]
-        outcome = {"done": [], "skipped": [], "failed": []}
+        outcome: dict[str, list[str]] = {"done": [], "skipped": [], "failed": []}
         with ThreadPoolExecutor(4) as pool:
             ends = [pool.submit(queue.finish, task, outcome) for task in claimed if task]
             cancel = pool.submit(queue.cancel, parent.id)
