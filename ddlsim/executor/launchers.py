@@ -182,14 +182,12 @@ def compare_slurm(
     on_submit: Callable[[str], None] | None = None,
 ) -> list[RunResult]:
     """Strategies side by side in one Slurm job (``settings``); rank 0's results."""
-    fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
-    fields["world_size"] = settings.world_size
     results: list[RunResult] = submit_slurm(
         settings,
         _slurm_compare_task,
         spec.to_dict(),
         [strategy.to_dict() for strategy in strategies],
-        fields,
+        _task_options(options, settings),
         rounds,
         name=f"ddlsim-verify-{spec.label}",
         use_gpus=options.device == "cuda",
@@ -234,6 +232,12 @@ class SlurmSettings:
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+def _task_options(options: RunOptions, settings: SlurmSettings) -> dict[str, Any]:
+    """``options`` as the job's tasks rebuild them (plain values), at the job's world size."""
+    fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
+    return {**fields, "world_size": settings.world_size}
 
 
 def _slurm_task(
@@ -327,14 +331,12 @@ def run_slurm(
             f"world_size({options.world_size}) differs from nodes({settings.nodes}) x "
             f"gpus_per_node({settings.gpus_per_node}); leave --world-size out"
         )
-    fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(RunOptions)}
-    fields["world_size"] = settings.world_size
     result: RunResult = submit_slurm(
         settings,
         _slurm_task,
         spec.to_dict(),
         strategy.to_dict(),
-        fields,
+        _task_options(options, settings),
         name=f"ddlsim-run-{spec.label}",
         use_gpus=options.device == "cuda",
         progress=progress,
