@@ -155,9 +155,10 @@ class RunOptions:
         count = torch.cuda.device_count()
         here = self.world_size if ranks_here is None else ranks_here
         if self.world_size > 1 and self.resolved_backend == "nccl" and count < here:
+            ranks = f"world_size({here})" if ranks_here is None else f"{here} rank(s) of this node"
             raise InvalidOptionError(
-                f"backend 'nccl' needs one GPU per rank: {here} rank(s) on this machine > "
-                f"{count} GPU(s) here; use fewer ranks, or backend 'gloo' to share GPUs"
+                f"backend 'nccl' needs one GPU per rank: {ranks} > {count} GPU(s) here; use "
+                "fewer ranks, or backend 'gloo' to share GPUs"
             )
 
 

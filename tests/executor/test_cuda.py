@@ -46,6 +46,10 @@ def test_nccl_needs_a_gpu_per_rank(monkeypatch: pytest.MonkeyPatch) -> None:
         run_training(MLP, Strategy(), RunOptions(world_size=2, device="cuda"))
     # gloo lets two ranks share the one GPU: refused only later, by the missing GPU itself.
     RunOptions(world_size=2, device="cuda", backend="gloo").check_devices()
+    # Under an external launcher only this node's ranks need this node's GPUs.
+    RunOptions(world_size=16, device="cuda").check_devices(ranks_here=1)
+    with pytest.raises(InvalidOptionError, match=r"2 rank\(s\) of this node > 1 GPU"):
+        RunOptions(world_size=16, device="cuda").check_devices(ranks_here=2)
 
 
 @pytest.mark.gpu
