@@ -20,7 +20,8 @@ from typing import Any
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.executor.run import RunOptions, RunResult, compare_joined, run_joined
+from ddlsim.executor.joined import compare_joined, run_joined
+from ddlsim.executor.run import RunOptions, RunResult
 from ddlsim.profiler.cluster.external import ENV_KEYS, ExternalRank
 
 LAUNCHERS: tuple[str, ...] = ("local", "env", "slurm")

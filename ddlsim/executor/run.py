@@ -12,9 +12,7 @@ import dataclasses
 import json
 import platform
 import statistics
-import sys
 import tempfile
-import time
 import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -22,17 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from ddlsim.data.errors import DdlsimError, InvalidOptionError, one_line
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.data.specs.cluster import BACKENDS
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.executor.context import OPTIMIZERS
+from ddlsim.executor.options import DEVICES, RunOptions
 from ddlsim.executor.plan import check_device, check_strategy
 from ddlsim.executor.protocol import (
-    StoppingRule,
     median_interval,
     ranks_per_core,
     relative_half_width,
@@ -40,126 +35,9 @@ from ddlsim.executor.protocol import (
 from ddlsim.profiler.allocator import ALLOCATOR_ENV
 from ddlsim.profiler.capture import CaptureOptions, Optimizer, capture_graph
 from ddlsim.profiler.cluster import (
-    MAX_WORLD_SIZE,
-    ClusterRunError,
     EmulatedCluster,
     LoopbackFallbackWarning,
 )
-from ddlsim.profiler.cluster.external import ExternalRank
-
-DEVICES: tuple[str, ...] = ("cpu", "cuda")
-# The measurement protocol's defaults have one home: the stopping rule's.
-_PROTOCOL_DEFAULTS = StoppingRule()
-
-
-@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
-class RunOptions:
-    """How to run: ranks, link, the measurement protocol's settings, seed, optimizer, limits.
-
-    The protocol (``executor.protocol``): at least ``warmup`` warm-up steps, more until the
-    step time is stable (at most ``max_warmup``); at least ``iters`` samples (a turn: side by
-    side, every strategy takes turns of ``iters`` steps), then more turns until the median's
-    95 % interval is within ``±ci_target`` of it, ``budget_s`` seconds a strategy are spent
-    beyond the minimums, or ``max_iters`` samples are reached. ``budget_s`` 0 runs exactly the
-    minimums. ``pin`` pins rank ``r`` to core ``r % cores``.
-
-    ``bandwidth`` ``None`` runs the ranks on loopback; a rate (``"1gbit"``) or ``"none"`` on an
-    emulated cluster. ``timeout_s`` bounds the whole launch; a collective that waits longer than
-    ``collective_timeout_s`` (a hung rank) fails its rank. ``device`` ``"cuda"`` puts rank ``r``
-    on GPU ``r`` of this machine; ``backend`` defaults to NCCL there and to gloo on the CPU
-    (gloo also takes CUDA tensors, and then lets several ranks share one GPU).
-    """
-
-    world_size: int = 1
-    bandwidth: str | None = None
-    device: str = "cpu"
-    backend: str | None = None
-    iters: int = _PROTOCOL_DEFAULTS.min_samples
-    warmup: int = _PROTOCOL_DEFAULTS.warmup
-    max_warmup: int = _PROTOCOL_DEFAULTS.max_warmup
-    max_iters: int = _PROTOCOL_DEFAULTS.max_iters
-    ci_target: float = _PROTOCOL_DEFAULTS.ci_target
-    budget_s: float = _PROTOCOL_DEFAULTS.budget_s
-    pin: bool = True
-    seed: int = 0
-    optimizer: str = "adamw"
-    dropout: bool = False
-    timeout_s: float = 1800.0
-    collective_timeout_s: float = 300.0
-    # One more step after the measured ones, profiled on rank 0: RunResult.trace.
-    trace: bool = False
-
-    def __post_init__(self) -> None:
-        for name, low in (("world_size", 1), ("iters", 1), ("warmup", 0), ("seed", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise InvalidOptionError(f"{name}({value!r}) must be an integer >= {low}")
-        self.rule(rounds=1)  # checks the protocol's settings
-        if self.world_size > MAX_WORLD_SIZE:
-            raise InvalidOptionError(
-                f"world_size({self.world_size}) is out of range; allowed: 1 to {MAX_WORLD_SIZE}"
-            )
-        if self.optimizer not in OPTIMIZERS:
-            raise InvalidOptionError(
-                f"optimizer {self.optimizer!r} is not supported; allowed: {', '.join(OPTIMIZERS)}"
-            )
-        for name in ("timeout_s", "collective_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise InvalidOptionError(f"{name}({getattr(self, name)}) must be > 0")
-        if self.device not in DEVICES:
-            raise InvalidOptionError(
-                f"device {self.device!r} is not supported; allowed: {', '.join(DEVICES)}"
-            )
-        if self.backend is not None and self.backend not in BACKENDS:
-            raise InvalidOptionError(
-                f"backend {self.backend!r} is not supported; allowed: {', '.join(BACKENDS)}"
-            )
-        if self.backend == "nccl" and self.device != "cuda":
-            raise InvalidOptionError(
-                f"backend 'nccl' needs device 'cuda', got device {self.device!r}"
-            )
-
-    def rule(self, *, rounds: int) -> StoppingRule:
-        """The stopping rule of a launch whose strategies take at least ``rounds`` turns."""
-        return StoppingRule(
-            warmup=self.warmup,
-            max_warmup=max(self.max_warmup, self.warmup),
-            min_samples=self.iters * rounds,
-            max_iters=max(self.max_iters, self.iters * rounds),
-            ci_target=self.ci_target,
-            budget_s=self.budget_s,
-        )
-
-    @property
-    def resolved_backend(self) -> str:
-        """The process group's backend: as given, else NCCL on CUDA and gloo on the CPU."""
-        if self.backend is not None:
-            return self.backend
-        return "nccl" if self.device == "cuda" else "gloo"
-
-    def check_devices(self, *, ranks_here: int | None = None) -> None:
-        """Refuse a CUDA run this machine cannot host, before any rank starts; ``ranks_here``
-        is how many of the ranks run on this machine (default: all of them; under an external
-        launcher, this node's).
-
-        Raises:
-            InvalidOptionError: no CUDA device, or fewer GPUs than NCCL ranks (NCCL refuses two
-                ranks on one GPU).
-        """
-        if self.device != "cuda":
-            return
-        if not torch.cuda.is_available():
-            raise InvalidOptionError(
-                "device 'cuda' was asked for but torch sees no CUDA device; use device 'cpu'"
-            )
-        count = torch.cuda.device_count()
-        here = self.world_size if ranks_here is None else ranks_here
-        if self.world_size > 1 and self.resolved_backend == "nccl" and count < here:
-            ranks = f"world_size({here})" if ranks_here is None else f"{here} rank(s) of this node"
-            raise InvalidOptionError(
-                f"backend 'nccl' needs one GPU per rank: {ranks} > {count} GPU(s) here; use "
-                "fewer ranks, or backend 'gloo' to share GPUs"
-            )
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -284,6 +162,16 @@ def _quantile(ordered: list[float], q: float) -> float:
 
 
 MAX_SIDE_BY_SIDE = 16
+__all__ = [
+    "DEVICES",
+    "MAX_SIDE_BY_SIDE",
+    "RunOptions",
+    "RunResult",
+    "compare_training",
+    "prepare_launch",
+    "results_of",
+    "run_training",
+]
 
 
 def run_training(
@@ -347,7 +235,7 @@ def compare_training(
     )
 
 
-def _prepare(
+def prepare_launch(
     spec: ModelSpec,
     strategies: list[Strategy],
     options: RunOptions,
@@ -442,7 +330,9 @@ def _launch(
 ) -> list[RunResult]:
     # Launches here follow the measurement protocol (executor.protocol).
     say = progress or (lambda message: None)
-    graph, config = _prepare(spec, strategies, options, rounds=rounds, settle=settle, progress=say)
+    graph, config = prepare_launch(
+        spec, strategies, options, rounds=rounds, settle=settle, progress=say
+    )
     with tempfile.TemporaryDirectory(prefix="ddlsim-run-") as tmp:
         config_path = Path(tmp) / "config.json"
         output = Path(tmp) / "result.json"
@@ -479,88 +369,6 @@ def _launch(
         network=launched.network,
         rank_cores=launched.rank_cores,
         wall_s=launched.wall_s,
-    )
-
-
-def run_joined(
-    spec: ModelSpec,
-    strategy: Strategy,
-    options: RunOptions,
-    *,
-    network: str,
-    progress: Callable[[str], None] | None = None,
-) -> RunResult | None:
-    """Run this process as one rank of a process group that an external launcher set up
-    (torchrun, srun, a PyTorchJob: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-    ``MASTER_PORT`` in the environment); rank 0's result, ``None`` on the other ranks.
-
-    Every rank captures the graph and checks the strategy itself (the same on all: capture
-    is deterministic), so nothing but the process group is shared.
-
-    Raises:
-        InvalidStrategyError, InvalidOptionError: before the process group is joined.
-    """
-    results = compare_joined(
-        spec, [strategy], options, rounds=1, settle=0, network=network, progress=progress
-    )
-    return None if results is None else results[0]
-
-
-def compare_joined(
-    spec: ModelSpec,
-    strategies: list[Strategy],
-    options: RunOptions,
-    *,
-    rounds: int,
-    settle: int,
-    network: str,
-    progress: Callable[[str], None] | None = None,
-) -> list[RunResult] | None:
-    """:func:`compare_training`'s launch with this process as one of its ranks (see
-    :func:`run_joined`); rank 0's results, ``None`` on the other ranks. The process group may
-    already be joined (strategies agreed on over it first); it is left when the launch ends."""
-    say = progress or (lambda message: None)
-    place = ExternalRank.from_environ()
-    rank = place.rank
-    graph, config = _prepare(
-        spec,
-        strategies,
-        options,
-        rounds=rounds,
-        settle=settle,
-        progress=say,
-        ranks_here=place.local_world_size,
-    )
-    config["device_by_local_rank"] = True
-    from ddlsim.executor.rank_main import run_rank
-
-    with tempfile.TemporaryDirectory(prefix="ddlsim-rank-") as tmp:
-        output = Path(tmp) / "result.json"
-        began = time.perf_counter()
-        say(f"rank {rank} of {options.world_size} joining the process group ({network})")
-        # The rank's progress lines go to stderr: stdout is the command's own (its JSON).
-        try:
-            with contextlib.redirect_stdout(sys.stderr):
-                run_rank(config, output)
-        except (RuntimeError, dist.DistError) as exc:
-            if isinstance(exc, DdlsimError):
-                raise
-            # A peer that crashed or hung ends this rank's collectives with torch's error.
-            raise ClusterRunError(f"rank {rank}: {one_line(exc, limit=2000)}") from exc
-        wall_s = time.perf_counter() - began
-        if rank != 0:
-            return None
-        raw = json.loads(output.read_text(encoding="utf-8"))
-    cores = {int(k): v for k, v in raw.get("rank_cores", {}).items()}
-    return results_of(
-        raw,
-        spec=spec,
-        graph=graph,
-        strategies=strategies,
-        options=options,
-        network=network,
-        rank_cores=cores,
-        wall_s=wall_s,
     )
 
 

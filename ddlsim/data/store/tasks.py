@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from ddlsim.data.errors import InvalidOptionError
@@ -31,6 +31,7 @@ from ddlsim.data.store.errors import StoreError
 from ddlsim.data.store.records import TaskRecord
 from ddlsim.data.store.schema import TaskRow, utc_now
 from ddlsim.data.store.store import Store
+from ddlsim.data.store.task_runs import cancel_run, new_row, queued, settle_parent
 
 STALE_S = 60.0  # a running task whose heartbeat is older has lost its worker
 MAX_ATTEMPTS = 2  # claims before a task that keeps losing its worker is failed
@@ -78,7 +79,7 @@ class TaskQueue:
         """Queue a task that needs ``gpus`` CUDA GPUs on one host (0: any worker) and, when
         given, a worker of the named ``cluster``; returns it (with its id)."""
         with self.store.transaction() as session:
-            row = _new_row(kind, request, gpus=gpus, cluster=cluster)
+            row = new_row(kind, request, gpus=gpus, cluster=cluster)
             session.add(row)
             session.flush()
             return row.to_record()
@@ -99,13 +100,13 @@ class TaskQueue:
         if not children:
             raise InvalidOptionError("a run of tasks needs at least one child task")
         with self.store.transaction() as session:
-            parent = _new_row(kind, request, gpus=0, cluster=None)
+            parent = new_row(kind, request, gpus=0, cluster=None)
             parent.children = len(children)
             parent.message = f"0 of {len(children)} jobs done"
             session.add(parent)
             session.flush()
             for child_kind, child_request, gpus in children:
-                child = _new_row(child_kind, child_request, gpus=gpus, cluster=None)
+                child = new_row(child_kind, child_request, gpus=gpus, cluster=None)
                 child.parent_id = parent.id
                 session.add(child)
             session.flush()
@@ -189,8 +190,8 @@ class TaskQueue:
                 if claimed.rowcount == 1:  # type: ignore[attr-defined]
                     row = session.get(TaskRow, task_id, populate_existing=True)
                     assert row is not None
-                    if row.parent_id is not None and _queued(session, row.parent_id):
-                        _settle_parent(session, row.parent_id)  # the run starts
+                    if row.parent_id is not None and queued(session, row.parent_id):
+                        settle_parent(session, row.parent_id)  # the run starts
                     return row.to_record()
             # another worker took it first: try the next one
 
@@ -265,7 +266,7 @@ class TaskQueue:
             row.updated_at = now
             if row.parent_id is not None:
                 session.flush()
-                _settle_parent(session, row.parent_id)
+                settle_parent(session, row.parent_id)
         return True
 
     def cancel(self, task_id: int) -> TaskRecord:
@@ -281,7 +282,7 @@ class TaskQueue:
             if children:
                 # A run's children are locked before it, in the order every child's own
                 # change takes them (the child, then its parent): no deadlock with them.
-                return _cancel_run(session, task_id, now)
+                return cancel_run(session, task_id, now)
             row = session.get(TaskRow, task_id, with_for_update=True)
             if row is None:
                 raise TaskNotFoundError(f"no task {task_id}")
@@ -292,7 +293,7 @@ class TaskQueue:
                 row.updated_at = now
                 if row.parent_id is not None:
                     session.flush()
-                    _settle_parent(session, row.parent_id)
+                    settle_parent(session, row.parent_id)
             elif row.status == "running":
                 row.cancel_requested = True
             return row.to_record()
@@ -347,7 +348,7 @@ class TaskQueue:
                 )
                 parent_id = session.scalar(select(TaskRow.parent_id).where(TaskRow.id == task_id))
                 if changed.rowcount == 1 and parent_id is not None:  # type: ignore[attr-defined]
-                    _settle_parent(session, parent_id)
+                    settle_parent(session, parent_id)
             if changed.rowcount == 1:  # type: ignore[attr-defined]
                 (requeued if values["status"] == "queued" else failed).append(task_id)
         return Recovery(requeued=tuple(requeued), failed=tuple(failed))
@@ -369,113 +370,8 @@ def _ended(session: Session, task: TaskRecord, *, status: str, **values: Any) ->
     if ended.rowcount != 1:  # type: ignore[attr-defined]
         return False
     if task.parent_id is not None:
-        _settle_parent(session, task.parent_id)
+        settle_parent(session, task.parent_id)
     return True
-
-
-ENDED = ("done", "failed", "cancelled")
-
-
-def _new_row(kind: str, request: Mapping[str, Any], *, gpus: int, cluster: str | None) -> TaskRow:
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
-        raise InvalidOptionError(f"gpus({gpus!r}) must be an integer >= 0")
-    now = utc_now()
-    needs = []
-    if gpus:
-        needs.append(f"{gpus} CUDA GPU(s) (ddlsim worker --devices cuda:{gpus})")
-    if cluster:
-        needs.append(f"cluster {cluster!r} (ddlsim worker --cluster {cluster})")
-    return TaskRow(
-        kind=kind,
-        status="queued",
-        request=dict(request),
-        progress=0.0,
-        message=f"waits for a worker with {' and '.join(needs)}" if needs else None,
-        cancel_requested=False,
-        attempts=0,
-        gpus=gpus,
-        cluster=cluster,
-        children=0,
-        created_at=now,
-        updated_at=now,
-    )
-
-
-def _queued(session: Session, task_id: int) -> bool:
-    return session.scalar(select(TaskRow.status).where(TaskRow.id == task_id)) == "queued"
-
-
-def _settle_parent(session: Session, parent_id: int) -> None:
-    """Bring a run's parent up to date with its children (in the caller's transaction, the one
-    that changed a child): running once one runs, ended once all have, with their results."""
-    parent = session.get(TaskRow, parent_id, with_for_update=True, populate_existing=True)
-    if parent is None or parent.status in ENDED:
-        return
-    # Read after the lock: a child ended concurrently has committed by now.
-    statuses = dict(
-        session.execute(
-            select(TaskRow.status, func.count())
-            .where(TaskRow.parent_id == parent_id)
-            .group_by(TaskRow.status)
-        ).all()
-    )
-    total = sum(statuses.values())
-    ended = sum(statuses.get(s, 0) for s in ENDED)
-    now = utc_now()
-    parent.progress = ended / total if total else 1.0
-    parent.message = (
-        f"{ended} of {total} jobs ended ({statuses.get('running', 0)} running, "
-        f"{statuses.get('queued', 0)} queued)"
-    )
-    parent.updated_at = now
-    if statuses.get("running") and parent.status == "queued":
-        parent.status, parent.started_at = "running", now
-    if ended < total:
-        return
-    outcome: dict[str, Any] = {"jobs": total, "done": [], "skipped": [], "failed": []}
-    children = session.scalars(
-        select(TaskRow).where(TaskRow.parent_id == parent_id).order_by(TaskRow.id)
-    )
-    for child in children:
-        result = child.result or {}
-        for key in ("done", "skipped", "failed"):
-            outcome[key].extend(result.get(key, []))
-        if child.status != "done":
-            outcome["failed"].append(
-                {"key": f"task {child.id}", "error": child.error or child.status}
-            )
-    parent.result = outcome
-    parent.status = "cancelled" if parent.cancel_requested else "done"
-    if parent.cancel_requested:
-        parent.error = "cancelled on request"
-    parent.finished_at = now
-    parent.started_at = parent.started_at or now
-
-
-def _cancel_run(session: Session, parent_id: int, now: datetime) -> TaskRecord:
-    """Cancel a run: its queued children at once, its running ones at their next report.
-    Its children are locked first (by id), then the run itself."""
-    children = list(
-        session.scalars(
-            select(TaskRow)
-            .where(TaskRow.parent_id == parent_id)
-            .order_by(TaskRow.id)
-            .with_for_update()
-        )
-    )
-    parent = session.get(TaskRow, parent_id, with_for_update=True, populate_existing=True)
-    assert parent is not None
-    if parent.status not in ENDED:
-        parent.cancel_requested = True
-        for child in children:
-            if child.status == "queued":
-                child.status, child.error = "cancelled", "cancelled on request"
-                child.finished_at = child.updated_at = now
-            elif child.status == "running":
-                child.cancel_requested = True
-        session.flush()
-        _settle_parent(session, parent_id)
-    return parent.to_record()
 
 
 def _owned(task: TaskRecord) -> tuple[Any, ...]:
