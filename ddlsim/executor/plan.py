@@ -71,8 +71,9 @@ def check_device(strategy: Strategy, device: str) -> None:
     """Refuse what the device cannot run, before any rank starts.
 
     Raises:
-        InvalidStrategyError: fp8 without a GPU that has it; async tensor parallelism (the
-            simulator prices it; this executor does not run it).
+        InvalidStrategyError: fp8 without a GPU that has it; async tensor parallelism,
+            context parallelism and ZeRO stages 1-2 (the simulator prices them; this executor
+            does not run them).
     """
     from ddlsim.executor.precision import check_precision
 
@@ -82,6 +83,20 @@ def check_device(strategy: Strategy, device: str) -> None:
             "parallel.async_tp is priced by the simulator but not run by this executor (it "
             "needs torch.compile's micro-pipelined TP over CUDA symmetric memory); run the "
             "plan without it to measure the rest"
+        )
+    if strategy.kernels != "pytorch":
+        raise InvalidStrategyError(
+            f"kernels {strategy.kernels!r} is priced by the GPU-cluster simulator but not run by "
+            "this executor, which runs PyTorch's kernels (kernels 'pytorch'; compile for fused "
+            "blocks)"
+        )
+    plan = strategy.parallel
+    if plan.cp > 1 or plan.zero:
+        named = "parallel.cp" if plan.cp > 1 else "parallel.zero"
+        raise InvalidStrategyError(
+            f"{named} is priced by the GPU-cluster simulator but not run by this executor; "
+            "parallel.distributed_optimizer runs sharded optimizer states, and the plan "
+            "without context parallelism measures the rest"
         )
 
 

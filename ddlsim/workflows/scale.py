@@ -18,6 +18,7 @@ from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.gpu.scale import (
     ModelDims,
     ScalePrediction,
+    check_sequence,
     check_world_size,
     micro_batch_size,
     predict_scale,
@@ -57,19 +58,27 @@ def _costs(  # noqa: PLR0917 (lru_cache keys on positional arguments)
     precision: str,
     compiled: bool,
     gpu_key: str,
+    kernels: str = "pytorch",
 ) -> tuple[ShardCosts, ModelDims, GpuOpCosts]:
     dtype = "bf16" if precision == "fp8" else precision
     shard = _shard(spec_json, tp, micro_batch, seq_len, dtype)
     gpu = GpuClusterSpec.parse(gpu_key).gpu
-    op_costs = GpuOpCosts(gpu, matmul_dtype="fp8" if precision == "fp8" else "bf16")
+    op_costs = GpuOpCosts(
+        gpu,
+        matmul_dtype="fp8" if precision == "fp8" else "bf16",
+        fused_casts=kernels == "transformer_engine",
+    )
     costs = shard_costs(shard.graph, shard.block, op_costs, compiled=compiled)
     fused = any("scaled_dot_product" in node.op for node in shard.graph.nodes)
+    config = json.loads(spec_json).get("config", {})
+    kv_heads = config.get("num_key_value_heads") or shard.heads
     dims = ModelDims(
         layers=shard.layers,
         hidden=shard.hidden,
         heads=shard.heads,
         vocab=shard.vocab,
         fused_attention=fused,
+        kv_heads=int(kv_heads),
     )
     return costs, dims, op_costs
 
@@ -83,11 +92,13 @@ def shard_pricing(
     seq_len: int,
     precision: str,
     compiled: bool = False,
+    kernels: str = "pytorch",
 ) -> tuple[ShardCosts, ModelDims, GpuOpCosts]:
-    """The priced shard (cached per model, split, micro-batch, precision, compilation and GPU)."""
+    """The priced shard (cached per model, split, micro-batch, precision, compilation, kernel
+    library and GPU); ``compiled``: the blocks' memory-bound ops run fused."""
     gpu_key = dataclasses.replace(cluster, nodes=1).to_json()
     spec_json = json.dumps(model.to_dict(), sort_keys=True)
-    return _costs(spec_json, tp, micro_batch, seq_len, precision, compiled, gpu_key)
+    return _costs(spec_json, tp, micro_batch, seq_len, precision, compiled, gpu_key, kernels)
 
 
 def predict_at_scale(request: ScaleRequest, *, replay: bool = True) -> ScalePrediction:
@@ -99,15 +110,18 @@ def predict_at_scale(request: ScaleRequest, *, replay: bool = True) -> ScalePred
     """
     plan = request.plan
     check_world_size(plan, request.cluster)
+    check_sequence(plan, request.seq_len)
     mbs = micro_batch_size(plan, request.global_batch)
+    # A context-parallel rank runs its share of each sequence.
     costs, dims, op_costs = shard_pricing(
         request.model,
         request.cluster,
         tp=plan.tp,
         micro_batch=mbs,
-        seq_len=request.seq_len,
+        seq_len=request.seq_len // plan.cp,
         precision=plan.precision,
-        compiled=plan.compile,
+        compiled=plan.fused_kernels,
+        kernels=plan.kernels,
     )
     return predict_scale(
         costs,

@@ -78,7 +78,9 @@ def test_scale_plan_round_trip_and_label() -> None:
         ({"sequence_parallel": True}, "needs tp > 1"),
         ({"recompute": "half"}, "recompute 'half' is not supported; allowed: none"),
         ({"fsdp": "yes"}, "fsdp must be true or false"),
-        ({"zero": 3}, "unknown key 'zero'"),
+        ({"zero": 3}, r"parallel.zero must be one of 0, 1, 2 \(FSDP is stage 3"),
+        ({"zero": 1, "fsdp": True}, "both shard the optimizer"),
+        ({"cp_comm": "a2a"}, "cp_comm 'a2a' is not supported"),
     ],
 )
 def test_bad_plan_named(parallel: dict[str, object], message: str) -> None:

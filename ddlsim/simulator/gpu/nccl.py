@@ -14,6 +14,15 @@ nccl-tests' definitions:
 output, reduce-scatter's input), plus a latency term: ring algorithms take ``2 (n-1)`` (or
 ``n-1``) steps, the tree NCCL uses across nodes takes ``2 log2(nodes)`` network steps and a ring
 inside each node; NCCL picks the faster, and so does the model.
+
+Inside a node whose NVSwitches reduce in the switch (H100's NVLink SHARP, ``nvls_gbps`` of the
+cluster), NCCL's default all-reduce of large buffers is NVLS: each GPU sends its buffer to the
+switch once and receives the reduced result. Its bus bandwidth grows with the GPUs in the group
+and reaches the ring's at four (nccl-tests on 8 H100 SXM, NVIDIA/nccl issue 1455: 370 GB/s at
+2-4 GPUs, 420, 440, 460 and 480 GB/s at 5-8, the ring 365-370 at every size); the model
+interpolates between the ring's at four and ``nvls_gbps`` at a whole node. All-gather and
+reduce-scatter gain nothing from it (NVIDIA/nccl issue 1506: NVLS 300 GB/s, ring 350), and
+across nodes the network sets the rate.
 """
 
 import dataclasses
@@ -81,6 +90,10 @@ class NcclModel:
         _factor(collective, group.size)
         nvlink = self.cluster.nvlink_gbps * NVLINK_EFFICIENCY
         if group.nodes == 1:
+            gpn = self.cluster.gpus_per_node
+            if collective == "all_reduce" and self.cluster.nvls_gbps and group.size > 4 < gpn:
+                share = (group.size - 4) / (gpn - 4)
+                return max(nvlink, nvlink + share * (self.cluster.nvls_gbps - nvlink))
             return nvlink
         net = self.cluster.nic_gbps_per_gpu * NET_EFFICIENCY
         if collective == "sendrecv":

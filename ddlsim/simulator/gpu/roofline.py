@@ -122,11 +122,16 @@ class GpuOpCosts:
 
     ``matmul_dtype`` is the dtype the GEMMs run in (``fp8``: the block's linear layers as
     float8 training casts them; attention and the rest stay in the activations' dtype).
+    ``fused_casts``: the fp8 quantization of a GEMM's operands is fused into the kernels that
+    produce them (Transformer Engine's), so it costs no pass of its own.
     """
 
-    def __init__(self, gpu: AcceleratorSpec, *, matmul_dtype: str = "bf16") -> None:
+    def __init__(
+        self, gpu: AcceleratorSpec, *, matmul_dtype: str = "bf16", fused_casts: bool = False
+    ) -> None:
         self.gpu = gpu
         self.matmul_dtype = matmul_dtype
+        self.fused_casts = fused_casts
         self.reference = gpu.measured or "h100"
         records = _records(self.reference)
         reference_peak = _reference_peaks(self.reference)
@@ -194,7 +199,10 @@ class GpuOpCosts:
     def fp8_cast_ms(self, node: GraphNode) -> float:
         """Float8 training's casts of a matmul's two operands with dynamic scaling: a pass for
         each operand's absolute maximum (2 bytes an element read) and one casting it (2 read,
-        1 written), memory-bound; the fp8 matmul itself is :meth:`gemm_ms`."""
+        1 written), memory-bound; the fp8 matmul itself is :meth:`gemm_ms`. Nothing where the
+        casts are fused into the producing kernels."""
+        if self.fused_casts:
+            return 0.0
         m, k, n = _mkn(node)
         return self.memory_ms("copy", 5 * (m * k + k * n))
 

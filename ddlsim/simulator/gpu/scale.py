@@ -1,24 +1,25 @@
 """A training iteration of a large model on a GPU cluster, priced from one shard's graph.
 
 The shard's graph (one block, :mod:`.shard_costs`) gives each block's forward and backward on
-one GPU; the plan places the blocks on pipeline stages and adds what the GPUs exchange:
+one GPU; :mod:`.block_time` adds the block's tensor- and context-parallel collectives, its
+recomputation and FSDP's gathers; this module places the blocks on pipeline stages and adds
+what the stages and replicas exchange:
 
-- tensor parallelism: two all-reduces of the block's activations in its forward and two in its
-  backward (all-gather + reduce-scatter pairs with sequence parallelism: the same bytes), over
-  NVLink, not overlapped (Megatron-LM's layers wait for them); the embedding's all-reduce;
-- recomputation: the block's forward again before its backward (full), its attention core
-  (selective), or every other matmul and all memory-bound ops (selective_op, torchtitan's);
+- the embedding's all-reduce over the tensor-parallel group;
 - pipeline: the schedule replayed over the stages (:mod:`.schedule`), activations sent between
   stages (one tensor-parallel slice each over the network, then all-gathered over NVLink);
-- data parallelism: without sharding, the gradients all-reduced after the pipeline flushes;
-  with FSDP, each block's weights all-gathered before its forward and backward and its
-  gradients reduce-scattered after, on a second stream, so a block takes the longer of its
-  compute and its collectives (every micro-batch without pipelining; the first forward and the
-  last backward with it, where weights stay gathered between micro-batches);
+  with FSDP the weights are gathered every micro-batch without pipelining and once (first
+  forward, last backward) with it, where they stay gathered between micro-batches;
+- gradients without FSDP: all-reduced over the ranks holding the same weights (data- and
+  context-parallel), or reduce-scattered with the distributed optimizer and ZeRO-1/2 and the
+  updated weights all-gathered, bucket by bucket beside the last micro-batch's backward (and
+  the gather beside the next forward), as DDP and Megatron-Core overlap them
+  (:mod:`.overlap`);
 - the optimizer step over the stage's (sharded) parameters.
 
-Ranks are ordered tensor-parallel fastest, then data-parallel, then pipeline (Megatron-LM's and
-torchtitan's order), which decides what crosses the network.
+The breakdown splits the iteration into compute, recomputation, exposed communication inside a
+node (NVLink) and across nodes, the pipeline's bubble (with the sends between stages) and the
+optimizer step; its parts add up to the iteration.
 """
 
 import dataclasses
@@ -27,21 +28,24 @@ from typing import Any
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
-from ddlsim.simulator.gpu.memory import (
-    GIB,
-    RESERVED_GIB,
-    MemoryEstimate,
-    block_activation_bytes,
-    in_flight,
-)
+from ddlsim.simulator.gpu.block_time import DTYPE_BYTES, block_time, place_groups
+from ddlsim.simulator.gpu.memory import GIB, MemoryEstimate, estimate_memory
 from ddlsim.simulator.gpu.nccl import Group, NcclModel
+from ddlsim.simulator.gpu.overlap import Exposed, exposed_ms
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.gpu.schedule import StageTimes, analytic_pipeline_ms, replay_pipeline
 from ddlsim.simulator.gpu.shard_costs import ShardCosts
 
 # Above this many ops the schedule is priced in closed form (equal stages make them agree).
 REPLAY_LIMIT_OPS = 200_000
-_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2}
+BREAKDOWN_KEYS: tuple[str, ...] = (
+    "compute",
+    "recompute",
+    "exposed_comm_node",
+    "exposed_comm_network",
+    "pipeline_bubble",
+    "optimizer",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,6 +57,12 @@ class ModelDims:
     heads: int
     vocab: int
     fused_attention: bool
+    kv_heads: int = 0
+
+    @property
+    def kv_hidden(self) -> int:
+        """Keys' (or values') width: the key-value heads times the head size."""
+        return (self.kv_heads or self.heads) * self.hidden // self.heads
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,12 +76,18 @@ class ScalePrediction:
     fits: bool
     breakdown_ms: dict[str, float]
     micro_batch_size: int
+    model_tflops_per_gpu: float = 0.0
+    mfu: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
+        """``tflops_per_gpu`` counts recomputed FLOPs (as Megatron-LM's papers do);
+        ``model_tflops_per_gpu`` and ``mfu`` (against the GPU's dense 16-bit peak) do not."""
         return {
             "iteration_s": self.iteration_s,
             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "tflops_per_gpu": self.tflops_per_gpu,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "mfu": self.mfu,
             "memory": self.memory.to_json(),
             "fits": self.fits,
             "micro_batch_size": self.micro_batch_size,
@@ -96,13 +112,26 @@ def micro_batch_size(plan: ScalePlan, global_batch: int) -> int:
 
 def check_world_size(plan: ScalePlan, cluster: GpuClusterSpec) -> None:
     """Raises:
-    InvalidStrategyError: when ``dp * tp * pp`` is not the cluster's GPU count.
+    InvalidStrategyError: when ``dp * tp * pp * cp`` is not the cluster's GPU count.
     """
     if plan.world_size != cluster.world_size:
+        cp = f" * cp({plan.cp})" if plan.cp > 1 else ""
         raise InvalidStrategyError(
-            f"dp({plan.dp}) * tp({plan.tp}) * pp({plan.pp}) = {plan.world_size} != the "
+            f"dp({plan.dp}) * tp({plan.tp}) * pp({plan.pp}){cp} = {plan.world_size} != the "
             f"cluster's {cluster.world_size} GPUs ({cluster.nodes} nodes x "
             f"{cluster.gpus_per_node})"
+        )
+
+
+def check_sequence(plan: ScalePlan, seq_len: int) -> None:
+    """Raises:
+    InvalidStrategyError: when context parallelism cannot split ``seq_len`` into ``2 cp``
+        equal chunks (the load-balanced causal split).
+    """
+    if plan.cp > 1 and seq_len % (2 * plan.cp):
+        raise InvalidStrategyError(
+            f"seq_len({seq_len}) must be a multiple of 2 * cp({plan.cp}): context parallelism "
+            "splits each sequence into 2 * cp equal chunks"
         )
 
 
@@ -124,21 +153,6 @@ def check_layout(plan: ScalePlan, cluster: GpuClusterSpec, dims: ModelDims) -> N
         )
 
 
-def _groups(plan: ScalePlan, cluster: GpuClusterSpec) -> tuple[Group, Group, bool]:
-    """The tensor- and data-parallel groups' placement, and whether pipeline neighbours sit in
-    different nodes."""
-    gpn = cluster.gpus_per_node
-    tp_per_node = min(plan.tp, gpn)
-    dp_per_node = max(1, min(plan.dp, gpn // plan.tp)) if plan.tp < gpn else 1
-    while plan.dp % dp_per_node:
-        dp_per_node -= 1
-    return (
-        Group(plan.tp, tp_per_node if plan.tp % tp_per_node == 0 else 1),
-        Group(plan.dp, dp_per_node),
-        plan.tp * plan.dp >= gpn,
-    )
-
-
 def _parts(layers: int, parts: int) -> list[int]:
     base, extra = divmod(layers, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
@@ -156,43 +170,27 @@ def predict_scale(
     replay: bool = True,
 ) -> ScalePrediction:
     """Price one iteration of ``plan`` on ``cluster``; ``costs`` are of one micro-batch of
-    ``micro_batch_size(plan, global_batch)`` sequences on one ``plan.tp`` shard.
+    ``micro_batch_size(plan, global_batch)`` sequences of ``seq_len / cp`` tokens on one
+    ``plan.tp`` shard.
 
     Raises:
         InvalidStrategyError: when the plan does not fit the cluster, the model or the batch.
     """
     check_layout(plan, cluster, dims)
+    check_sequence(plan, seq_len)
     mbs = micro_batch_size(plan, global_batch)
     nccl = NcclModel(cluster)
-    tp_group, dp_group, pp_across = _groups(plan, cluster)
-    act_bytes = mbs * seq_len * dims.hidden * _DTYPE_BYTES[plan.precision]
-    tp_ms = nccl.time_us("all_reduce", act_bytes, tp_group) / 1e3
-    block = costs.block
-    # Two collectives per pass; async TP hides them behind the matmuls they feed.
-    tp_f = tp_b = 2 * tp_ms
-    if plan.async_tp:
-        tp_f = max(0.0, tp_f - block.forward_matmul_ms)
-        tp_b = max(0.0, tp_b - block.backward_matmul_ms)
-    block_f = block.forward_ms + tp_f
-    recompute_ms = {
-        "none": 0.0,
-        "selective": costs.attention_forward_ms,
-        # Every other matmul and every memory-bound op of the forward again.
-        "selective_op": block.forward_gemm_ms / 2 + block.forward_ms - block.forward_matmul_ms,
-        "full": block_f,
-    }[plan.recompute]
-    block_b = block.backward_ms + tp_b + recompute_ms
-    # FSDP: the shard's weights gathered over dp (16-bit) and gradients reduce-scattered (fp32).
-    ag_ms = rs_ms = 0.0
-    if plan.fsdp and plan.dp > 1:
-        ag_ms = nccl.time_us("all_gather", block.params * 2, dp_group) / 1e3
-        rs_ms = nccl.time_us("reduce_scatter", block.params * 4, dp_group) / 1e3
-    sharded_f = max(block_f, ag_ms)
-    sharded_b = max(block_b, ag_ms + rs_ms)
+    groups = place_groups(plan, cluster.gpus_per_node)
+    dtype_bytes = DTYPE_BYTES[plan.precision]
+    tokens = mbs * seq_len // plan.cp
+    act_bytes = tokens * dims.hidden * dtype_bytes
+    kv_bytes = 2 * tokens * dims.kv_hidden * dtype_bytes / plan.tp
+    one = block_time(costs, plan, nccl, groups, act_bytes=act_bytes, kv_bytes=kv_bytes)
 
     p, v, m = plan.pp, plan.virtual_stages, plan.micro_batches
     per_part = _parts(dims.layers, p * v)
-    first_f = costs.first.forward_ms + (tp_ms if plan.tp > 1 else 0.0)
+    embed_ms = nccl.time_us("all_reduce", act_bytes, groups.tp) / 1e3 if plan.tp > 1 else 0.0
+    first_f = costs.first.forward_ms + embed_ms
     first_b = costs.first.backward_ms
     last_f, last_b = costs.last.forward_ms, costs.last.backward_ms
 
@@ -209,9 +207,10 @@ def predict_scale(
         backward[(p * v - 1) % p][v - 1] += last_b
         return forward, backward
 
-    every_f, every_b = (sharded_f, sharded_b) if p == 1 else (block_f, block_b)
-    forward, backward = table(every_f, every_b)
-    once_f, once_b = table(sharded_f, sharded_b)
+    # Without pipelining FSDP gathers every micro-batch; with it, once an iteration.
+    every = (one.sharded_forward, one.sharded_backward) if p == 1 else (one.forward, one.backward)
+    forward, backward = table(*every)
+    once_f, once_b = table(one.sharded_forward, one.sharded_backward)
     times = StageTimes(
         forward_ms=forward,
         backward_ms=backward,
@@ -220,11 +219,10 @@ def predict_scale(
     )
     send_ms = 0.0
     if p > 1:
-        slice_bytes = act_bytes / plan.tp
-        send_group = Group(2, 1) if pp_across else Group(2, 2)
-        send_ms = nccl.time_us("sendrecv", slice_bytes, send_group) / 1e3
+        send_group = Group(2, 1) if groups.pp_across_nodes else Group(2, 2)
+        send_ms = nccl.time_us("sendrecv", act_bytes / plan.tp, send_group) / 1e3
         if plan.tp > 1 and not plan.sequence_parallel:
-            send_ms += nccl.time_us("all_gather", act_bytes, tp_group) / 1e3
+            send_ms += nccl.time_us("all_gather", act_bytes, groups.tp) / 1e3
     ops = 2 * p * v * m
     if replay and ops <= REPLAY_LIMIT_OPS:
         pipeline_ms = max(
@@ -247,121 +245,130 @@ def predict_scale(
         )
 
     stage_params = [0] * p
+    stage_layers = [0] * p
     for part, count in enumerate(per_part):
-        stage_params[part % p] += count * block.params
+        stage_params[part % p] += count * costs.block.params
+        stage_layers[part % p] += count
     stage_params[0] += costs.first.params
     stage_params[(p * v - 1) % p] += costs.last.params
-    busiest = max(stage_params)
-    dp_ms = 0.0
-    if plan.dp > 1 and not plan.fsdp:
-        dp_ms = nccl.time_us("all_reduce", busiest * _DTYPE_BYTES[plan.precision], dp_group) / 1e3
-    if plan.fsdp:
-        optimizer_ms = op_costs.optimizer_ms(-(-busiest // plan.dp))
-    elif plan.distributed_optimizer:
-        # Each rank steps its shard, then the updated 16-bit weights are all-gathered (the
-        # gradients' reduce-scatter plus that all-gather move what one all-reduce does).
-        optimizer_ms = op_costs.optimizer_ms(-(-busiest // plan.dp), bytes_per_param=34)
-    else:
-        # The master weights' 16-bit copy: 4 bytes read, 2 written per parameter.
-        optimizer_ms = op_costs.optimizer_ms(busiest, bytes_per_param=34)
-    iteration_ms = pipeline_ms + dp_ms + optimizer_ms
+    busiest = max(range(p), key=lambda s: sum(forward[s]) + sum(backward[s]))
+    dp_exposed = _gradient_sync(
+        plan,
+        nccl,
+        groups.grads,
+        params=max(stage_params),
+        dtype_bytes=dtype_bytes,
+        last_backward_ms=sum(backward[busiest]),
+        first_forward_ms=sum(forward[busiest]),
+    )
+    shards = plan.dp * plan.cp
+    sharded_step = plan.fsdp or plan.distributed_optimizer or plan.zero
+    # Without FSDP the step also writes the 16-bit copy of the master weights (34 bytes a
+    # parameter: 4 read and 2 written on top of AdamW's 28).
+    optimizer_ms = op_costs.optimizer_ms(
+        -(-max(stage_params) // shards) if sharded_step else max(stage_params),
+        bytes_per_param=28 if plan.fsdp else 34,
+    )
+    if plan.kernels == "transformer_engine" and plan.precision == "fp8":
+        # Transformer Engine keeps fp8 copies of the weights (and their transposes), cast once an
+        # iteration after the step: 2 bytes read for the scale, 2 read and 2 written to cast.
+        optimizer_ms += op_costs.memory_ms("copy", 6 * max(stage_params))
+    iteration_ms = pipeline_ms + dp_exposed.total + optimizer_ms
 
     memory = estimate_memory(
-        costs, dims, plan, cluster, mbs=mbs, seq_len=seq_len, stage_params=stage_params
+        costs,
+        plan,
+        layers=dims.layers,
+        hidden=dims.hidden,
+        heads=dims.heads,
+        vocab=dims.vocab,
+        fused_attention=dims.fused_attention,
+        mbs=mbs,
+        seq_len=seq_len,
+        stage_params=stage_params,
     )
-    block_flops = block.forward_flops + block.backward_flops
-    if plan.recompute == "full":
-        block_flops += block.forward_flops
+    block = costs.block
+    # Model FLOPs as Megatron-LM and MFU count them: attention's backward twice its forward
+    # (the flash kernels' backward also recomputes the scores: 2.5 times, as captured), and
+    # a context-parallel rank's attention over the whole sequence: cp times the captured
+    # shard's.
+    attention_units = 3.5 if dims.fused_attention else 3.0
+    attention_model = costs.attention_flops * 3.0 / attention_units
+    block_model_flops = (
+        block.forward_flops
+        + block.backward_flops
+        - costs.attention_flops
+        + plan.cp * attention_model
+    )
     edge_flops = sum(
         part.forward_flops + part.backward_flops for part in (costs.first, costs.last)
     )
-    flops = plan.dp * m * plan.tp * (dims.layers * block_flops + edge_flops)
+    model_flops = plan.dp * plan.cp * m * plan.tp * (dims.layers * block_model_flops + edge_flops)
+    flops = model_flops
+    if plan.recompute == "full":
+        forward_flops = block.forward_flops + (plan.cp - 1) * attention_model / 3
+        flops += plan.dp * plan.cp * m * plan.tp * dims.layers * forward_flops
     iteration_s = iteration_ms / 1e3
-    compute_ms = m * sum(sum(row) for row in forward) / p
+    world = cluster.world_size
+
+    # Where the time goes: the busiest stage's blocks, micro-batch by micro-batch, then the
+    # rest of the pipeline's span (bubble, sends, FSDP's once-an-iteration gathers).
+    layers_b = stage_layers[busiest]
+    block_parts = (one.sharded_exposed if p == 1 else one.exposed).scaled(layers_b * m)
+    edges = 0.0
+    if busiest == 0:
+        edges += costs.first.forward_ms + costs.first.backward_ms
+    if busiest == (p * v - 1) % p:
+        edges += last_f + last_b
+    compute_ms = m * (layers_b * one.compute + edges)
+    recompute_ms = m * layers_b * one.recompute
+    embed = Exposed.at(groups.tp.nodes > 1, m * embed_ms if busiest == 0 else 0.0)
+    comm = block_parts + embed
+    bubble_ms = max(0.0, pipeline_ms - compute_ms - recompute_ms - comm.total)
     return ScalePrediction(
         iteration_s=iteration_s,
-        tokens_per_s_per_gpu=global_batch * seq_len / iteration_s / cluster.world_size,
-        tflops_per_gpu=flops / iteration_s / cluster.world_size / 1e12,
+        tokens_per_s_per_gpu=global_batch * seq_len / iteration_s / world,
+        tflops_per_gpu=flops / iteration_s / world / 1e12,
+        model_tflops_per_gpu=model_flops / iteration_s / world / 1e12,
+        mfu=model_flops / iteration_s / world / (cluster.gpu.peak_tflops["bf16"] * 1e12),
         memory=memory,
         fits=memory.total <= cluster.gpu.memory_gib * GIB,
         breakdown_ms={
-            "pipeline": pipeline_ms,
-            "per_stage_work": compute_ms + m * sum(sum(row) for row in backward) / p,
-            "tp_comm_per_block": tp_f + tp_b,
-            "send": send_ms,
-            "dp_comm": dp_ms,
-            "fsdp_gather_per_block": ag_ms,
-            "fsdp_reduce_per_block": rs_ms,
+            "compute": compute_ms,
+            "recompute": recompute_ms,
+            "exposed_comm_node": comm.node + dp_exposed.node,
+            "exposed_comm_network": comm.network + dp_exposed.network,
+            "pipeline_bubble": bubble_ms,
             "optimizer": optimizer_ms,
         },
         micro_batch_size=mbs,
     )
 
 
-def estimate_memory(
-    costs: ShardCosts,
-    dims: ModelDims,
+def _gradient_sync(
     plan: ScalePlan,
-    cluster: GpuClusterSpec,
+    nccl: NcclModel,
+    group: Group,
     *,
-    mbs: int,
-    seq_len: int,
-    stage_params: list[int],
-) -> MemoryEstimate:
-    """The busiest GPU's memory (:mod:`.memory`): the first stage's, or the last's where the
-    logits outweigh it."""
-    p, v = plan.pp, plan.virtual_stages
-    if plan.fsdp:
-        weights = [16 * n / plan.dp + 2 * 2 * costs.block.params for n in stage_params]
-    elif plan.distributed_optimizer:
-        # Megatron-LM's: 16-bit weights and fp32 gradients whole; the fp32 master weights and
-        # Adam's two moments sharded over dp.
-        weights = [(6.0 + 12.0 / plan.dp) * n for n in stage_params]
-    else:
-        weights = [18.0 * n for n in stage_params]
-    per_block = (
-        costs.op_policy_saved_bytes
-        if plan.recompute == "selective_op"
-        else block_activation_bytes(
-            seq=seq_len,
-            batch=mbs,
-            hidden=dims.hidden,
-            heads=dims.heads,
-            tp=plan.tp,
-            sequence_parallel=plan.sequence_parallel,
-            recompute=plan.recompute,
-            fused_attention=dims.fused_attention,
+    params: int,
+    dtype_bytes: int,
+    last_backward_ms: float,
+    first_forward_ms: float,
+) -> Exposed:
+    """What synchronising the gradients adds after the pipeline: an all-reduce over the ranks
+    holding the same weights, or a reduce-scatter and (after the sharded step) an all-gather of
+    the updated weights; bucket by bucket beside the last micro-batch's backward, the gather
+    beside the next iteration's first forward. FSDP's are in the blocks' times."""
+    if plan.fsdp or group.size == 1:
+        return Exposed()
+    nbytes = params * dtype_bytes
+    network = group.nodes > 1
+    if plan.distributed_optimizer or plan.zero:
+        reduce_ms = nccl.time_us("reduce_scatter", nbytes, group) / 1e3
+        gather_ms = nccl.time_us("all_gather", nbytes, group) / 1e3
+        return Exposed.at(
+            network,
+            exposed_ms(last_backward_ms, reduce_ms) + exposed_ms(first_forward_ms, gather_ms),
         )
-    )
-    layers_first = sum(_parts(dims.layers, p * v)[0::p])
-    held = in_flight(plan.schedule_kind, stages=p, chunks=v, micro_batches=plan.micro_batches)
-    activations = per_block * layers_first * held
-    if plan.recompute == "full":
-        # One block's activations live while it is recomputed and differentiated.
-        activations += block_activation_bytes(
-            seq=seq_len,
-            batch=mbs,
-            hidden=dims.hidden,
-            heads=dims.heads,
-            tp=plan.tp,
-            sequence_parallel=plan.sequence_parallel,
-            recompute="none",
-            fused_attention=dims.fused_attention,
-        )
-    # fp32 logits and their gradient on the last stage, one micro-batch at a time.
-    logits = 2 * 4.0 * mbs * seq_len * dims.vocab / plan.tp
-    first = weights[0] + activations + (logits if p == 1 else 0.0)
-    last = weights[-1] + (activations / max(held, 1) if p > 1 else activations) + logits
-    if first >= last:
-        return MemoryEstimate(
-            weights_and_optimizer=weights[0],
-            activations=activations,
-            logits=logits if p == 1 else 0.0,
-            reserved=RESERVED_GIB * GIB,
-        )
-    return MemoryEstimate(
-        weights_and_optimizer=weights[-1],
-        activations=last - weights[-1] - logits,
-        logits=logits,
-        reserved=RESERVED_GIB * GIB,
-    )
+    reduce_ms = nccl.time_us("all_reduce", nbytes, group) / 1e3
+    return Exposed.at(network, exposed_ms(last_backward_ms, reduce_ms))

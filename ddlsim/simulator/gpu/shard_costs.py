@@ -39,6 +39,8 @@ class ShardCosts:
     last: PartCost
     attention_forward_ms: float
     op_policy_saved_bytes: float = 0.0
+    attention_backward_ms: float = 0.0
+    attention_flops: int = 0
 
 
 def _in_block(pattern: str, module: str) -> bool:
@@ -74,7 +76,9 @@ def shard_costs(
     gemm_forward = {"block": 0.0, "first": 0.0, "last": 0.0}
     saved_mm: list[int] = []
     saved_other = 0
-    attention = 0.0
+    attention = attention_backward = 0.0
+    attention_flops = 0
+    attention_ids: set[int] = set()
     parts = {node.id: _part(node, part_of, block) for node in nodes if node.kind == "compute"}
     fused = fused_groups(graph, parts, costs) if compiled else {}
     for node in nodes:
@@ -99,6 +103,13 @@ def shard_costs(
             kernels[part] += 1
             if part == "block" and _is_attention(node):
                 attention += ms
+                attention_flops += node.flops
+                attention_ids.add(node.id)
+        elif part == "block" and (
+            node.forward_id in attention_ids or any(op in node.op for op in ATTENTION_OPS)
+        ):
+            attention_backward += ms
+            attention_flops += node.flops
     params = {"block": 0, "first": 0, "last": 0}
     last_modules = {n.module for n in nodes if part_of.get(n.id) == "last"}
     for info in graph.params:
@@ -124,6 +135,8 @@ def shard_costs(
             for part in ("block", "first", "last")
         },
         attention_forward_ms=attention,
+        attention_backward_ms=attention_backward,
+        attention_flops=attention_flops,
         # torchtitan's op-level policy keeps every other matmul's output (the first, third,
         # ...) and the attention's, plus the block's input.
         op_policy_saved_bytes=sum(saved_mm[0::2])

@@ -1,0 +1,160 @@
+"""One repeated block's forward and backward on one GPU of a layout, with what its
+collectives add: the time a pipeline stage spends on it per micro-batch, split into compute,
+recomputation and exposed communication per fabric level.
+
+- tensor parallelism: two all-reduces of the block's activations in its forward and two in
+  its backward (all-gather + reduce-scatter pairs with sequence parallelism: the same bytes),
+  exposed (Megatron-LM's layers wait for them) or, with ``async_tp``, decomposed and overlapped
+  with the matmuls they feed (:func:`.overlap.decomposed_tp_ms`);
+- context parallelism: the block runs ``1 / cp`` of each sequence; its causal attention, load
+  balanced over the ranks, does ``cp`` times the work of attention over its own tokens. The
+  ring passes each rank's keys and values around the ``cp`` ranks in ``cp - 1`` steps, each
+  overlapped with attention on the block that arrived before it (backward: keys, values and
+  their gradients); the all-gather variant gathers the keys and values before attention and
+  reduce-scatters their gradients after, exposed;
+- recomputation: the block's forward again before its backward (full, its collectives
+  included), its attention core (selective), or every other matmul and all memory-bound ops
+  (selective_op, torchtitan's);
+- FSDP: the block's weights all-gathered before its forward and backward and its gradients
+  reduce-scattered after, overlapped with its compute (:mod:`.overlap`).
+"""
+
+import dataclasses
+
+from ddlsim.data.specs.scale_plan import ScalePlan
+from ddlsim.simulator.gpu.nccl import Group, NcclModel
+from ddlsim.simulator.gpu.overlap import Exposed, decomposed_tp_ms, exposed_ms, overlapped_ms
+from ddlsim.simulator.gpu.shard_costs import ShardCosts
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8": 2}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Groups:
+    """Where a layout's groups sit. Ranks are ordered tensor-parallel fastest, then context-,
+    data- and pipeline-parallel (Megatron-LM's and torchtitan's order)."""
+
+    tp: Group
+    cp: Group
+    dp: Group
+    # The ranks holding the same weights: data- and context-parallel together.
+    grads: Group
+    pp_across_nodes: bool
+
+
+def _group(size: int, stride: int, gpus_per_node: int) -> Group:
+    per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
+    while size % per_node:
+        per_node -= 1
+    return Group(size, per_node)
+
+
+def place_groups(plan: ScalePlan, gpus_per_node: int) -> Groups:
+    tp_per_node = min(plan.tp, gpus_per_node)
+    return Groups(
+        tp=Group(plan.tp, tp_per_node if plan.tp % tp_per_node == 0 else 1),
+        cp=_group(plan.cp, plan.tp, gpus_per_node),
+        dp=_group(plan.dp, plan.tp * plan.cp, gpus_per_node),
+        grads=_group(plan.dp * plan.cp, plan.tp, gpus_per_node),
+        pp_across_nodes=plan.tp * plan.cp * plan.dp >= gpus_per_node,
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BlockTime:
+    """One block, one micro-batch: ``forward``/``backward`` as a stage runs them (exposed
+    collectives and recomputation included); ``first_forward``/``last_backward`` where FSDP
+    gathers weights once per iteration under pipelining. The parts say where the time goes."""
+
+    forward: float
+    backward: float
+    sharded_forward: float
+    sharded_backward: float
+    compute: float
+    recompute: float
+    exposed: Exposed
+    sharded_exposed: Exposed
+
+
+def block_time(
+    costs: ShardCosts,
+    plan: ScalePlan,
+    nccl: NcclModel,
+    groups: Groups,
+    *,
+    act_bytes: float,
+    kv_bytes: float,
+) -> BlockTime:
+    """Price one block; ``act_bytes`` is one micro-batch's activations at the block's border
+    on one context-parallel rank (tokens x hidden x dtype), ``kv_bytes`` its keys and values on
+    one tensor-parallel shard."""
+    block = costs.block
+    cp = plan.cp
+    attention_f = costs.attention_forward_ms * cp
+    attention_b = costs.attention_backward_ms * cp
+    compute_f = block.forward_ms + costs.attention_forward_ms * (cp - 1)
+    compute_b = block.backward_ms + costs.attention_backward_ms * (cp - 1)
+
+    tp_network = groups.tp.nodes > 1
+    if plan.sequence_parallel:
+        tp_ms = (
+            2
+            * (
+                nccl.time_us("all_gather", act_bytes, groups.tp)
+                + nccl.time_us("reduce_scatter", act_bytes, groups.tp)
+            )
+            / 1e3
+        )
+    else:
+        tp_ms = 2 * nccl.time_us("all_reduce", act_bytes, groups.tp) / 1e3
+    if plan.async_tp:
+        tp_f = decomposed_tp_ms(tp_ms, block.forward_matmul_ms, plan.tp)
+        tp_b = decomposed_tp_ms(tp_ms, block.backward_matmul_ms, plan.tp)
+    else:
+        tp_f = tp_b = tp_ms
+    cp_f = cp_b = 0.0
+    cp_network = groups.cp.nodes > 1
+    if cp > 1 and plan.cp_comm == "ring":
+        send = Group(2, 1) if cp_network else Group(2, 2)
+        step_f = nccl.time_us("sendrecv", kv_bytes, send) / 1e3
+        step_b = nccl.time_us("sendrecv", 2 * kv_bytes, send) / 1e3
+        cp_f = (cp - 1) * exposed_ms(attention_f / cp, step_f)
+        cp_b = (cp - 1) * exposed_ms(attention_b / cp, step_b)
+    elif cp > 1:
+        cp_f = nccl.time_us("all_gather", kv_bytes * cp, groups.cp) / 1e3
+        cp_b = nccl.time_us("reduce_scatter", kv_bytes * cp, groups.cp) / 1e3
+    exposed_f = Exposed.at(tp_network, tp_f) + Exposed.at(cp_network, cp_f)
+    exposed_b = Exposed.at(tp_network, tp_b) + Exposed.at(cp_network, cp_b)
+    forward = compute_f + exposed_f.total
+    recompute = {
+        "none": 0.0,
+        "selective": attention_f,
+        # Every other matmul and every memory-bound op of the forward again.
+        "selective_op": block.forward_gemm_ms / 2 + block.forward_ms - block.forward_matmul_ms,
+        "full": compute_f,
+    }[plan.recompute]
+    recompute_exposed = exposed_f if plan.recompute == "full" else Exposed()
+    backward = compute_b + exposed_b.total + recompute + recompute_exposed.total
+    exposed = exposed_f + exposed_b + recompute_exposed
+
+    # FSDP: the shard's weights gathered (16-bit) and gradients reduce-scattered (fp32) over the
+    # ranks that share them, beside the block's compute.
+    sharded_f, sharded_b, sharded_exposed = forward, backward, exposed
+    if plan.fsdp and groups.grads.size > 1:
+        ag_ms = nccl.time_us("all_gather", block.params * 2, groups.grads) / 1e3
+        rs_ms = nccl.time_us("reduce_scatter", block.params * 4, groups.grads) / 1e3
+        sharded_f = overlapped_ms(forward, ag_ms)
+        sharded_b = overlapped_ms(backward, ag_ms + rs_ms)
+        sharded_exposed = exposed + Exposed.at(
+            groups.grads.nodes > 1, sharded_f - forward + sharded_b - backward
+        )
+    return BlockTime(
+        forward=forward,
+        backward=backward,
+        sharded_forward=sharded_f,
+        sharded_backward=sharded_b,
+        compute=compute_f + compute_b,
+        recompute=recompute,
+        exposed=exposed,
+        sharded_exposed=sharded_exposed,
+    )
