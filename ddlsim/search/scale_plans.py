@@ -4,10 +4,14 @@ The space: tensor-parallel degrees inside a node that divide the model's split d
 pipeline depths up to the layer count, data parallelism filling the rest, micro-batch sizes
 dividing each replica's share of the global batch, the pipeline schedule (1F1B, interleaved
 with 2 or 4 chunks where the micro-batches divide; uneven chunks where the layers do not),
-recomputation (none, selective, selective_op, full), FSDP sharding when there is data
-parallelism. Sequence parallelism goes with every ``tp > 1``: it costs no time in the model and
-saves activation memory, so a layout without it is never better; so does async TP where the
-job allows it (``allow_async_tp``: it needs compiled blocks and symmetric memory).
+recomputation (none, selective, selective_op, full), context parallelism (2, 4 or 8 ranks a
+sequence, where each keeps at least :data:`MIN_CP_TOKENS` tokens), and where ranks hold the
+same weights, their sharding: none, the distributed optimizer (ZeRO-1's memory, Megatron-LM's
+overlapped reduce-scatter and gather) or FSDP. Sequence parallelism goes with every ``tp > 1``:
+it costs no time in the model and saves activation memory, so a layout without it is never
+better; so does async TP where the job allows it (``allow_async_tp``: it needs compiled blocks
+and symmetric memory, or Transformer Engine's userbuffers). Precision, compilation and the
+kernel library are the job's, not searched.
 
 Every layout is priced in closed form (the schedule's bubble formula), those that do not fit
 the GPU's memory are dropped, and the best are priced again with the schedule replayed, in
@@ -17,15 +21,21 @@ closed-form order, until no closed-form time left can beat the best replayed one
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
-from ddlsim.data.errors import DdlsimError
+from ddlsim.data.errors import DdlsimError, InvalidStrategyError
+from ddlsim.data.specs._serde import check_keys
 from ddlsim.data.specs.scale_plan import ScalePlan
 
 TOP_REPLAYED = 8
 MAX_REPLAYED = 64
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 RECOMPUTE_OPTIONS = ("none", "selective", "selective_op", "full")
+CP_OPTIONS = (1, 2, 4, 8)
+# Context parallelism splits only sequences this long or longer into parts of at least this.
+MIN_CP_TOKENS = 4096
+SHARDINGS = ("none", "distributed_optimizer", "fsdp")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,54 +52,122 @@ class ScaleSpace:
     compile: bool = False
     allow_fsdp: bool = True
     allow_async_tp: bool = False
+    seq_len: int = 0
+    kernels: str = "pytorch"
+    limits: "SpaceLimits | None" = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SpaceLimits:
+    """What the job's framework offers, where it offers less than the whole space (Megatron-LM
+    of 2021 had no sequence parallelism, selective recomputation or distributed optimizer;
+    torchtitan shards with FSDP, not Megatron's optimizer): the recomputations, the shardings
+    (``none``, ``distributed_optimizer``, ``fsdp``), the context-parallel degrees, whether
+    sequence parallelism and the interleaved schedule exist.
+
+    Raises:
+        InvalidStrategyError: naming an unknown key or value.
+    """
+
+    recompute: tuple[str, ...] = RECOMPUTE_OPTIONS
+    sharding: tuple[str, ...] = SHARDINGS
+    cp: tuple[int, ...] = CP_OPTIONS
+    sequence_parallel: bool = True
+    interleaved: bool = True
+
+    def __post_init__(self) -> None:
+        for name, allowed in (
+            ("recompute", RECOMPUTE_OPTIONS),
+            ("sharding", SHARDINGS),
+            ("cp", CP_OPTIONS),
+        ):
+            values = getattr(self, name)
+            if isinstance(values, (str, int)) or not values:
+                raise InvalidStrategyError(
+                    f"search space {name} must be a non-empty list of {list(allowed)}, got "
+                    f"{values!r}"
+                )
+            for value in values:
+                if value not in allowed:
+                    raise InvalidStrategyError(
+                        f"search space {name} {value!r} is not one of {list(allowed)}"
+                    )
+            object.__setattr__(self, name, tuple(values))
+        if 1 not in self.cp:
+            raise InvalidStrategyError(f"search space cp must include 1, got {list(self.cp)}")
+        for name in ("sequence_parallel", "interleaved"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidStrategyError(
+                    f"search space {name} must be true or false, got {getattr(self, name)!r}"
+                )
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> "SpaceLimits":
+        check_keys(raw, set(cls.__dataclass_fields__), "search space", InvalidStrategyError)
+        return cls(**raw)
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _cp_options(space: ScaleSpace, ranks: int) -> list[int]:
+    return [
+        cp
+        for cp in (space.limits or SpaceLimits()).cp
+        if ranks % cp == 0
+        and (cp == 1 or (space.seq_len % (2 * cp) == 0 and space.seq_len // cp >= MIN_CP_TOKENS))
+    ]
+
+
 def layouts(space: ScaleSpace) -> Iterator[ScalePlan]:
     """Every layout of the space (see the module's docstring)."""
+    limits = space.limits or SpaceLimits()
+    shardings = [s for s in limits.sharding if space.allow_fsdp or s != "fsdp"]
     for tp in space.tp_options:
         if space.gpus % tp or tp > space.gpus_per_node:
             continue
         for pp in _divisors(space.gpus // tp):
             if pp > space.layers:
                 continue
-            dp = space.gpus // (tp * pp)
-            if space.global_batch % dp:
-                continue
-            per_replica = space.global_batch // dp
-            for mbs in MICRO_BATCH_SIZES:
-                if per_replica % mbs:
+            for cp in _cp_options(space, space.gpus // (tp * pp)):
+                dp = space.gpus // (tp * pp * cp)
+                if space.global_batch % dp:
                     continue
-                m = per_replica // mbs
-                # Fewer micro-batches than stages: 1F1B runs as GPipe does (and the executor's
-                # 1F1B needs one a stage), so the layout is written as GPipe.
-                schedules: list[tuple[str, int]] = [("1f1b" if m >= pp else "gpipe", 1)]
-                if pp > 1:
-                    schedules += [
-                        ("interleaved_1f1b", v)
-                        for v in (2, 4)
-                        if pp * v <= space.layers and m % pp == 0
-                    ]
-                for schedule, chunks in schedules:
-                    for recompute in RECOMPUTE_OPTIONS:
-                        for fsdp in (False, True) if dp > 1 and space.allow_fsdp else (False,):
-                            yield ScalePlan(
-                                dp=dp,
-                                tp=tp,
-                                pp=pp,
-                                micro_batches=m,
-                                pp_schedule=schedule,
-                                virtual_stages=chunks,
-                                recompute=recompute,
-                                sequence_parallel=tp > 1,
-                                fsdp=fsdp,
-                                async_tp=space.allow_async_tp and tp > 1,
-                                precision=space.precision,
-                                compile=space.compile,
-                            )
+                per_replica = space.global_batch // dp
+                for mbs in MICRO_BATCH_SIZES:
+                    if per_replica % mbs:
+                        continue
+                    m = per_replica // mbs
+                    # Fewer micro-batches than stages: 1F1B runs as GPipe does (and the
+                    # executor's 1F1B needs one a stage), so the layout is written as GPipe.
+                    schedules: list[tuple[str, int]] = [("1f1b" if m >= pp else "gpipe", 1)]
+                    if pp > 1 and limits.interleaved:
+                        schedules += [
+                            ("interleaved_1f1b", v)
+                            for v in (2, 4)
+                            if pp * v <= space.layers and m % pp == 0
+                        ]
+                    for schedule, chunks in schedules:
+                        for recompute in limits.recompute:
+                            for sharding in shardings if dp * cp > 1 else ["none"]:
+                                yield ScalePlan(
+                                    dp=dp,
+                                    tp=tp,
+                                    pp=pp,
+                                    cp=cp,
+                                    micro_batches=m,
+                                    pp_schedule=schedule,
+                                    virtual_stages=chunks,
+                                    recompute=recompute,
+                                    sequence_parallel=tp > 1 and limits.sequence_parallel,
+                                    fsdp=sharding == "fsdp",
+                                    distributed_optimizer=sharding == "distributed_optimizer",
+                                    async_tp=space.allow_async_tp and tp > 1,
+                                    precision=space.precision,
+                                    compile=space.compile,
+                                    kernels=space.kernels,
+                                )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

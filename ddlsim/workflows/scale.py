@@ -13,7 +13,12 @@ from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
 from ddlsim.data.tp_plans import check_tensor_parallel
 from ddlsim.profiler.shard import ShardGraph, capture_shard, layer_count
-from ddlsim.search.scale_plans import ScaleSearchResult, ScaleSpace, search_layouts
+from ddlsim.search.scale_plans import (
+    ScaleSearchResult,
+    ScaleSpace,
+    SpaceLimits,
+    search_layouts,
+)
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.gpu.scale import (
     ModelDims,
@@ -66,7 +71,7 @@ def _costs(  # noqa: PLR0917 (lru_cache keys on positional arguments)
     op_costs = GpuOpCosts(
         gpu,
         matmul_dtype="fp8" if precision == "fp8" else "bf16",
-        fused_casts=kernels == "transformer_engine",
+        cast_bytes=0.0 if kernels == "transformer_engine" else 5.0,
     )
     costs = shard_costs(shard.graph, shard.block, op_costs, compiled=compiled)
     fused = any("scaled_dot_product" in node.op for node in shard.graph.nodes)
@@ -160,6 +165,8 @@ def search_at_scale(
     compile: bool = False,
     allow_fsdp: bool = True,
     allow_async_tp: bool = False,
+    kernels: str = "pytorch",
+    limits: SpaceLimits | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> ScaleSearchResult:
     """The fastest layout of ``model`` on ``cluster`` that fits its GPUs' memory
@@ -179,6 +186,9 @@ def search_at_scale(
         compile=compile,
         allow_fsdp=allow_fsdp,
         allow_async_tp=allow_async_tp,
+        seq_len=seq_len,
+        kernels=kernels,
+        limits=limits,
     )
 
     def evaluate(plan: ScalePlan, replay: bool) -> tuple[float, float, bool]:

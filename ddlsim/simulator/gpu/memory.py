@@ -24,7 +24,9 @@ divides the tokens ``s`` a rank holds by ``cp``.
 
 Sharding over the ``d`` ranks that hold the same weights (data- and context-parallel): ZeRO-1
 and Megatron-LM's distributed optimizer keep the 16-bit weights and fp32 gradients whole and
-shard the rest (6 + 12 / d bytes a parameter), ZeRO-2 also the gradients (2 + 16 / d).
+shard the rest (6 + 12 / d bytes a parameter), ZeRO-2 also the gradients (2 + 16 / d); FSDP
+(ZeRO-3) shards everything (16 / d) and holds two blocks' 16-bit weights at a time, or, under
+pipelining, the stage's whole 16-bit weights and fp32 gradients between micro-batches.
 """
 
 import dataclasses
@@ -107,6 +109,10 @@ def _parts(layers: int, parts: int) -> list[int]:
 def weight_bytes(plan: "ScalePlan", params: int, block_params: int) -> float:
     """Weights, gradients and optimizer states of ``params`` parameters on one GPU."""
     shards = plan.dp * plan.cp
+    if plan.fsdp and plan.pp > 1:
+        # Pipelined, FSDP keeps the stage's weights gathered (16-bit) and its gradients whole
+        # (fp32, reduced once after the last micro-batch) through the iteration.
+        return 16 * params / shards + 6 * params
     if plan.fsdp:
         # The fp32 shard (16 bytes) plus two blocks' gathered 16-bit weights.
         return 16 * params / shards + 2 * 2 * block_params
@@ -156,8 +162,9 @@ def estimate_memory(
     if plan.recompute == "full":
         # One block's activations live while it is recomputed and differentiated.
         activations += block_activation_bytes(**shape, recompute="none")  # type: ignore[arg-type]
-    # fp32 logits and their gradient on the last stage, one micro-batch at a time.
-    logits = 2 * 4.0 * mbs * tokens * vocab / plan.tp
+    # The loss on the last stage, one micro-batch at a time: 16-bit logits, their fp32 copy
+    # and log-softmax, and then the fp32 gradient: 12 bytes a logit at the peak.
+    logits = 12.0 * mbs * tokens * vocab / plan.tp
     first = weights[0] + activations + (logits if p == 1 else 0.0)
     last = weights[-1] + (activations / max(held, 1) if p > 1 else activations) + logits
     if first >= last:

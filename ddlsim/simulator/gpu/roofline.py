@@ -122,16 +122,18 @@ class GpuOpCosts:
 
     ``matmul_dtype`` is the dtype the GEMMs run in (``fp8``: the block's linear layers as
     float8 training casts them; attention and the rest stay in the activations' dtype).
-    ``fused_casts``: the fp8 quantization of a GEMM's operands is fused into the kernels that
-    produce them (Transformer Engine's), so it costs no pass of its own.
+    ``cast_bytes``: what casting one element of a GEMM's operand to fp8 moves: 5 bytes with
+    PyTorch's float8 training (a pass for its absolute maximum, 2 bytes read, and one casting
+    it, 2 read and 1 written); 0 where the quantization is fused into the kernels that produce
+    the operands (Transformer Engine's).
     """
 
     def __init__(
-        self, gpu: AcceleratorSpec, *, matmul_dtype: str = "bf16", fused_casts: bool = False
+        self, gpu: AcceleratorSpec, *, matmul_dtype: str = "bf16", cast_bytes: float = 5.0
     ) -> None:
         self.gpu = gpu
         self.matmul_dtype = matmul_dtype
-        self.fused_casts = fused_casts
+        self.cast_bytes = cast_bytes
         self.reference = gpu.measured or "h100"
         records = _records(self.reference)
         reference_peak = _reference_peaks(self.reference)
@@ -197,14 +199,13 @@ class GpuOpCosts:
         return max(KERNEL_FLOOR_MS, node.flops / (peak * eff))
 
     def fp8_cast_ms(self, node: GraphNode) -> float:
-        """Float8 training's casts of a matmul's two operands with dynamic scaling: a pass for
-        each operand's absolute maximum (2 bytes an element read) and one casting it (2 read,
-        1 written), memory-bound; the fp8 matmul itself is :meth:`gemm_ms`. Nothing where the
-        casts are fused into the producing kernels."""
-        if self.fused_casts:
+        """Float8 training's casts of a matmul's two operands with dynamic scaling,
+        memory-bound, :attr:`cast_bytes` an element; the fp8 matmul itself is
+        :meth:`gemm_ms`."""
+        if not self.cast_bytes:
             return 0.0
         m, k, n = _mkn(node)
-        return self.memory_ms("copy", 5 * (m * k + k * n))
+        return self.memory_ms("copy", self.cast_bytes * (m * k + k * n))
 
     def attention_ms(self, node: GraphNode) -> float:
         """Fused attention at the efficiency measured for the nearest sequence length and
