@@ -5,7 +5,8 @@ GpuClusterSpec), the published layout, the global batch and sequence length, and
 figure: ``iteration_s``, ``tflops_per_gpu`` or ``tokens_per_s_per_gpu``. The script predicts the
 row's iteration on paper (``ddlsim.workflows.scale``) and reports the same figure and its
 absolute percentage error; ``--search`` also searches the row's cluster for the fastest layout
-and says whether it is predicted faster than the published one.
+and says whether it is predicted faster than the published one. Rows are read and predicted by
+:mod:`ddlsim.workflows.published`, as the service's ``/v1/published`` predicts them.
 
 ``tflops_per_gpu`` counts FLOPs as Megatron-LM's papers do: the matrix multiplies (attention's
 included) of forward and backward, and of the recomputed forward under full recomputation.
@@ -19,34 +20,21 @@ folder (``data/published/x.json`` is ``ddlsim/data/published/x.json``).
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 from ddlsim.data.errors import DdlsimError
-from ddlsim.data.specs._serde import check_keys
-from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
-from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.specs.scale_plan import ScalePlan
-from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
-
-METRICS = ("iteration_s", "tflops_per_gpu", "tokens_per_s_per_gpu")
-REQUIRED_KEYS = (
-    "name",
-    "source",
-    "model",
-    "cluster",
-    "strategy",
-    "global_batch",
-    "seq_len",
-    "published",
+from ddlsim.workflows.published import (
+    METRICS,
+    REQUIRED_KEYS,
+    ROW_KEYS,
+    RowError,
+    parse_row,
+    predict_row,
+    rows_of,
 )
-ROW_KEYS = {*REQUIRED_KEYS, "notes"}
+
+__all__ = ["METRICS", "REQUIRED_KEYS", "ROW_KEYS", "RowError", "parse_row", "predict_row"]
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "ddlsim"
-
-
-class RowError(DdlsimError, ValueError):
-    """A row of a published-runs file is malformed."""
 
 
 def resolve(path: str) -> Path:
@@ -59,79 +47,6 @@ def resolve(path: str) -> Path:
     raise RowError(f"rows file {path!r} exists neither here nor under {PACKAGE_ROOT}")
 
 
-def parse_row(raw: dict[str, Any]) -> tuple[str, ScaleRequest, str, float]:
-    """The row's name, request, published metric and value.
-
-    Raises:
-        RowError, and the specs' own errors, naming the bad value.
-    """
-    check_keys(raw, ROW_KEYS, f"row {raw.get('name', '?')!r}", RowError)
-    for key in REQUIRED_KEYS:
-        if key not in raw:
-            raise RowError(f"row {raw.get('name', '?')!r} misses {key!r}")
-    published = raw["published"]
-    check_keys(published, set(METRICS), f"row {raw['name']!r} published", RowError)
-    if len(published) != 1:
-        raise RowError(f"row {raw['name']!r}: give exactly one of {', '.join(METRICS)}")
-    ((metric, value),) = published.items()
-    seq_len = int(raw["seq_len"])
-    model = ModelSpec.from_dict(raw["model"]).with_inputs(seq_len=seq_len)
-    cluster_raw = raw["cluster"]
-    cluster = (
-        GpuClusterSpec.parse(cluster_raw)
-        if isinstance(cluster_raw, str)
-        else GpuClusterSpec.from_dict(cluster_raw)
-    )
-    request = ScaleRequest(
-        model=model,
-        cluster=cluster,
-        plan=ScalePlan.from_dict(raw["strategy"]),
-        global_batch=int(raw["global_batch"]),
-        seq_len=seq_len,
-    )
-    return raw["name"], request, metric, float(value)
-
-
-def predict_row(raw: dict[str, Any], *, search: bool) -> dict[str, Any]:
-    name, request, metric, published = parse_row(raw)
-    started = time.perf_counter()
-    prediction = predict_at_scale(request)
-    predicted = getattr(prediction, metric)
-    row: dict[str, Any] = {
-        "name": name,
-        "metric": metric,
-        "published": published,
-        "predicted": round(predicted, 4),
-        "ape": round(abs(predicted - published) / published, 4),
-        "layout": request.plan.label(),
-        "iteration_s": round(prediction.iteration_s, 4),
-        "memory_gib": round(prediction.memory.total_gib, 1),
-        "fits": prediction.fits,
-        "seconds": round(time.perf_counter() - started, 2),
-    }
-    if search:
-        found = search_at_scale(
-            request.model,
-            request.cluster,
-            global_batch=request.global_batch,
-            seq_len=request.seq_len,
-            precision=request.plan.precision,
-            compile=request.plan.compile,
-            allow_async_tp=request.plan.async_tp,
-        )
-        if found.best is not None:
-            row["search"] = {
-                "layout": found.best.plan.label(),
-                "iteration_s": round(found.best.iteration_s, 4),
-                "speedup_vs_published_layout": round(
-                    prediction.iteration_s / found.best.iteration_s, 3
-                ),
-                "evaluated": found.evaluated,
-                "seconds": round(found.seconds, 1),
-            }
-    return row
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("rows", help="a JSON file: a list of rows, or {'rows': [...]}")
@@ -140,10 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         raw = json.loads(resolve(args.rows).read_text("utf-8"))
-        rows_raw = raw["rows"] if isinstance(raw, dict) else raw
-        if not isinstance(rows_raw, list) or not rows_raw:
-            raise RowError(f"{args.rows}: expected a non-empty list of rows")
-        rows = [predict_row(row, search=args.search) for row in rows_raw]
+        rows = [predict_row(row, search=args.search) for row in rows_of(raw, args.rows)]
     except (DdlsimError, json.JSONDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -8,10 +8,10 @@ from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import PRESETS, GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import PRECISIONS, ScalePlan
-from ddlsim.data.tp_plans import PLANS, tp_family
 from ddlsim.service import output
 from ddlsim.workflows.clusters import resolve_cluster
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
+from ddlsim.workflows.scale_jobs import check_priceable
 
 CLUSTER_HELP = (
     f"a GPU cluster on paper: PRESET:NODES ({', '.join(PRESETS)}), the name of a cluster "
@@ -43,11 +43,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, with_plan: bool) -
 
 def _request_parts(args: argparse.Namespace) -> tuple[ModelSpec, GpuClusterSpec, int, int]:
     model = output.model_argument(args)
-    if tp_family(model) is None:
-        raise InvalidStrategyError(
-            f"{model.label} ({model.cls}) has no tensor-parallel plan, so it cannot be priced "
-            f"on a GPU cluster; supported families: {', '.join(sorted(PLANS))}"
-        )
+    check_priceable(model)
     cluster = resolve_cluster(args.cluster, getattr(args, "db", None))
     seq_len = args.seq_len or model.inputs.seq_len
     if seq_len is None:

@@ -18,9 +18,10 @@ from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.data.zoo import ZOO
 
 
-def page() -> str:
-    """The dashboard's HTML (one file: its script draws the plots as SVG, no build step)."""
-    return resources.files("ddlsim.service").joinpath("static/dashboard.html").read_text("utf-8")
+def page(name: str = "dashboard") -> str:
+    """A page's HTML: ``dashboard`` (predicted against measured) or ``clusters`` (GPU clusters
+    on paper); one file each, its script draws the plots as SVG from the API, no build step."""
+    return resources.files("ddlsim.service").joinpath(f"static/{name}.html").read_text("utf-8")
 
 
 def dashboard_data(store: Store, queue: TaskQueue) -> dict[str, Any]:

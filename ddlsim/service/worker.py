@@ -3,9 +3,10 @@
 ``search`` runs a search (:func:`ddlsim.workflows.search.search`), ``profile`` a profiling batch
 (:func:`ddlsim.workflows.profile.profile_batch`), ``execution`` the executor and the simulator's
 prediction of the same strategy (:func:`ddlsim.workflows.execute.execute`), both stored, so the
-dashboard can set one against the other. A task's rows (measurements, predictions) and its
-"done" land in one transaction, which only the task's current claim can commit: a task run
-again after its worker died stores them once.
+dashboard can set one against the other; ``cluster-search`` the layouts of a GPU cluster on
+paper (:func:`ddlsim.workflows.scale_jobs.search_cluster`). A task's rows (measurements,
+predictions) and its "done" land in one transaction, which only the task's current claim can
+commit: a task run again after its worker died stores them once.
 While a task runs, a heartbeat thread keeps it alive in the queue every ``HEARTBEAT_S``; a task
 asked to stop stops at its next progress report. A worker told to stop (SIGTERM, Ctrl-C) puts
 its task back in the queue for the next worker; one that dies is found by its stale heartbeat
@@ -37,6 +38,7 @@ from ddlsim.profiler.cluster import die_with_parent, remove_stale_namespaces
 from ddlsim.workflows.execute import Executed, execute
 from ddlsim.workflows.profile import profile_batch
 from ddlsim.workflows.requests import ExecuteRequest, SearchRequest
+from ddlsim.workflows.scale_jobs import LayoutSearchRequest, search_cluster
 from ddlsim.workflows.search import search
 
 HEARTBEAT_S = 10.0
@@ -279,6 +281,14 @@ def _execution(
     execute(asked, store, report, commit=lambda session, done: finish(session, _executed(done)))
 
 
+def _cluster_search(
+    worker: Worker, store: Store, request: dict[str, Any], report: Report, finish: Finish
+) -> None:
+    result = search_cluster(LayoutSearchRequest.from_json(request), report)
+    with store.transaction() as session:
+        finish(session, result)
+
+
 def _executed(done: Executed) -> dict[str, Any]:
     """An execution task's result: the measurement, the prediction and their timelines."""
     out: dict[str, Any] = {
@@ -305,6 +315,7 @@ HANDLERS: dict[str, Callable[[Worker, Store, dict[str, Any], Report, Finish], No
     "profile": _profile,
     "profile-job": _profile_job,
     "execution": _execution,
+    "cluster-search": _cluster_search,
 }
 
 

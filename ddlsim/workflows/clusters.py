@@ -4,7 +4,7 @@ as a named cluster profile that ``ddlsim predict|search --cluster NAME`` prices 
 
 import dataclasses
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ddlsim.data.comm_model import COLLECTIVES
@@ -20,6 +20,8 @@ from ddlsim.simulator.gpu.nccl import fitted_cluster
 # Which preset's GPU a measured device is, by a part of its name (torch.cuda.get_device_name).
 GPU_NAMES: dict[str, str] = {"H200": "dgx-h200", "H100": "dgx-h100", "A100": "dgx-a100-80g"}
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# A cluster named in a request: a preset or a stored profile, with its node count or without.
+_STORED = re.compile(r"\s*([a-z0-9][a-z0-9._-]*)(?::(\d+))?\s*")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -205,16 +207,76 @@ def resolve_cluster(text: str, db: str | None) -> GpuClusterSpec:
     try:
         return GpuClusterSpec.parse(text)
     except InvalidClusterError as exc:
-        match = re.fullmatch(r"\s*([a-z0-9][a-z0-9._-]*)(?::(\d+))?\s*", text)
-        if match is None:
+        if _STORED.fullmatch(text) is None:
             raise
         with Store.open(db) as store:
-            stored = store.cluster_profiles()
-        if match.group(1) not in stored:
-            names = ", ".join(stored) or "none stored"
-            raise InvalidClusterError(f"{exc}; or a stored cluster profile: {names}") from None
-        spec = GpuClusterSpec.from_dict(stored[match.group(1)]["spec"])
-        return spec.with_nodes(int(match.group(2))) if match.group(2) else spec
+            return _stored_cluster(text, store.cluster_profiles(), exc)
+
+
+def named_cluster(text: str, store: Store) -> GpuClusterSpec:
+    """A cluster by name only (the REST API's form: a string is never read as a path): a
+    preset as ``PRESET:NODES`` (one node without), or a cluster profile stored in ``store``
+    as ``NAME[:NODES]``.
+
+    Raises:
+        InvalidClusterError: naming the text and listing the presets and stored names.
+    """
+    match = _STORED.fullmatch(text)
+    if match is None:
+        raise InvalidClusterError(
+            f"cluster {text!r} is not NAME or NAME:NODES; presets: {', '.join(PRESETS)}"
+        )
+    if match.group(1) in PRESETS:
+        return GpuClusterSpec.parse(text)
+    not_preset = InvalidClusterError(
+        f"cluster {text!r} is not a preset; allowed: {', '.join(PRESETS)} (as PRESET:NODES)"
+    )
+    return _stored_cluster(text, store.cluster_profiles(), not_preset)
+
+
+def _stored_cluster(
+    text: str, stored: Mapping[str, Mapping[str, Any]], exc: InvalidClusterError
+) -> GpuClusterSpec:
+    match = _STORED.fullmatch(text)
+    if match is None or match.group(1) not in stored:
+        names = ", ".join(stored) or "none stored"
+        raise InvalidClusterError(f"{exc}; or a stored cluster profile: {names}") from None
+    spec = GpuClusterSpec.from_dict(stored[match.group(1)]["spec"])
+    nodes = match.group(2)
+    if nodes is None:
+        return spec
+    if int(nodes) < 1:
+        raise InvalidClusterError(f"node count {nodes!r} in {text!r} must be a positive integer")
+    return spec.with_nodes(int(nodes))
+
+
+def cluster_catalogue(store: Store) -> list[dict[str, Any]]:
+    """The GPU clusters a request may name: every preset (one node as named alone; name it
+    ``PRESET:NODES``), then the cluster profiles stored in ``store`` (``NAME``: as many nodes
+    as were measured; ``NAME:NODES``), each with its GPU, its fabric and its whole spec
+    (``GpuClusterSpec.to_dict()``)."""
+    listed = [(name, "preset", preset(name)) for name in PRESETS]
+    listed += [
+        (name, "measured", GpuClusterSpec.from_dict(stored["spec"]))
+        for name, stored in store.cluster_profiles().items()
+    ]
+    return [
+        {
+            "name": name,
+            "origin": origin,
+            "usage": f"{name}:NODES",
+            "nodes": spec.nodes,
+            "gpu": spec.gpu.name,
+            "gpu_memory_gib": spec.gpu.memory_gib,
+            "gpus_per_node": spec.gpus_per_node,
+            "nvlink_gbps": spec.nvlink_gbps,
+            "nics_per_node": spec.nics_per_node,
+            "nic_gbits": spec.nic_gbits,
+            "network_gbps_per_gpu": round(spec.nic_gbps_per_gpu, 3),
+            "spec": spec.to_dict(),
+        }
+        for name, origin, spec in listed
+    ]
 
 
 def describe(measured: Measured) -> dict[str, Any]:

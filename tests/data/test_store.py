@@ -73,7 +73,7 @@ def test_migrations_create_prefixed_tables_and_version_table(store: Store) -> No
     assert all(name.startswith(TABLE_PREFIX) for name in tables)
     with store.engine.connect() as connection:
         versions = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).all()
-    assert [row[0] for row in versions] == ["0005"]
+    assert [row[0] for row in versions] == ["0006"]
 
 
 def test_migration_matches_the_models(store: Store) -> None:

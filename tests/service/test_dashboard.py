@@ -1,11 +1,9 @@
 """The dashboard: its data pairs measurements with predictions, and the page, loaded in headless
 Chromium, plots every stored point and search.
 
-The browser test needs Debian's ``chromium`` and ``chromium-driver`` (``scripts/test.sh``
-installs them as root); without them it skips, except under ``CI=true``, where it fails."""
+The browser test needs Debian's ``chromium`` and ``chromium-driver``
+(:mod:`tests.service.browser`)."""
 
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import MeasurementRecord, PredictionRecord, Store, strategy_hash
 from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.service.api import Settings, create_app
+from tests.service.browser import browser_or_skip, chromium
 from tests.service.serving import serving
 
 GraphOf = Callable[[str], IterationGraph]
@@ -119,18 +118,6 @@ def test_the_data_pairs_runs_with_their_predictions(seeded: str) -> None:
     assert 'id="scatter"' in page and "/v1/dashboard" in page
 
 
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-
-
-def _browser_or_skip() -> None:
-    if CHROMIUM and DRIVER:
-        return
-    message = "Debian's chromium and chromium-driver are not installed"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{message} (CI=true: the dashboard must be tested in a browser)")
-    pytest.skip(message)
-
-
 @pytest.fixture
 def server(seeded: str, tmp_path: Path) -> Iterator[str]:
     args = ("--no-worker", "--db", seeded, "--simulator", "replay")
@@ -139,18 +126,11 @@ def server(seeded: str, tmp_path: Path) -> Iterator[str]:
 
 
 def test_the_page_plots_the_stored_points_in_chromium(server: str) -> None:
-    _browser_or_skip()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    browser_or_skip()
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
-    try:
+    with chromium() as driver:
         driver.get(f"{server}/")
         WebDriverWait(driver, 30).until(
             lambda d: len(d.find_elements(By.CSS_SELECTOR, "#scatter circle.point")) == 2
@@ -175,5 +155,3 @@ def test_the_page_plots_the_stored_points_in_chromium(server: str) -> None:
         )
         labels = [t.text for t in driver.find_elements(By.CSS_SELECTOR, "#timeline text")]
         assert "replay: compute" in labels and "measured: training thread" in labels
-    finally:
-        driver.quit()

@@ -97,8 +97,8 @@ def test_zero_stages_shard_what_they_say() -> None:
         return weight_bytes(ScalePlan(dp=8, **kw), params, block) / params  # type: ignore[arg-type]
 
     assert per_param() == 18.0
-    assert per_param(zero=1) == per_param(distributed_optimizer=True) == 6.0 + 12.0 / 8
-    assert per_param(zero=2) == 2.0 + 16.0 / 8
+    assert per_param(zero=1) == per_param(distributed_optimizer=True) == 4.0 + 12.0 / 8
+    assert per_param(zero=2) == 2.0 + 14.0 / 8
     assert per_param(fsdp=True) < per_param(zero=2)
     # Sharded optimizers reduce-scatter and gather instead of all-reducing: same traffic, a
     # smaller step.

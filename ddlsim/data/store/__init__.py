@@ -8,6 +8,7 @@ from ddlsim.data.store.database import DB_ENV_VAR, alembic_config, default_url, 
 from ddlsim.data.store.errors import StoreError
 from ddlsim.data.store.records import (
     JOB_STATUSES,
+    ClusterPredictionRecord,
     CollectiveProfileRecord,
     FusionProfileRecord,
     JobRecord,
@@ -18,6 +19,7 @@ from ddlsim.data.store.records import (
 )
 from ddlsim.data.store.store import Store
 from ddlsim.data.store.writers import (
+    add_cluster_prediction,
     add_collective_profile,
     add_fusion_profile,
     add_graph,
@@ -32,6 +34,7 @@ from ddlsim.data.store.writers import (
 __all__ = [
     "DB_ENV_VAR",
     "JOB_STATUSES",
+    "ClusterPredictionRecord",
     "CollectiveProfileRecord",
     "FusionProfileRecord",
     "JobRecord",
@@ -41,6 +44,7 @@ __all__ = [
     "PredictionRecord",
     "Store",
     "StoreError",
+    "add_cluster_prediction",
     "add_collective_profile",
     "add_fusion_profile",
     "add_graph",

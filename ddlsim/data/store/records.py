@@ -195,6 +195,30 @@ class PredictionRecord(_Result):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterPredictionRecord(_Result):
+    """A GPU cluster's iteration priced on paper: ``model`` (its label; the spec is stored
+    under ``model_spec_hash``) trained with a layout (``strategy``, the ``ScalePlan``'s strategy
+    JSON, also stored under ``strategy_hash``) on ``cluster`` (``GpuClusterSpec`` dict), with
+    ``global_batch`` sequences of ``seq_len`` tokens; ``prediction`` is what was predicted
+    (``iteration_s``, throughput, memory, breakdown, ...), ``iteration_s`` its headline."""
+
+    what = "cluster prediction"
+
+    model: str
+    model_spec_hash: str
+    strategy_hash: str
+    strategy: dict[str, Any]
+    cluster: dict[str, Any]
+    global_batch: int
+    seq_len: int
+    iteration_s: float
+    prediction: dict[str, Any]
+    simulator_version: str
+    created_at: datetime | None = None
+    id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class JobRecord:
     """One batch job; ``key`` names it, so a restarted batch skips the jobs already done."""
 

@@ -33,6 +33,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from ddlsim.data.store.records import (
     JOB_STATUSES,
     TASK_STATUSES,
+    ClusterPredictionRecord,
     CollectiveProfileRecord,
     FusionProfileRecord,
     JobRecord,
@@ -293,6 +294,31 @@ class PredictionRow(ResultRow[PredictionRecord]):
     cluster: Mapped[dict[str, Any]] = mapped_column(JSON)
     iteration_time_ms: Mapped[float] = mapped_column(Float)
     breakdown: Mapped[dict[str, float]] = mapped_column(JSON)
+    simulator_version: Mapped[str] = mapped_column(String(NAME_LENGTH))
+
+
+class ClusterPredictionRow(ResultRow[ClusterPredictionRecord]):
+    """A GPU cluster's iteration priced on paper (see :class:`ClusterPredictionRecord`)."""
+
+    __tablename__ = "ddlsim_cluster_predictions"
+    record_type = ClusterPredictionRecord
+
+    model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    # Named here: the naming convention's names pass PostgreSQL's 63 characters.
+    model_spec_hash: Mapped[str] = mapped_column(
+        ForeignKey("ddlsim_model_specs.spec_hash", name="fk_ddlsim_cluster_predictions_spec"),
+        index=True,
+    )
+    strategy_hash: Mapped[str] = mapped_column(
+        ForeignKey("ddlsim_strategies.strategy_hash", name="fk_ddlsim_cluster_predictions_plan"),
+        index=True,
+    )
+    strategy: Mapped[dict[str, Any]] = mapped_column(JSON)
+    cluster: Mapped[dict[str, Any]] = mapped_column(JSON)
+    global_batch: Mapped[int] = mapped_column(Integer)
+    seq_len: Mapped[int] = mapped_column(Integer)
+    iteration_s: Mapped[float] = mapped_column(Float)
+    prediction: Mapped[dict[str, Any]] = mapped_column(JSON)
     simulator_version: Mapped[str] = mapped_column(String(NAME_LENGTH))
 
 

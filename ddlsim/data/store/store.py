@@ -27,6 +27,7 @@ from ddlsim.data.store import records, writers
 from ddlsim.data.store.database import default_url, mask_url, open_engine
 from ddlsim.data.store.errors import StoreError
 from ddlsim.data.store.schema import (
+    ClusterPredictionRow,
     ClusterProfileRow,
     CollectiveProfileRow,
     FusionProfileRow,
@@ -246,6 +247,29 @@ class Store:
     ) -> list[records.PredictionRecord]:
         """Predictions, oldest first, matching every filter given."""
         return self._records(PredictionRow, graph_hash=graph_hash, strategy_hash=strategy_hash)
+
+    def save_cluster_prediction(self, *, prediction: records.ClusterPredictionRecord) -> int:
+        """Store a GPU cluster's prediction; return its id (see
+        :func:`~ddlsim.data.store.writers.add_cluster_prediction`)."""
+        return self._write(writers.add_cluster_prediction, prediction=prediction)
+
+    def cluster_predictions(self, *, limit: int = 100) -> list[records.ClusterPredictionRecord]:
+        """GPU clusters' predictions, newest first, at most ``limit``."""
+        query = select(ClusterPredictionRow).order_by(ClusterPredictionRow.id.desc()).limit(limit)
+        with self.transaction() as session:
+            return [row.to_record() for row in session.scalars(query)]
+
+    def cluster_prediction(self, *, prediction_id: int) -> records.ClusterPredictionRecord:
+        """The GPU cluster's prediction stored under ``prediction_id``.
+
+        Raises:
+            StoreError: when there is none.
+        """
+        with self.transaction() as session:
+            row = session.get(ClusterPredictionRow, prediction_id)
+            if row is None:
+                raise StoreError(f"cluster prediction {prediction_id} is not in the store")
+            return row.to_record()
 
     # ----- batch jobs ----------------------------------------------------------------------------
 

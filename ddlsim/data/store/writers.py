@@ -20,6 +20,7 @@ from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store.errors import StoreError
 from ddlsim.data.store.records import (
+    ClusterPredictionRecord,
     CollectiveProfileRecord,
     FusionProfileRecord,
     KernelProfileRecord,
@@ -28,6 +29,7 @@ from ddlsim.data.store.records import (
 )
 from ddlsim.data.store.schema import (
     Base,
+    ClusterPredictionRow,
     CollectiveProfileRow,
     FusionProfileRow,
     GraphRow,
@@ -166,3 +168,14 @@ def add_prediction(session: Session, *, prediction: PredictionRecord) -> int:
     _require(session, GraphRow, prediction.graph_hash, "graph")
     _require(session, StrategyRow, prediction.strategy_hash, "strategy")
     return _add_row(session, PredictionRow.from_record(prediction))
+
+
+def add_cluster_prediction(session: Session, *, prediction: ClusterPredictionRecord) -> int:
+    """Add a GPU cluster's prediction; return its id.
+
+    Raises:
+        StoreError: when its model spec or strategy is not in the store.
+    """
+    _require(session, ModelSpecRow, prediction.model_spec_hash, "model spec")
+    _require(session, StrategyRow, prediction.strategy_hash, "strategy")
+    return _add_row(session, ClusterPredictionRow.from_record(prediction))

@@ -19,8 +19,17 @@ from ddlsim.service.api.deps import READ
 from ddlsim.service.api.errors import BadRequestError
 from ddlsim.service.api.middleware import BodyLimit, Metrics
 from ddlsim.service.api.predictor import Predictor
-from ddlsim.service.api.routes import graphs, jobs, models, predictions, service
+from ddlsim.service.api.routes import (
+    clusters,
+    graphs,
+    jobs,
+    models,
+    predictions,
+    published,
+    service,
+)
 from ddlsim.service.api.routes.service import API_VERSION
+from ddlsim.service.api.warm import warm_up
 from ddlsim.workflows.profiles import MissingProfileError
 
 _LOG = logging.getLogger("ddlsim.service")
@@ -47,6 +56,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        warm_up(app.state.predictor)  # before the first request is taken
         yield
         store.close()
 
@@ -67,7 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.exception_handler(RequestValidationError)(_invalid)
     app.exception_handler(DdlsimError)(_refused)
     app.exception_handler(Exception)(_unexpected)
-    for routes in (service, models, graphs, predictions, jobs):
+    for routes in (service, models, graphs, predictions, jobs, clusters, published):
         app.include_router(routes.router, dependencies=READ)
     return app
 

@@ -46,6 +46,16 @@ class Predictor:
                 self._model = load_cost_model(self.simulator)
             return self._model
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the cost model is loaded (the service's start loads it)."""
+        return self._model is not None
+
+    def slot(self) -> threading.BoundedSemaphore:
+        """A slot to compute a prediction in (``with predictor.slot():``): the GPU path's
+        predictions wait their turn in the same line as the others."""
+        return self._slots
+
     def checkpoint_meta(self) -> dict[str, Any] | None:
         """The loaded checkpoint's scalar metadata (``None``: the replay alone)."""
         meta = self.cost_model().meta

@@ -3,7 +3,8 @@ collectives add: the time a pipeline stage spends on it per micro-batch, split i
 recomputation and exposed communication per fabric level.
 
 - tensor parallelism: two all-reduces of the block's activations in its forward and two in
-  its backward (all-gather + reduce-scatter pairs with sequence parallelism: the same bytes),
+  its backward (all-gather + reduce-scatter pairs with sequence parallelism: the same bytes,
+  the gathers' halved with fp8 linears, whose inputs are cast before they are gathered),
   exposed (Megatron-LM's layers wait for them) or, with ``async_tp``, decomposed and overlapped
   with the matmuls they feed (:func:`.overlap.decomposed_tp_ms`);
 - context parallelism: the block runs ``1 / cp`` of each sequence; its causal attention, load
@@ -97,14 +98,11 @@ def block_time(
 
     tp_network = groups.tp.nodes > 1
     if plan.sequence_parallel:
-        tp_ms = (
-            2
-            * (
-                nccl.time_us("all_gather", act_bytes, groups.tp)
-                + nccl.time_us("reduce_scatter", act_bytes, groups.tp)
-            )
-            / 1e3
-        )
+        # With fp8 linears the inputs are cast before they are gathered (torchao's float8
+        # tensor parallelism, Transformer Engine's fp8 all-gather): half the bytes.
+        gathered = act_bytes / 2 if plan.precision == "fp8" else act_bytes
+        gather_ms = nccl.time_us("all_gather", gathered, groups.tp) / 1e3
+        tp_ms = 2 * (gather_ms + nccl.time_us("reduce_scatter", act_bytes, groups.tp) / 1e3)
     else:
         tp_ms = 2 * nccl.time_us("all_reduce", act_bytes, groups.tp) / 1e3
     if plan.async_tp:

@@ -23,8 +23,10 @@ The first stage of a 1F1B schedule holds ``min(p, m)`` micro-batches in flight, 
 divides the tokens ``s`` a rank holds by ``cp``.
 
 Sharding over the ``d`` ranks that hold the same weights (data- and context-parallel): ZeRO-1
-and Megatron-LM's distributed optimizer keep the 16-bit weights and fp32 gradients whole and
-shard the rest (6 + 12 / d bytes a parameter), ZeRO-2 also the gradients (2 + 16 / d); FSDP
+and Megatron-Core's distributed optimizer keep the 16-bit weights and their 16-bit gradient
+buffer whole (Megatron-Core reduces gradients in bf16 unless told otherwise, DeepSpeed in the
+training dtype) and shard the fp32 master weights and Adam's moments (4 + 12 / d bytes a
+parameter), ZeRO-2 also the gradients (2 + 14 / d); FSDP
 (ZeRO-3) shards everything (16 / d) and holds two blocks' 16-bit weights at a time, or, under
 pipelining, the stage's whole 16-bit weights and fp32 gradients between micro-batches.
 """
@@ -117,9 +119,9 @@ def weight_bytes(plan: "ScalePlan", params: int, block_params: int) -> float:
         # The fp32 shard (16 bytes) plus two blocks' gathered 16-bit weights.
         return 16 * params / shards + 2 * 2 * block_params
     if plan.distributed_optimizer or plan.zero == 1:
-        return (6.0 + 12.0 / shards) * params
+        return (4.0 + 12.0 / shards) * params
     if plan.zero == 2:
-        return (2.0 + 16.0 / shards) * params
+        return (2.0 + 14.0 / shards) * params
     return 18.0 * params
 
 

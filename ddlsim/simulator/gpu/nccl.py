@@ -186,4 +186,6 @@ def fitted_cluster(
         nics_per_node=nics,
         nic_gbits=nic_gbits,
         net_latency_us=net_latency,
+        # The measured all-reduce is whatever algorithm NCCL picked there (NVLS included).
+        nvls_gbps=0.0,
     )

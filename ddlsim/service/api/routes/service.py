@@ -1,4 +1,4 @@
-"""The service itself: health, Prometheus metrics, and the dashboard (its page and its data)."""
+"""The service itself: health, Prometheus metrics, and the dashboard (its pages and its data)."""
 
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, PlainTextResponse
@@ -15,6 +15,13 @@ router = APIRouter()
 def dashboard() -> HTMLResponse:
     """The dashboard's page (its script reads ``/v1/dashboard``)."""
     return HTMLResponse(page())
+
+
+@router.get("/clusters", tags=["dashboard"], response_class=HTMLResponse, include_in_schema=False)
+def clusters_page() -> HTMLResponse:
+    """GPU clusters on paper: a cluster search's layouts, published runs against their
+    predictions (its script reads ``/v1/cluster-searches`` and ``/v1/published``)."""
+    return HTMLResponse(page("clusters"))
 
 
 @router.get("/v1/dashboard", tags=["dashboard"])

@@ -3,6 +3,8 @@
 
 from ddlsim.service.api.schemas.requests import (
     INPUT_FIELDS,
+    ClusterPredictionRequest,
+    ClusterSearchRequest,
     ExecutionRequest,
     GraphRequest,
     Inputs,
@@ -12,6 +14,11 @@ from ddlsim.service.api.schemas.requests import (
     StrategyRequest,
 )
 from ddlsim.service.api.schemas.responses import (
+    ClusterList,
+    ClusterPredictionList,
+    ClusterPredictionPublic,
+    ClusterSearchList,
+    ClusterSearchPublic,
     Dashboard,
     GraphPublic,
     Health,
@@ -22,12 +29,21 @@ from ddlsim.service.api.schemas.responses import (
     ModelPublic,
     PredictionPublic,
     ProfilingRunPublic,
+    PublishedFiles,
+    PublishedPredictions,
     Registered,
     SimulatorVersions,
 )
 
 __all__ = [
     "INPUT_FIELDS",
+    "ClusterList",
+    "ClusterPredictionList",
+    "ClusterPredictionPublic",
+    "ClusterPredictionRequest",
+    "ClusterSearchList",
+    "ClusterSearchPublic",
+    "ClusterSearchRequest",
     "Dashboard",
     "ExecutionRequest",
     "GraphPublic",
@@ -44,6 +60,8 @@ __all__ = [
     "PredictionRequest",
     "ProfilingRun",
     "ProfilingRunPublic",
+    "PublishedFiles",
+    "PublishedPredictions",
     "Registered",
     "SimulatorVersions",
     "StrategyRequest",

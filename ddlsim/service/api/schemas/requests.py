@@ -13,10 +13,12 @@ from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.executor.run import MAX_SIDE_BY_SIDE, RunOptions
 from ddlsim.workflows.profile import MAX_MEASURE_BUDGET_S
 from ddlsim.workflows.requests import SEARCH_MEASURE, PredictRequest, SearchRequest, defaults
+from ddlsim.workflows.scale_jobs import MAX_TOP, LayoutSearchRequest
 
 _PREDICT = defaults(PredictRequest)
 _SEARCH = defaults(SearchRequest)
 _RUN = defaults(RunOptions)
+_LAYOUTS = defaults(LayoutSearchRequest)
 MIN_WORLD_SIZE = 2
 """Predictions and searches are of several ranks (a search splits work between them)."""
 
@@ -188,3 +190,62 @@ class ExecutionRequest(Inputs):
     measure_budget_s: MeasureBudget = _RUN["budget_s"]
     seed: int = _RUN["seed"]
     trace: bool = Field(True, description="profile one more step on rank 0, for the dashboard")
+
+
+# ----- GPU clusters on paper ---------------------------------------------------------------------
+
+ClusterRef = Annotated[
+    str | dict[str, Any],
+    Field(
+        description="a GPU cluster by name, NAME[:NODES]: a preset (dgx-h100:128) or a stored "
+        "cluster profile (GET /v1/clusters lists both), or a GPU cluster spec object "
+        '({"preset": "dgx-h100", "nodes": 4} overrides a preset\'s fields)'
+    ),
+]
+GlobalBatch = Annotated[
+    int | None,
+    Field(ge=1, le=1 << 24, description="sequences per iteration; null: the model's batch size"),
+]
+SeqLen = Annotated[
+    int | None,
+    Field(ge=1, le=1 << 20, description="tokens per sequence; null: the model's sequence length"),
+]
+
+
+class ClusterPredictionRequest(Body):
+    """``POST /v1/cluster-predictions``: one layout of a large model on a GPU cluster, priced
+    on paper and stored."""
+
+    model: ModelRef
+    cluster: ClusterRef
+    strategy: dict[str, Any] = Field(
+        description="the layout, a strategy as `ddlsim run` takes it: parallel.dp, tp, pp, "
+        "micro_batches, pp_schedule, virtual_stages, recompute, sequence_parallel, fsdp, "
+        "distributed_optimizer, async_tp, precision, compile; dp defaults to what the cluster "
+        "leaves, precision to bf16"
+    )
+    global_batch: GlobalBatch = None
+    seq_len: SeqLen = None
+
+
+class ClusterSearchRequest(Body):
+    """``POST /v1/cluster-searches``: the fastest layouts of a large model on a GPU cluster,
+    searched as a job (:class:`~ddlsim.workflows.scale_jobs.LayoutSearchRequest`)."""
+
+    model: ModelRef
+    cluster: ClusterRef
+    global_batch: GlobalBatch = None
+    seq_len: SeqLen = None
+    precision: Literal["fp16", "bf16", "fp8"] = _LAYOUTS["precision"]
+    compile: bool = Field(_LAYOUTS["compile"], description="blocks compiled")
+    allow_fsdp: bool = Field(_LAYOUTS["allow_fsdp"], description="layouts with FSDP too")
+    allow_async_tp: bool = Field(
+        _LAYOUTS["allow_async_tp"],
+        description="async tensor parallelism with tp > 1 (it needs compiled blocks)",
+    )
+    kernels: Literal["pytorch", "transformer_engine"] = Field(
+        _LAYOUTS["kernels"], description="the kernels the job runs (Transformer Engine's fused)"
+    )
+    top: Annotated[int, Field(ge=1, le=MAX_TOP, description="layouts kept, each priced")] = (
+        _LAYOUTS["top"]
+    )

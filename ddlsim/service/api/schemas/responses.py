@@ -121,7 +121,9 @@ class JobPublic(Public):
     """A job (``TaskRecord.to_dict()``): status, progress and, once done, the result."""
 
     id: int
-    kind: str = Field(description="search, profile (a profiling run), profile-job or execution")
+    kind: str = Field(
+        description="search, profile (a profiling run), profile-job, execution or cluster-search"
+    )
     status: TaskStatus
     request: dict[str, Any]
     result: dict[str, Any] | None
@@ -171,3 +173,182 @@ class Dashboard(Public):
     errors: DashboardErrors
     searches: list[dict[str, Any]]
     timelines: list[dict[str, Any]]
+
+
+# ----- GPU clusters on paper ---------------------------------------------------------------------
+
+
+class GpuPublic(Public):
+    """A GPU: dense peak TFLOP/s by dtype, HBM bandwidth (GB/s) and capacity."""
+
+    name: str
+    peak_tflops: dict[str, float]
+    hbm_gbps: float
+    memory_gib: float
+    measured: str | None = Field(None, description="the measured GPU its op costs come from")
+
+
+class GpuClusterPublic(Public):
+    """A GPU cluster (``GpuClusterSpec.to_dict()``): NVLink per GPU and direction (GB/s), NICs
+    across nodes (Gbit/s each)."""
+
+    name: str
+    nodes: int
+    gpus_per_node: int
+    gpu: GpuPublic
+    nvlink_gbps: float
+    nics_per_node: int
+    nic_gbits: float
+    nvlink_latency_us: float
+    net_latency_us: float
+
+
+class ClusterListed(Public):
+    """A cluster a request may name: a preset or a measured cluster profile."""
+
+    name: str
+    origin: Literal["preset", "measured"]
+    usage: str = Field(description="how to name it with a node count")
+    nodes: int = Field(description="nodes when named alone (a preset: 1; a profile: measured)")
+    gpu: str
+    gpu_memory_gib: float
+    gpus_per_node: int
+    nvlink_gbps: float = Field(description="NVLink per GPU and direction, GB/s")
+    nics_per_node: int
+    nic_gbits: float = Field(description="one NIC's rate, Gbit/s")
+    network_gbps_per_gpu: float = Field(description="across nodes, per GPU, GB/s")
+    spec: GpuClusterPublic
+
+
+class ClusterList(Public):
+    """``GET /v1/clusters``: the presets, then the stored cluster profiles."""
+
+    clusters: list[ClusterListed]
+
+
+class GpuMemoryPublic(Public):
+    """The busiest GPU's memory: its total and parts (weights and optimizer, activations,
+    logits, reserved), GiB."""
+
+    total_gib: float
+    parts_gib: dict[str, float]
+
+
+class ScaleFigures(Public):
+    """One iteration of a layout on a GPU cluster, on paper."""
+
+    iteration_s: float
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float = Field(description="recomputed FLOPs counted (Megatron-LM's count)")
+    model_tflops_per_gpu: float = Field(description="the model's FLOPs only")
+    mfu: float = Field(description="model FLOPs utilisation of the GPU's dense 16-bit peak")
+    memory: GpuMemoryPublic
+    fits: bool = Field(description="the busiest GPU's memory fits the GPU's")
+    micro_batch_size: int
+    breakdown_ms: dict[str, float] = Field(
+        description="where the iteration goes: compute, recompute, exposed_comm_node (NVLink), "
+        "exposed_comm_network, pipeline_bubble, optimizer, then any other part"
+    )
+
+
+class ClusterPredictionPublic(ScaleFigures):
+    """``POST /v1/cluster-predictions`` and ``GET /v1/cluster-predictions/{id}``: a stored
+    prediction and what it priced."""
+
+    id: int
+    created_at: str = Field(description="ISO 8601")
+    model: str
+    model_spec_hash: str
+    cluster: GpuClusterPublic
+    world_size: int
+    strategy: dict[str, Any] = Field(description="the layout as a strategy (`ddlsim run`)")
+    layout: str
+    global_batch: int
+    seq_len: int
+    simulator_version: str
+
+
+class ClusterPredictionList(Public):
+    """``GET /v1/cluster-predictions``: newest first."""
+
+    predictions: list[ClusterPredictionPublic]
+
+
+class ClusterLayout(ScaleFigures):
+    """A searched layout, ranked."""
+
+    rank: int
+    layout: str
+    strategy: dict[str, Any] = Field(description="the layout as a strategy (`ddlsim run`)")
+    replayed: bool = Field(description="priced with the pipeline schedule replayed")
+
+
+class ClusterSearchResult(Public):
+    """A finished cluster search: what was searched and the fastest layouts that fit."""
+
+    model: str
+    cluster: GpuClusterPublic
+    world_size: int
+    global_batch: int
+    seq_len: int
+    precision: str
+    compile: bool
+    evaluated: int = Field(description="layouts priced")
+    refused_memory: int = Field(description="layouts over the GPUs' memory")
+    failed: int = Field(description="layouts the model or batch refused")
+    search_s: float
+    simulator_version: str
+    layouts: list[ClusterLayout] = Field(description="fastest first")
+
+
+class ClusterSearchPublic(JobPublic):
+    """``POST /v1/cluster-searches`` and ``GET /v1/cluster-searches/{id}``: the job, and its
+    ranked layouts once done."""
+
+    result: ClusterSearchResult | None  # type: ignore[assignment]
+
+
+class ClusterSearchList(Public):
+    """``GET /v1/cluster-searches``: newest first."""
+
+    searches: list[ClusterSearchPublic]
+
+
+class PublishedFile(Public):
+    """A shipped file of published training runs."""
+
+    name: str
+    about: str | None
+    rows: int
+
+
+class PublishedFiles(Public):
+    """``GET /v1/published``: the shipped files (``ddlsim/data/published``)."""
+
+    files: list[PublishedFile]
+
+
+class PublishedRow(Public):
+    """A published run, predicted: its figure (``metric``) as published and as predicted, and
+    the absolute percentage error; a row that could not be predicted has ``error`` only."""
+
+    name: str
+    source: str | None = None
+    metric: str | None = None
+    published: float | None = None
+    predicted: float | None = None
+    ape: float | None = None
+    layout: str | None = None
+    iteration_s: float | None = None
+    memory_gib: float | None = None
+    fits: bool | None = None
+    error: str | None = None
+
+
+class PublishedPredictions(Public):
+    """``GET /v1/published/{name}``: every row of the file predicted, and their mean APE."""
+
+    name: str
+    about: str | None
+    rows: list[PublishedRow]
+    mape: float | None
