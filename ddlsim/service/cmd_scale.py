@@ -5,9 +5,12 @@ import argparse
 import sys
 
 from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.specs._serde import load_json_or_file
 from ddlsim.data.specs.gpu_cluster import PRESETS, GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import PRECISIONS, ScalePlan
+from ddlsim.data.specs.strategy import KERNELS
+from ddlsim.search.scale_plans import SpaceLimits
 from ddlsim.service import output
 from ddlsim.workflows.clusters import resolve_cluster
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
@@ -29,8 +32,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, with_plan: bool) -
             help="with --cluster: the layout, a strategy as --strategy takes it (JSON or a "
             'file): {"parallel": {"dp", "tp", "pp", "micro_batches", "pp_schedule", '
             '"virtual_stages", "recompute", "sequence_parallel", "fsdp", '
-            '"distributed_optimizer", "async_tp"}, "precision", "compile"}; dp defaults to '
-            "what the cluster leaves, precision to bf16",
+            '"distributed_optimizer", "zero", "cp", "cp_comm", "async_tp"}, "precision", '
+            '"compile", "kernels"}; dp defaults to what the cluster leaves, precision to bf16',
         )
     else:
         parser.add_argument(
@@ -38,6 +41,20 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, with_plan: bool) -
         )
         parser.add_argument(
             "--compile", action="store_true", help="with --cluster: blocks compiled"
+        )
+        parser.add_argument(
+            "--kernels",
+            choices=KERNELS,
+            default="pytorch",
+            help="with --cluster: the layers' kernel library (transformer_engine: "
+            "Megatron-Core's, whose tensor-parallel overlap the search then uses)",
+        )
+        parser.add_argument(
+            "--search-space",
+            help="with --cluster: what the job's framework offers, where less than everything "
+            '(JSON or a file): {"recompute": [...], "sharding": ["none", '
+            '"distributed_optimizer", "fsdp"], "cp": [1, 2, ...], "sequence_parallel": bool, '
+            '"interleaved": bool}',
         )
 
 
@@ -107,6 +124,15 @@ def search_on_cluster(args: argparse.Namespace) -> int:
         seq_len=seq_len,
         precision=args.precision,
         compile=args.compile,
+        kernels=args.kernels,
+        allow_async_tp=args.kernels == "transformer_engine",
+        limits=(
+            SpaceLimits.from_dict(
+                load_json_or_file(args.search_space, "search space", InvalidStrategyError)
+            )
+            if args.search_space
+            else None
+        ),
     )
     top = [
         {

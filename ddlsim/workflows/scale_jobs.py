@@ -27,6 +27,7 @@ from ddlsim.data.store import (
     add_strategy,
 )
 from ddlsim.data.tp_plans import PLANS, tp_family
+from ddlsim.search.scale_plans import SpaceLimits
 from ddlsim.simulator.gpu.scale import (
     BREAKDOWN_KEYS,
     ScalePrediction,
@@ -160,9 +161,13 @@ class LayoutSearchRequest:
     allow_async_tp: bool = False
     kernels: str = "pytorch"
     top: int = DEFAULT_TOP
+    # What the job's framework offers the search (SpaceLimits' keys), where less than all.
+    search_space: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_priceable(self.model)
+        if self.search_space is not None:
+            self.limits()
         for name in ("global_batch", "seq_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -179,6 +184,14 @@ class LayoutSearchRequest:
         if not 1 <= self.top <= MAX_TOP:
             raise InvalidOptionError(f"top({self.top}) must be between 1 and {MAX_TOP}")
 
+    def limits(self) -> SpaceLimits | None:
+        """The search space's limits (:class:`SpaceLimits`), ``None`` for everything.
+
+        Raises:
+            InvalidStrategyError: naming an unknown key or value.
+        """
+        return None if self.search_space is None else SpaceLimits.from_dict(self.search_space)
+
     def to_json(self) -> dict[str, Any]:
         """The request as the job queue stores it (the REST API's field names)."""
         return {
@@ -192,6 +205,7 @@ class LayoutSearchRequest:
             "allow_async_tp": self.allow_async_tp,
             "kernels": self.kernels,
             "top": self.top,
+            **({"search_space": dict(self.search_space)} if self.search_space else {}),
         }
 
     @classmethod
@@ -244,6 +258,7 @@ def search_cluster(
         allow_fsdp=request.allow_fsdp,
         allow_async_tp=request.allow_async_tp,
         kernels=request.kernels,
+        limits=request.limits(),
         progress=priced,
     )
     top = result.ranked[: request.top]

@@ -100,3 +100,39 @@ def test_search_on_a_cluster(capsys: pytest.CaptureFixture[str]) -> None:
     assert times == sorted(times)
     code, _, err = run(capsys, "search", json.dumps(GPT))
     assert code == 2 and "needs --world-size, or --cluster" in err
+
+
+def test_search_on_a_cluster_within_a_search_space(capsys: pytest.CaptureFixture[str]) -> None:
+    space = json.dumps({"sharding": ["none"], "recompute": ["none", "full"]})
+    code, out, _ = run(
+        capsys,
+        "search",
+        json.dumps(GPT),
+        "--cluster",
+        "dgx-h100:1",
+        "--kernels",
+        "transformer_engine",
+        "--search-space",
+        space,
+        "--json",
+    )
+    assert code == 0
+    for row in json.loads(out)["top"]:
+        strategy = row["strategy"]
+        assert strategy["kernels"] == "transformer_engine"
+        assert strategy["parallel"].get("recompute", "none") in {"none", "full"}
+        assert not strategy["parallel"].get("fsdp") and not strategy["parallel"].get(
+            "distributed_optimizer"
+        )
+        # Transformer Engine's userbuffers overlap tensor parallelism
+        assert strategy["parallel"].get("async_tp", False) == (strategy["parallel"]["tp"] > 1)
+    code, _, err = run(
+        capsys,
+        "search",
+        json.dumps(GPT),
+        "--cluster",
+        "dgx-h100:1",
+        "--search-space",
+        '{"cp": [3]}',
+    )
+    assert code == 2 and "search space cp 3 is not one of [1, 2, 4, 8]" in err

@@ -183,6 +183,19 @@ def test_a_search_runs_as_a_job_to_its_ranked_layouts(client: TestClient, db: st
     assert client.get("/v1/jobs").json()["jobs"][0]["kind"] == "cluster-search"
 
 
+def test_a_search_keeps_to_its_search_space(client: TestClient, db: str) -> None:
+    space = {"sharding": ["none"], "recompute": ["full"], "sequence_parallel": False}
+    body = {"model": GPT, "cluster": "dgx-h100:2", "global_batch": 32, "search_space": space}
+    job = client.post("/v1/cluster-searches", json=body, headers=AUTH).json()
+    assert Worker(db, poll_s=0.05, simulator="replay").run(once=True) == 1
+    done = client.get(f"/v1/cluster-searches/{job['id']}").json()
+    assert done["status"] == "done", done["error"]
+    for layout in done["result"]["layouts"]:
+        parallel = layout["strategy"]["parallel"]
+        assert parallel["recompute"] == "full" and not parallel.get("fsdp")
+        assert not parallel.get("sequence_parallel") and not parallel.get("distributed_optimizer")
+
+
 def test_a_bad_search_is_refused_before_it_is_queued(client: TestClient) -> None:
     for body, field in (
         ({"model": "mlp", "cluster": "dgx-h100:1"}, "body.model"),
@@ -192,6 +205,9 @@ def test_a_bad_search_is_refused_before_it_is_queued(client: TestClient) -> None
     ):
         answer = client.post("/v1/cluster-searches", json=body, headers=AUTH)
         assert answer.status_code == 422 and answer.json()["field"] == field, answer.text
+    bad_space = {"model": GPT, "cluster": "dgx-h100:1", "search_space": {"cp": [3]}}
+    answer = client.post("/v1/cluster-searches", json=bad_space, headers=AUTH)
+    assert answer.status_code == 422 and answer.json()["field"].startswith("body.search_space")
     assert client.get("/v1/cluster-searches").json()["searches"] == []
     other = client.get("/v1/cluster-searches/1")
     assert other.status_code == 404

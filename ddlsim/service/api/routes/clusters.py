@@ -119,6 +119,9 @@ def cluster_search(
             allow_async_tp=body.allow_async_tp,
             kernels=body.kernels,
             top=body.top,
+            search_space=(
+                body.search_space.model_dump(exclude_none=True) if body.search_space else None
+            ),
         ),
         field="body",
     )

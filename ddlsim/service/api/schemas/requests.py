@@ -228,6 +228,17 @@ class ClusterPredictionRequest(Body):
     seq_len: SeqLen = None
 
 
+class SearchSpace(Body):
+    """The layouts a job's framework offers (``ddlsim.search.scale_plans.SpaceLimits``); a key
+    left out offers everything."""
+
+    recompute: list[Literal["none", "selective", "selective_op", "full"]] | None = None
+    sharding: list[Literal["none", "distributed_optimizer", "fsdp"]] | None = None
+    cp: list[Literal[1, 2, 4, 8]] | None = None
+    sequence_parallel: bool | None = None
+    interleaved: bool | None = None
+
+
 class ClusterSearchRequest(Body):
     """``POST /v1/cluster-searches``: the fastest layouts of a large model on a GPU cluster,
     searched as a job (:class:`~ddlsim.workflows.scale_jobs.LayoutSearchRequest`)."""
@@ -248,4 +259,7 @@ class ClusterSearchRequest(Body):
     )
     top: Annotated[int, Field(ge=1, le=MAX_TOP, description="layouts kept, each priced")] = (
         _LAYOUTS["top"]
+    )
+    search_space: SearchSpace | None = Field(
+        None, description="what the job's framework offers the search, where less than all"
     )
