@@ -2,9 +2,14 @@
 
 Shared by the executor, which applies them with DTensor (``executor/tensor_parallel.py`` says
 how each style runs), and the simulator, which replays their compute shares and collectives.
+A family with an entry in :data:`PLANS` uses it; any other transformers decoder gets a plan
+derived from its module structure (:mod:`ddlsim.data.tp_generic`), through :func:`tp_plan`.
 """
 
+import copy
 import dataclasses
+import functools
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -14,6 +19,7 @@ import torch
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.models import build_config, build_model, check_model_spec
 from ddlsim.data.specs.model import ModelSpec
+from ddlsim.data.tp_generic import derive_split
 
 if TYPE_CHECKING:
     from ddlsim.data.specs.strategy import ParallelPlan
@@ -32,7 +38,14 @@ class TensorParallelPlan:
     computed by its first block with its heads (T5), so that they must share one layout.
 
     ``sequence`` is the family's sequence-parallel plan (``parallel.sequence_parallel``), or
-    ``None`` when it has none.
+    ``None`` when it has none (``sequence_refusal`` then may say why).
+
+    A plan derived from module structure (``derived``) names its modules by their whole paths
+    and adds: ``fused``, the split modules whose output rows are ``[part | part | ...]`` blocks
+    of these widths (a fused ``[q | k | v]`` or ``[gate | up]``), which the executor reorders
+    so that each rank's column shard holds its slice of every part; ``local_config``, the head
+    counts of the config that each attention module gets a copy of with local values;
+    ``split_sizes``, the sizes ``tp`` must divide: ``(name, value, what it is)``.
     """
 
     family: str
@@ -42,6 +55,11 @@ class TensorParallelPlan:
     blocks: str
     shared_bias: bool = False
     sequence: "SequencePlan | None" = None
+    fused: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    local_config: tuple[str, ...] = ()
+    split_sizes: tuple[tuple[str, int, str], ...] = ()
+    derived: bool = False
+    sequence_refusal: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -166,6 +184,7 @@ _HEAD_ATTRIBUTES = (
     "split_size",
     "all_head_size",
     "inner_dim",
+    "num_kv_heads",
 )
 
 
@@ -178,32 +197,116 @@ def divide_heads(module: "torch.nn.Module", ways: int) -> None:
             setattr(module, attribute, value // ways)
 
 
-def tp_family(spec: ModelSpec) -> str | None:
-    """The model family (transformers ``model_type``) whose plan applies, or ``None``."""
+def localize_attention(module: "torch.nn.Module", plan: TensorParallelPlan, ways: int) -> None:
+    """Make an attention module of ``plan`` compute with its ``1 / ways`` of the heads: its
+    head attributes divided and, for a derived plan, its own copy of the config with the head
+    counts of ``plan.local_config`` divided (the model's config stays whole)."""
+    divide_heads(module, ways)
+    config = getattr(module, "config", None)
+    if not plan.local_config or config is None:
+        return
+    # Read every count before writing any: two keys may name one attribute (attribute_map).
+    whole = {key: getattr(config, key) for key in plan.local_config}
+    local = copy.copy(config)
+    for key, value in whole.items():
+        setattr(local, key, value // ways)
+    module.config = local
+
+
+def _no_plan(spec: ModelSpec, reason: str, tp: int | None = None) -> InvalidStrategyError:
+    cannot = f", so tp({tp}) cannot apply" if tp is not None else ""
+    return InvalidStrategyError(
+        f"{spec.label} ({spec.cls}) has no tensor-parallel plan{cannot}: {reason}; tensor "
+        f"parallelism supports the families {', '.join(sorted(PLANS))} and transformers "
+        "decoders whose blocks hold one attention (separate q/k/v projections or a fused one "
+        "of known layout) and one MLP of linear layers"
+    )
+
+
+def _plan_or_reason(spec: ModelSpec) -> TensorParallelPlan | str:
     if spec.source != "transformers":
-        return None
+        return "it is not a transformers model"
     model_type = getattr(check_model_spec(spec).config_cls, "model_type", None)
-    return model_type if model_type in PLANS else None
+    if model_type in PLANS:
+        return PLANS[model_type]
+    try:
+        return _derived(json.dumps(spec.to_dict(), sort_keys=True))
+    except InvalidStrategyError as exc:
+        return str(exc)
+
+
+def tp_plan(spec: ModelSpec) -> TensorParallelPlan:
+    """The plan that splits ``spec``: its family's entry in :data:`PLANS`, else one derived
+    from its module structure (cached per spec).
+
+    Raises:
+        InvalidStrategyError: for a model that is not a transformers model, or whose structure
+            the derivation refuses (the module and the reason named).
+    """
+    found = _plan_or_reason(spec)
+    if isinstance(found, str):
+        raise _no_plan(spec, found)
+    return found
+
+
+def no_plan_reason(spec: ModelSpec) -> str | None:
+    """Why no tensor-parallel plan splits ``spec`` (naming the module), or ``None`` when one
+    does."""
+    found = _plan_or_reason(spec)
+    return found if isinstance(found, str) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _derived(spec_json: str) -> TensorParallelPlan:
+    spec = ModelSpec.from_dict(json.loads(spec_json))
+    with torch.device("meta"):
+        model = build_model(spec)
+    split = derive_split(model)
+    sequence = split.sequence
+    return TensorParallelPlan(
+        family=str(getattr(model.config, "model_type", spec.cls)),
+        modules=split.modules,
+        attention=split.attention,
+        divisible=(),
+        blocks=split.blocks,
+        sequence=(
+            SequencePlan(sequence.inputs, sequence.norms, sequence.final_norm)
+            if sequence is not None
+            else None
+        ),
+        fused=split.fused,
+        local_config=split.local_config,
+        split_sizes=split.split_sizes,
+        derived=True,
+        sequence_refusal=split.sequence_refusal,
+    )
+
+
+def tp_family(spec: ModelSpec) -> str | None:
+    """The model family (transformers ``model_type``) whose plan applies, from :data:`PLANS` or
+    derived from module structure, or ``None`` when no plan splits it."""
+    try:
+        return tp_plan(spec).family
+    except InvalidStrategyError:
+        return None
 
 
 def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
     """Refuse a model that ``TensorParallelTrainer`` cannot split ``tp`` ways.
 
-    Reads the config only (no model, no process group).
+    Reads the config (a family's plan) or builds the model on the meta device (a derived plan);
+    no memory, no process group.
 
     Raises:
-        InvalidStrategyError: when the model's family has no plan, or a split dimension (heads,
-            intermediate size, vocabulary) is not a multiple of ``tp``; the message names the
-            config key and its value.
+        InvalidStrategyError: when the model has no plan (the reason named), or a split
+            dimension (heads, key/value heads, intermediate size, vocabulary) is not a
+            multiple of ``tp``; the message names the config key or module and its value.
     """
-    family = tp_family(spec)
-    if family is None:
-        raise InvalidStrategyError(
-            f"{spec.label} ({spec.cls}) has no tensor-parallel plan, so tp({tp}) cannot apply; "
-            f"tensor parallelism supports the families {', '.join(sorted(PLANS))}"
-        )
+    plan = _plan_or_reason(spec)
+    if isinstance(plan, str):
+        raise _no_plan(spec, plan, tp)
     config = build_config(spec)
-    for key in PLANS[family].divisible:
+    for key in plan.divisible:
         value = getattr(config, key, None)
         if value is None and key == "n_inner":
             # GPT-2 leaves the MLP width unset to mean four times the embedding width.
@@ -212,6 +315,13 @@ def check_tensor_parallel(spec: ModelSpec, tp: int) -> None:
             raise InvalidStrategyError(
                 f"config.{key}({value}) of {spec.label} is not divisible by tp({tp}): "
                 "each tensor-parallel rank needs an equal share; pick a tp that divides it"
+            )
+    for name, value, what in plan.split_sizes:
+        if value % tp:
+            raise InvalidStrategyError(
+                f"{name}({value}) of {spec.label} is not divisible by tp({tp}): {what} split "
+                "over the tensor-parallel ranks needs an equal share on each; pick a tp that "
+                "divides it"
             )
 
 
@@ -223,13 +333,14 @@ def check_sequence_parallel(spec: ModelSpec, tp: int) -> None:
         InvalidStrategyError: naming the family or the sequence length.
     """
     check_tensor_parallel(spec, tp)
-    family = tp_family(spec)
-    assert family is not None
-    if PLANS[family].sequence is None:
+    plan = tp_plan(spec)
+    if plan.sequence is None:
         with_plan = sorted(name for name, plan in PLANS.items() if plan.sequence is not None)
+        why = f": {plan.sequence_refusal}" if plan.sequence_refusal else ""
         raise InvalidStrategyError(
-            f"parallel.sequence_parallel has no plan for the {family} family ({spec.label}); "
-            f"families with one: {', '.join(with_plan)}"
+            f"parallel.sequence_parallel has no plan for the {plan.family} family "
+            f"({spec.label}){why}; families with one: {', '.join(with_plan)}, and decoders "
+            "whose blocks hold their attention, MLP and norms as their own modules"
         )
     seq_len = spec.inputs.seq_len
     if seq_len is not None and seq_len % tp:
@@ -270,10 +381,8 @@ def check_layouts(
             not divide (not checked when ``rank_batch`` is ``None``), or mixed layouts in a
             stack whose blocks share a position bias.
     """
-    check_tensor_parallel(spec, parallel.tp)  # a family with a plan, heads tp divides
-    family = tp_family(spec)
-    assert family is not None  # check_tensor_parallel refused the others
-    plan = PLANS[family]
+    check_tensor_parallel(spec, parallel.tp)  # a model with a plan, heads tp divides
+    plan = tp_plan(spec)
     with torch.device("meta"):
         model = build_model(spec)
     blocks = block_paths(plan, (path for path, _ in model.named_modules() if path))

@@ -46,14 +46,14 @@ from torch.nn import functional as F
 
 from ddlsim.data.grid import GRID_STYLES, grid_layers
 from ddlsim.data.specs.strategy import GRID_AXES
-from ddlsim.data.tp_plans import PLANS, TensorParallelPlan, matches, tp_family
+from ddlsim.data.tp_plans import PLANS, TensorParallelPlan, divide_heads, matches, tp_family
 from ddlsim.executor.context import (
     RankContext,
     SynchronousTrainer,
     average_over_group,
     split_batch,
 )
-from ddlsim.executor.tensor_parallel import PREPARE, divide_heads
+from ddlsim.executor.tensor_parallel import PREPARE
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -34,11 +34,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
-from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.models import build_model, make_batch
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.stages import default_groups
-from ddlsim.data.tp_plans import PLANS, tp_family
+from ddlsim.data.tp_plans import tp_plan
 from ddlsim.executor.context import disable_dropout, local_loss, make_optimizer
 from ddlsim.executor.tensor_parallel import apply_tensor_parallel
 from ddlsim.profiler.allocator import use_rank_allocator
@@ -92,12 +92,10 @@ def measure_plan_overheads(
         InvalidOptionError: ``spec``'s family has no tensor-parallel plan, counts below 1
             (warm-up 0 allowed), or a process group already set up here.
     """
-    family = tp_family(spec)
-    if family is None:
-        raise InvalidOptionError(
-            f"model {spec.label!r} has no tensor-parallel plan; allowed families: "
-            f"{', '.join(sorted(PLANS))}"
-        )
+    try:
+        plan = tp_plan(spec)
+    except InvalidStrategyError as exc:
+        raise InvalidOptionError(str(exc)) from None
     if iterations < 1 or warmup < 0:
         raise InvalidOptionError(
             f"iterations({iterations}) must be >= 1 and warmup({warmup}) >= 0"
@@ -128,7 +126,7 @@ def measure_plan_overheads(
             root_only = fresh()
             fully_shard(root_only, mesh=mesh)
             split = fresh()
-            styles = apply_tensor_parallel(split, PLANS[family], mesh, 1)
+            styles = apply_tensor_parallel(split, plan, mesh, 1)
             split_params = sum(1 for p in split.parameters() if isinstance(p, DTensor))
             times = _time_steps(
                 {"eager": plain, "fsdp": sharded, "root": root_only, "tp": split},

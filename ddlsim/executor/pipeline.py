@@ -60,7 +60,7 @@ from ddlsim.data.stages import (
     stage_count,
     stage_order,
 )
-from ddlsim.data.tp_plans import PLANS, block_paths, check_tensor_parallel, tp_family
+from ddlsim.data.tp_plans import block_paths, check_tensor_parallel, tp_plan
 from ddlsim.executor.context import (
     RankContext,
     SynchronousTrainer,
@@ -403,9 +403,7 @@ class PipelineTrainer(SynchronousTrainer):
         tensor-parallel plan splits its blocks; everything else stays whole."""
         from ddlsim.executor.tensor_parallel import apply_tensor_parallel
 
-        family = tp_family(self.ctx.spec)
-        assert family is not None  # check_stage_layouts refused the others
-        plan = PLANS[family]
+        plan = tp_plan(self.ctx.spec)  # check_stage_layouts refused models without one
         mine = set(stack.blocks[span[0] : span[1]])
         paths = block_paths(plan, (n for n, _ in model.named_modules() if n))
         placed = ParallelPlan(

@@ -78,10 +78,18 @@ def apply_sequence_parallel(
         elif matches(sequence.final_norm, path):
             model.get_submodule(path).register_forward_hook(gather_output)
             on_shards.append(path)
+    # Attention modules' whole parameters get their gradients summed as they arrive
+    # (``tp_surgery.sum_head_shared_gradients``).
+    summed = {
+        id(param)
+        for path in paths
+        if matches(plan.attention, path)
+        for param in model.get_submodule(path).parameters()
+    }
     partial = []
     for path in on_shards:
         for param in model.get_submodule(path).parameters():
-            if param.requires_grad and not isinstance(param, DTensor):
+            if param.requires_grad and not isinstance(param, DTensor) and id(param) not in summed:
                 partial.append(param)
     return partial
 

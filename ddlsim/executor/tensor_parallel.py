@@ -11,10 +11,17 @@ replicated: their inputs and gradients are identical on every tensor-parallel ra
 gradients are too and need no communication.
 
 Attention modules keep computing with the per-rank head count: the attributes that hold it (and
-the widths derived from it) are divided by ``tp``, as torchtitan does for its own attention.
+the widths derived from it) are divided by ``tp``, as torchtitan does for its own attention; under
+a plan derived from module structure (``data/tp_generic.py``) each attention module also gets
+its own copy of the config with local head counts. A derived plan's fused projections laid out
+as ``[q | k | v]`` or ``[gate | up]`` parts get their output rows reordered first, as GPT-2's
+``c_attn``, so that each rank's column shard holds its slice of every part.
 
 When ``dp > 1`` the same model is replicated over ``ctx.mesh["dp"]``: after backward, the local
 shard of every gradient is averaged over the data-parallel group, in one flat all-reduce.
+
+The model surgery around the split (GPT-2's below, a derived plan's fused parts, row-parallel
+outputs and head-shared gradients) lives in ``executor/tp_surgery.py``.
 
 GPT-2 needs two preparations before its plan applies. Its projections are transformers'
 ``Conv1D`` (``x @ W + b`` with ``W: [in, out]``); ``ColwiseParallel``/``RowwiseParallel`` know
@@ -56,14 +63,13 @@ from torch.distributed.tensor.parallel import (
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.strategy import ParallelPlan, layout_summary
 from ddlsim.data.tp_plans import (
-    PLANS,
     TensorParallelPlan,
     block_of,
     block_paths,
     check_tensor_parallel,
-    divide_heads,
+    localize_attention,
     matches,
-    tp_family,
+    tp_plan,
 )
 from ddlsim.executor.context import (
     RankContext,
@@ -72,6 +78,16 @@ from ddlsim.executor.context import (
     split_batch,
 )
 from ddlsim.executor.sequence_parallel import apply_sequence_parallel
+from ddlsim.executor.tp_surgery import (
+    PREPARE,
+    conv1d_to_linear,
+    head_shared_parameters,
+    interleaved_qkv_rows,
+    interleaved_rows,
+    own_storage,
+    reorder_fused,
+    sum_head_shared_gradients,
+)
 
 # Style names, as ``applied()`` reports them, and the DTensor style each one stands for.
 _STYLES: dict[str, Callable[[], ParallelStyle]] = {
@@ -87,57 +103,6 @@ _STYLES: dict[str, Callable[[], ParallelStyle]] = {
     "head_embedding": ColwiseParallel,
     # Sequence parallelism: partial outputs reduce-scattered into sequence shards.
     "rowwise_sequence": lambda: RowwiseParallel(output_layouts=Shard(1)),
-}
-
-
-def conv1d_to_linear(
-    model: nn.Module, tp: int, split: Callable[[str], bool] = lambda path: True
-) -> None:
-    """Replace every transformers ``Conv1D`` by an equal ``nn.Linear``; interleave fused QKV
-    in the modules that ``split`` says are split.
-
-    ``Conv1D(nf, nx)`` computes ``x @ W + b`` with ``W: [nx, nf]``; ``nn.Linear(nx, nf)`` with
-    weight ``W.T`` computes the same. For ``attn.c_attn`` (output ``[q | k | v]``, each ``nf/3``
-    wide) the output rows are reordered so that rank ``r``'s contiguous column shard holds
-    ``[q_r | k_r | v_r]``.
-    """
-    from transformers.pytorch_utils import Conv1D
-
-    for path, module in list(model.named_modules()):
-        if not isinstance(module, Conv1D):
-            continue
-        parent_path, _, name = path.rpartition(".")
-        parent = model.get_submodule(parent_path)
-        weight = module.weight.detach().t()
-        bias = module.bias.detach()
-        fused = isinstance(getattr(parent, "split_size", None), int)
-        if name == "c_attn" and fused and split(path):
-            order = interleaved_qkv_rows(weight.shape[0], tp)
-            weight, bias = weight[order], bias[order]
-        linear = nn.Linear(module.nx, module.nf, device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            linear.weight.copy_(weight)
-            linear.bias.copy_(bias)
-        setattr(parent, name, linear)
-
-
-def interleaved_qkv_rows(rows: int, tp: int) -> torch.Tensor:
-    """Row order ``[q_0 k_0 v_0 | q_1 k_1 v_1 | ...]`` of a fused ``[q | k | v]`` projection."""
-    width = rows // 3
-    shard = width // tp
-    order = [
-        part * width + rank * shard + i
-        for rank in range(tp)
-        for part in range(3)
-        for i in range(shard)
-    ]
-    return torch.tensor(order)
-
-
-# Model surgery a family needs before its plan applies (see the module docstring): the model,
-# ``tp``, and which module paths are split.
-PREPARE: dict[str, Callable[[nn.Module, int, Callable[[str], bool]], None]] = {
-    "gpt2": conv1d_to_linear
 }
 
 
@@ -195,9 +160,10 @@ def apply_tensor_parallel(
         index = block_of(blocks, path)
         return index is None or parallel.layout_of(index) == "tp"
 
-    prepare = PREPARE.get(plan.family)
+    prepare = None if plan.derived else PREPARE.get(plan.family)
     if prepare is not None:
         prepare(model, tp, split)
+    reorder_fused(model, plan, tp, split)
     tied = _tied_groups(model)
     styles: dict[str, str] = {}
     for path, module in model.named_modules():
@@ -209,13 +175,21 @@ def apply_tensor_parallel(
                     styles[path] = style
                 break
         if matches(plan.attention, path):
-            divide_heads(module, tp)
+            localize_attention(module, plan, tp)
     if parallel.sequence_parallel:
         styles = {
             path: "rowwise_sequence" if style == "rowwise" else style
             for path, style in styles.items()
         }
     parallelize_module(model, mesh, {path: _STYLES[style]() for path, style in styles.items()})
+    if plan.derived:
+        # A row-parallel output is a view of its DTensor's local shard, which autograd forbids
+        # modifying in place; the blocks of some families add into it (Falcon's
+        # ``mlp_output += attention_output``): give it storage of its own.
+        for path, style in styles.items():
+            if style.startswith("rowwise"):
+                model.get_submodule(path).register_forward_hook(own_storage)
+    sum_head_shared_gradients(model, plan, mesh, split)
     _retie(tied)
     _keep_gradients_split(model)
     return styles
@@ -294,6 +268,27 @@ def split_batch_blocks(
     return params
 
 
+def _refuse_fsdp_of_head_shared(
+    model: nn.Module, plan: TensorParallelPlan, parallel: ParallelPlan
+) -> None:
+    """FSDP would replace the parameters whose gradients are summed over the heads' ranks as
+    they arrive (:func:`head_shared_parameters`), losing the sum: refuse, naming one."""
+    blocks = block_paths(plan, (path for path, _ in model.named_modules() if path))
+
+    def split(path: str) -> bool:
+        index = block_of(blocks, path)
+        return index is None or parallel.layout_of(index) == "tp"
+
+    shared = {id(p) for p in head_shared_parameters(model, plan, split)}
+    names = [name for name, param in model.named_parameters() if id(param) in shared]
+    if names:
+        raise InvalidStrategyError(
+            f"parallel.fsdp with tp: {names[0]} (and {len(names) - 1} more) is kept whole by "
+            "its split attention and its gradient summed over the tensor-parallel ranks, which "
+            "FSDP's sharding would bypass; run tp without fsdp"
+        )
+
+
 class TensorParallelTrainer(SynchronousTrainer):
     """The model split over ``ctx.mesh["tp"]``, replicated over ``ctx.mesh["dp"]``.
 
@@ -304,10 +299,8 @@ class TensorParallelTrainer(SynchronousTrainer):
 
     def __init__(self, ctx: RankContext, model: nn.Module) -> None:
         check_tensor_parallel(ctx.spec, ctx.tp)
-        family = tp_family(ctx.spec)
-        assert family is not None  # check_tensor_parallel refused the others
         self.ctx = ctx
-        self.plan = PLANS[family]
+        self.plan = tp_plan(ctx.spec)
         self.model = model
         parallel = ctx.strategy.parallel
         self.parallel = parallel
@@ -325,6 +318,7 @@ class TensorParallelTrainer(SynchronousTrainer):
         )
         self.tp_group = ctx.mesh["tp"].get_group()
         if parallel.fsdp:
+            _refuse_fsdp_of_head_shared(model, self.plan, parallel)
             # 2-D: each block's tensor-parallel shards sharded again over dp (FSDP2 over
             # DTensor parameters), as torchtitan composes them; FSDP reduce-scatters the
             # gradients over dp, so no all-reduce of them is left to do.
@@ -370,6 +364,7 @@ class TensorParallelTrainer(SynchronousTrainer):
             "plan": "tp",
             "fsdp": self.parallel.fsdp,
             "family": self.plan.family,
+            "derived": self.plan.derived,
             "tp": self.ctx.tp,
             "dp": self.ctx.dp,
             "parallelized": sorted(self.styles),
@@ -397,3 +392,14 @@ class TensorParallelTrainer(SynchronousTrainer):
         if self.parallel.fsdp:
             out += ["all_gather:dp", "reduce_scatter:dp"]
         return list(dict.fromkeys(out))
+
+
+__all__ = [
+    "PREPARE",
+    "TensorParallelTrainer",
+    "apply_tensor_parallel",
+    "conv1d_to_linear",
+    "interleaved_qkv_rows",
+    "interleaved_rows",
+    "split_batch_blocks",
+]

@@ -3,14 +3,14 @@ repeated block: what a GPU cluster's simulator replicates per layer and per pipe
 
 A 1T-parameter GPT never exists here: the model is built with one block on the meta device,
 each split weight is replaced by its local shard (``tp`` ways, as Megatron-LM's column and row
-parallel layers hold them: :data:`ddlsim.data.tp_plans.PLANS`), attention modules keep their
-local heads, and the iteration runs on fake tensors, so the graph's ops have the shapes one GPU
-computes and no memory is allocated. Collectives of the split are not in the graph: the
+parallel layers hold them: the family's plan in :data:`ddlsim.data.tp_plans.PLANS`, or one
+derived from the model's module structure), attention modules keep their local heads, and the
+iteration runs on fake tensors, so the graph's ops have the shapes one GPU computes and no
+memory is allocated. Collectives of the split are not in the graph: the
 simulator adds them where the plan puts them.
 """
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,7 +21,13 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.limits import LAYER_KEYS, layer_key
 from ddlsim.data.models import build_config
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.tp_plans import PLANS, check_tensor_parallel, divide_heads, matches, tp_family
+from ddlsim.data.tp_plans import (
+    TensorParallelPlan,
+    check_tensor_parallel,
+    localize_attention,
+    matches,
+    tp_plan,
+)
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 
 DTYPES: dict[str, torch.dtype] = {
@@ -37,7 +43,7 @@ ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dr
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
 class ShardGraph:
     """One shard's iteration with ``graph`` holding one block; ``layers`` is how many the model
-    has; ``block`` is the family's block pattern (``TensorParallelPlan.blocks``), which tells
+    has; ``block`` is the plan's block pattern (``TensorParallelPlan.blocks``), which tells
     a node of the block from the model's other nodes (embeddings, head, loss)."""
 
     graph: IterationGraph
@@ -86,20 +92,15 @@ def capture_shard(
 
     Raises:
         InvalidModelSpecError: when the spec is invalid or the model cannot run.
-        InvalidStrategyError: when the family has no tensor-parallel plan (tp > 1) or ``tp``
-            does not divide its heads, MLP width or vocabulary.
+        InvalidStrategyError: when the model has no tensor-parallel plan (the reason named) or
+            ``tp`` does not divide its heads, MLP width or vocabulary.
     """
     if dtype not in DTYPES:
         raise InvalidStrategyError(
             f"dtype {dtype!r} is not supported; allowed: {', '.join(DTYPES)}"
         )
-    family = tp_family(spec)
-    if family is None:
-        raise InvalidStrategyError(
-            f"{spec.label} ({spec.cls}) has no tensor-parallel plan, so it cannot be split per "
-            f"layer at scale; supported families: {', '.join(sorted(PLANS))}"
-        )
     check_tensor_parallel(spec, tp)
+    plan = tp_plan(spec)
     key, layers = layer_count(spec)
     config = {**spec.config, key: 1}
     if config.get("attn_implementation", "sdpa") != "eager":
@@ -110,16 +111,19 @@ def capture_shard(
     one_block = dataclasses.replace(
         spec.with_inputs(batch_size=micro_batch, seq_len=seq_len), config=config
     )
-    plan = PLANS[family]
     torch_dtype = DTYPES[dtype]
 
     def prepare(model: nn.Module) -> None:
-        _shard(model, tp, plan.modules, plan.attention, torch_dtype)
-        if tp > 1:
-            # The loss views the logits as rows of config.vocab_size columns: the local ones,
-            # as a vocabulary-parallel cross entropy computes them.
+        _shard(model, tp, plan, torch_dtype)
+        if tp > 1 and "vocab_head" in plan.modules.values():
+            # The loss views the logits as rows of config.vocab_size columns (or of the
+            # model's own vocab_size, Nemotron): the local ones, as a vocabulary-parallel cross
+            # entropy computes them.
             config: Any = model.config
             config.vocab_size //= tp
+            root: Any = model
+            if isinstance(getattr(root, "vocab_size", None), int):
+                root.vocab_size //= tp
 
     graph = capture_graph(one_block, CaptureOptions(), prepare=prepare)
     config = build_config(spec)
@@ -136,9 +140,7 @@ def capture_shard(
     )
 
 
-def _shard(
-    model: nn.Module, tp: int, styles: Mapping[str, str], attention: str, dtype: torch.dtype
-) -> None:
+def _shard(model: nn.Module, tp: int, plan: TensorParallelPlan, dtype: torch.dtype) -> None:
     """Replace each weight of ``model`` by its local ``1/tp`` shard where split, all of them in
     ``dtype`` (fake tensors); tied weights stay tied."""
     from transformers.pytorch_utils import Conv1D
@@ -157,9 +159,9 @@ def _shard(
         return new[id(param)]
 
     for path, module in model.named_modules():
-        style = next((s for pattern, s in styles.items() if matches(pattern, path)), None)
-        if tp > 1 and matches(attention, path):
-            divide_heads(module, tp)
+        style = next((s for pattern, s in plan.modules.items() if matches(pattern, path)), None)
+        if tp > 1 and matches(plan.attention, path):
+            localize_attention(module, plan, tp)
         if style is None or tp == 1:
             for key, param in module._parameters.items():
                 if param is not None:

@@ -15,7 +15,7 @@ from ddlsim.data.models import build_model
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.strategy import ParallelPlan
 from ddlsim.data.stages import block_stack, default_groups, stage_count, tied_parameters
-from ddlsim.data.tp_plans import PLANS, tp_family
+from ddlsim.data.tp_plans import PLANS, no_plan_reason, tp_family, tp_plan
 from ddlsim.simulator.costs import LinkFitLike, comm_models
 from ddlsim.simulator.fsdp import replay_fsdp
 from ddlsim.simulator.grid import GridCosts, GridModels, analytic_grid, replay_grid
@@ -161,11 +161,12 @@ class _PlanReplay:
         over the stage's ranks in backward)."""
         graph = self.graph
         plan = graph.strategy.parallel
-        family = tp_family(graph.model)
-        if family is None:
+        reason = no_plan_reason(graph.model)
+        if reason is not None:
             raise UnsupportedPlanError(
-                f"{graph.model.label} has no tensor-parallel plan for its tp stages"
+                f"{graph.model.label} has no tensor-parallel plan for its tp stages: {reason}"
             )
+        tp_split = tp_plan(graph.model)
         dp = plan.resolve_dp(self.world_size)
         models = self._link_models(dp)
         spans = stage_spans(graph, blocks, len(plan.stages))
@@ -176,7 +177,7 @@ class _PlanReplay:
             start, end = spans[index]
             sharded, params, forward, backward = split_stage(
                 graph,
-                PLANS[family],
+                tp_split,
                 set(blocks[start:end]),
                 ranks=dp,
                 tp_all_reduce=models["all_reduce"],
@@ -223,17 +224,18 @@ class _PlanReplay:
         """A tensor-parallel plan (with data parallelism): the family's split, collectives over
         the ``tp`` ranks from fits of that many ranks on the link."""
         plan = self.graph.strategy.parallel
-        family = tp_family(self.graph.model)
-        if family is None:
+        reason = no_plan_reason(self.graph.model)
+        if reason is not None:
             raise UnsupportedPlanError(
                 f"{self.graph.model.label} has no tensor-parallel plan, so tp({plan.tp}) cannot "
-                "apply"
+                f"apply: {reason}"
             )
+        tp_split = tp_plan(self.graph.model)
         tp_models = self._link_models(plan.tp)
         return replay_tensor_parallel(
             self.graph,
             self.durations,
-            PLANS[family],
+            tp_split,
             tp=plan.tp,
             dp=plan.resolve_dp(self.world_size),
             tp_all_reduce=tp_models["all_reduce"],

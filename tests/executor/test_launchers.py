@@ -110,9 +110,21 @@ def test_slurm_on_submitits_local_executor(tmp_path: Path) -> None:
 
 def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
     """What ``search --cluster dgx-h100:1 --json`` prints is a strategy ``run`` takes as it is
-    (its precision set to bf16); with fp8 it is refused before any rank starts."""
+    (its precision set to bf16), within the search space this executor runs (no context
+    parallelism, no distributed optimizer beside tensor parallelism); with fp8 it is refused
+    before any rank starts."""
+    runnable = json.dumps({"sharding": ["none", "fsdp"], "cp": [1]})
     searched = subprocess.run(
-        [str(BIN / "ddlsim"), "search", "gpt2-tiny", "--cluster", "dgx-h100:1", "--json"],
+        [
+            str(BIN / "ddlsim"),
+            "search",
+            "gpt2-tiny",
+            "--cluster",
+            "dgx-h100:1",
+            "--search-space",
+            runnable,
+            "--json",
+        ],
         capture_output=True,
         text=True,
         timeout=600,

@@ -16,6 +16,7 @@ from ddlsim.search.scale_plans import ScaleSpace, SpaceLimits, layouts
 from ddlsim.simulator.gpu.memory import weight_bytes
 from ddlsim.simulator.gpu.nccl import Group, NcclModel
 from ddlsim.simulator.gpu.overlap import CONTENTION, decomposed_tp_ms, exposed_ms, overlapped_ms
+from ddlsim.simulator.gpu.scale import ScalePrediction
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale
 
 LLAMA = ModelSpec.from_dict(
@@ -36,7 +37,9 @@ LLAMA = ModelSpec.from_dict(
 )
 
 
-def _predict(plan: ScalePlan, *, cluster: str = "dgx-h100:1", seq_len: int = 4096):
+def _predict(
+    plan: ScalePlan, *, cluster: str = "dgx-h100:1", seq_len: int = 4096
+) -> ScalePrediction:
     return predict_at_scale(
         ScaleRequest(
             model=LLAMA,

@@ -1,5 +1,7 @@
 """NCCL model, pipeline schedules, memory model and the whole prediction at scale."""
 
+from typing import Any
+
 import pytest
 
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
@@ -72,7 +74,7 @@ def test_replay_matches_closed_form_and_interleaving_shrinks_the_bubble() -> Non
 
 
 def test_activation_memory_by_recomputation() -> None:
-    kwargs = {"seq": 2048, "batch": 1, "hidden": 12288, "heads": 96, "tp": 8}
+    kwargs: dict[str, Any] = {"seq": 2048, "batch": 1, "hidden": 12288, "heads": 96, "tp": 8}
     none = block_activation_bytes(
         **kwargs, sequence_parallel=False, recompute="none", fused_attention=False
     )
