@@ -130,10 +130,12 @@ def test_fsdp_gathers_and_scatters(capsys: pytest.CaptureFixture[str]) -> None:
     assert fsdp["iteration_time_ms"] == pytest.approx(
         parts["compute_ms"] + parts["exposed_comm_ms"]
     )
-    # each rank steps only its shard, but FSDP2's runtime (copies, hooks, DTensor parameters in
-    # the optimizer, simulator.runtime) costs more than that saves: on this machine FSDP runs
-    # measure slower than DDP's (BENCHMARKS.md, the noise floor's table), and so are predicted
-    assert fsdp["iteration_time_ms"] > ddp["iteration_time_ms"]
+    # Both predictions price the one kernel profile the first call stored, so FSDP2's runtime
+    # (copies, hooks, DTensor parameters in the optimizer: simulator.runtime) shows as compute
+    # on top of the same kernels, whatever the live profile's noise. (Whether the whole
+    # iteration comes out slower than DDP's depends on how much of the extra communication the
+    # profiled compute hides, so it is not asserted.)
+    assert fsdp["breakdown"]["compute_ms"] > ddp["breakdown"]["compute_ms"]
 
 
 def test_validate_runs_predicts_and_scores(capsys: pytest.CaptureFixture[str]) -> None:
