@@ -14,22 +14,11 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from ddlsim.data.errors import DdlsimError
-from ddlsim.workflows.published import RowError, parse_row, rows_of
+from ddlsim.workflows.published import RowError, parse_row, rows_file, rows_of
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale
-
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "ddlsim"
-
-
-def resolve(path: str) -> Path:
-    """``path`` from here, else under the package (``data/published/x.json``)."""
-    for candidate in (Path(path), PACKAGE_ROOT / path):
-        if candidate.is_file():
-            return candidate
-    raise RowError(f"rows file {path!r} exists neither here nor under {PACKAGE_ROOT}")
 
 
 def _at_clock(request: ScaleRequest, clock_mhz: float) -> ScaleRequest:
@@ -72,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the JSON result only")
     args = parser.parse_args(argv)
     try:
-        raw = json.loads(resolve(args.rows).read_text("utf-8"))
+        raw = json.loads(rows_file(args.rows).read_text("utf-8"))
         rows = [parse_row(row) for row in rows_of(raw, args.rows)]
         names = [name for name, *_ in rows]
         if args.row not in names:

@@ -20,7 +20,6 @@ folder (``data/published/x.json`` is ``ddlsim/data/published/x.json``).
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ddlsim.data.errors import DdlsimError
 from ddlsim.workflows.published import (
@@ -30,21 +29,11 @@ from ddlsim.workflows.published import (
     RowError,
     parse_row,
     predict_row,
+    rows_file,
     rows_of,
 )
 
 __all__ = ["METRICS", "REQUIRED_KEYS", "ROW_KEYS", "RowError", "parse_row", "predict_row"]
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent / "ddlsim"
-
-
-def resolve(path: str) -> Path:
-    candidate = Path(path)
-    if candidate.is_file():
-        return candidate
-    packaged = PACKAGE_ROOT / path
-    if packaged.is_file():
-        return packaged
-    raise RowError(f"rows file {path!r} exists neither here nor under {PACKAGE_ROOT}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--search", action="store_true", help="also search each row's cluster")
     args = parser.parse_args(argv)
     try:
-        raw = json.loads(resolve(args.rows).read_text("utf-8"))
+        raw = json.loads(rows_file(args.rows).read_text("utf-8"))
         rows = [predict_row(row, search=args.search) for row in rows_of(raw, args.rows)]
     except (DdlsimError, json.JSONDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)

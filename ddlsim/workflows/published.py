@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from ddlsim.data.errors import DdlsimError, one_line
@@ -41,6 +42,22 @@ ROW_KEYS = {*REQUIRED_KEYS, "notes", "search_space"}
 
 class RowError(DdlsimError, ValueError):
     """A row of a published-runs file is malformed."""
+
+
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def rows_file(path: str) -> Path:
+    """A rows file: ``path`` from the working directory, else under the package
+    (``data/published/x.json`` is ``ddlsim/data/published/x.json``).
+
+    Raises:
+        RowError: when it is in neither place.
+    """
+    for candidate in (Path(path), _PACKAGE_ROOT / path):
+        if candidate.is_file():
+            return candidate
+    raise RowError(f"rows file {path!r} exists neither here nor under {_PACKAGE_ROOT}")
 
 
 def rows_of(raw: Any, where: str) -> list[dict[str, Any]]:

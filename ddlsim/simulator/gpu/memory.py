@@ -103,7 +103,8 @@ def in_flight(schedule: str, *, stages: int, chunks: int, micro_batches: int) ->
     return float(min(stages, micro_batches))
 
 
-def _parts(layers: int, parts: int) -> list[int]:
+def layer_parts(layers: int, parts: int) -> list[int]:
+    """``layers`` split into ``parts`` model chunks, the first ones a layer longer."""
     base, extra = divmod(layers, parts)
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
@@ -158,7 +159,7 @@ def estimate_memory(
         if plan.recompute == "selective_op"
         else block_activation_bytes(**shape, recompute=plan.recompute)  # type: ignore[arg-type]
     )
-    layers_first = sum(_parts(layers, p * v)[0::p])
+    layers_first = sum(layer_parts(layers, p * v)[0::p])
     held = in_flight(plan.schedule_kind, stages=p, chunks=v, micro_batches=plan.micro_batches)
     activations = per_block * layers_first * held
     if plan.recompute == "full":

@@ -29,7 +29,7 @@ from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
 from ddlsim.simulator.gpu.block_time import DTYPE_BYTES, block_time, place_groups
-from ddlsim.simulator.gpu.memory import GIB, MemoryEstimate, estimate_memory
+from ddlsim.simulator.gpu.memory import GIB, MemoryEstimate, estimate_memory, layer_parts
 from ddlsim.simulator.gpu.nccl import Group, NcclModel
 from ddlsim.simulator.gpu.overlap import Exposed, exposed_ms
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
@@ -153,11 +153,6 @@ def check_layout(plan: ScalePlan, cluster: GpuClusterSpec, dims: ModelDims) -> N
         )
 
 
-def _parts(layers: int, parts: int) -> list[int]:
-    base, extra = divmod(layers, parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
-
-
 def predict_scale(
     costs: ShardCosts,
     dims: ModelDims,
@@ -188,7 +183,7 @@ def predict_scale(
     one = block_time(costs, plan, nccl, groups, act_bytes=act_bytes, kv_bytes=kv_bytes)
 
     p, v, m = plan.pp, plan.virtual_stages, plan.micro_batches
-    per_part = _parts(dims.layers, p * v)
+    per_part = layer_parts(dims.layers, p * v)
     embed_ms = nccl.time_us("all_reduce", act_bytes, groups.tp) / 1e3 if plan.tp > 1 else 0.0
     first_f = costs.first.forward_ms + embed_ms
     first_b = costs.first.backward_ms
