@@ -45,7 +45,7 @@ from ddlsim.profiler.allocator import use_rank_allocator
 
 
 @contextlib.contextmanager
-def _world_of_one() -> Iterator[None]:
+def world_of_one() -> Iterator[None]:
     """A gloo process group of this process alone (refused if one is already set up)."""
     if dist.is_initialized():
         raise InvalidOptionError("a process group is already initialized in this process")
@@ -110,7 +110,7 @@ def measure_plan_overheads(
         return model
 
     try:
-        with _world_of_one():
+        with world_of_one():
             mesh = init_device_mesh("cpu", (1,))
             plain = fresh()
             batch = make_batch(spec, plain, seed=0)

@@ -262,7 +262,13 @@ def register(sub: Any) -> None:
         "--storage is not given)",
     )
     output.add_prediction_arguments(cmd, profile_iters=DEFAULTS["profile_iters"])
-    cmd.add_argument("--verify", action="store_true", help="run the best and the baseline")
+    cmd.add_argument(
+        "--verify",
+        action="store_true",
+        help="run the first --verify-top candidates beside DDP's defaults, side by side, and "
+        "answer with the measured fastest if it beat DDP's defaults beyond the noise (else "
+        "keep DDP's defaults)",
+    )
     output.add_launcher_arguments(cmd, what="--verify")
     output.add_protocol_arguments(cmd, defaults=DEFAULTS["measure"], what="--verify and autotune")
     count(
@@ -272,8 +278,7 @@ def register(sub: Any) -> None:
     )
     count(
         "--verify-top",
-        "--verify: also run the next candidates of --top, up to this many in all, and keep the "
-        "measured fastest of them and DDP's defaults (default 1: verify the pick only)",
+        "--verify: how many of --top's candidates run beside DDP's defaults (default 3)",
     )
     output.add_store_arguments(cmd)
     cmd.set_defaults(handler=cmd_search)

@@ -2,8 +2,9 @@
 error by model family and strategy kind, and the convergence of finished searches.
 
 A point pairs one measurement (an executor run) with a prediction of the same model, strategy,
-world size and link: an execution job stores both and names them; for runs and predictions made
-apart (``ddlsim run``, ``ddlsim predict``) the prediction closest in time to the run is taken.
+world size and link: an execution job, and a search's verifying runs, store both and name them;
+for runs and predictions made apart (``ddlsim run``, ``ddlsim predict``) the prediction closest
+in time to the run is taken.
 """
 
 import statistics
@@ -42,8 +43,12 @@ def _points(store: Store, queue: TaskQueue) -> list[dict[str, Any]]:
     predictions = store.predictions()
     by_id = {p.id: p for p in predictions if p.id is not None}
     paired: dict[int, PredictionRecord] = {}
+    named: list[dict[str, Any]] = []  # results naming a measurement and its prediction
     for task in queue.list(kind="execution", status="done", limit=10_000):
-        result = task.result or {}
+        named.append(task.result or {})
+    for task in queue.list(kind="search", status="done", limit=10_000):
+        named.extend((task.result or {}).get("verified") or [])
+    for result in named:
         m, p = result.get("measurement_id"), result.get("prediction_id")
         if isinstance(m, int) and isinstance(p, int) and m in measurements and p in by_id:
             paired[m] = by_id[p]

@@ -1,9 +1,11 @@
 """``ddlsim demo``: a small end-to-end pipeline through a running service's REST API.
 
-Profile (a model's kernels at a rank's micro-batch, the link's all-reduce), predict (DDP's
-defaults and DeAR), search (the fusion space, backtracking), then execute the search's pick and
-DDP's defaults on emulated ranks; every step is a request to the service and every result lands
-in its store, so the dashboard shows the two runs against their predictions.
+Profile (a model's kernels at a rank's micro-batch, the link's collectives), predict (DDP's
+defaults and DeAR), search every plan (backtracking) and settle the answer by measurement (the
+first three candidates and DDP's defaults run side by side on emulated ranks: a candidate is the
+answer only if it beat DDP's defaults beyond the noise), then run the answer once more with a
+trace. Every step is a request to the service and every result lands in its store, so the
+dashboard shows the runs against their predictions and one run's timeline beside its trace.
 """
 
 import argparse
@@ -104,8 +106,16 @@ def run_demo(
                     "kind": "collectives",
                     "world_size": world_size,
                     "bandwidth": bandwidth,
-                    # DDP's all-reduce and DeAR's ring (the fusion space holds DeAR)
-                    "collectives": ["all_reduce", "ring_reduce_scatter", "ring_all_gather"],
+                    # what the plans of the search's space send: DDP's all-reduce, DeAR's
+                    # ring, FSDP's and tensor parallelism's collectives, pipelines' sends
+                    "collectives": [
+                        "all_reduce",
+                        "ring_reduce_scatter",
+                        "ring_all_gather",
+                        "reduce_scatter",
+                        "all_gather",
+                        "sendrecv",
+                    ],
                     "sizes": [65536, 1048576, 4194304, 16777216],
                 },
             ]
@@ -122,26 +132,40 @@ def run_demo(
         ],
     }
     print(
-        "3. searching the fusion space; the pick and DDP's defaults run side by side",
+        "3. searching every plan (parallel layouts, tensor and op fusion); the first three "
+        "candidates and DDP's defaults run side by side, and what they measure decides",
         file=sys.stderr,
     )
     search = client.post(
         "/v1/strategy-requests",
         {
             **cluster,
-            "space": "fusion",
+            "space": "all",
             "budget": 500,
             "algo": "backtrack",
             "verify": True,
+            "verify_top": 3,
             "iters": 5,
             "measure_budget_s": measure_budget_s,
         },
     )
     found = client.wait(search, "search")
-    if not found.get("kept_baseline"):
-        # The dashboard pairs each measurement with a prediction of the same strategy.
-        client.post("/v1/predictions", {**cluster, "strategy": found["best"]["strategy"]})
-    return {"predicted": predicted, "search": found}
+    print(
+        "4. running the answer once more with a trace, beside its replayed timeline",
+        file=sys.stderr,
+    )
+    execution = client.post(
+        "/v1/executions",
+        {
+            **cluster,
+            "strategy": found["best"]["strategy"],
+            "iters": 5,
+            "measure_budget_s": 0,
+            "trace": True,
+        },
+    )
+    executed = client.wait(execution, "execution")
+    return {"predicted": predicted, "search": found, "execution": executed}
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -159,6 +183,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     for line in verification_lines(search):
         print(f"  measured     {line}")
+    executed = out["execution"]
+    print(
+        f"  traced       the answer once more: {executed['measured_ms']:.1f} ms measured, "
+        f"{executed['predicted_ms']:.1f} ms predicted"
+    )
     print(f"\ndashboard: {args.url.rstrip('/')}/")
     return 0
 

@@ -261,8 +261,7 @@ def format_interval(interval: Any, unit: str = " ms") -> str:
 
 def verification_lines(verified: Any) -> list[str]:
     """A person's reading of a search's ``--verify`` fields: each measured median with its
-    interval, and the speed-up, or plainly that the pick is DDP's defaults (one measurement)
-    or that the two differ by no measurable amount."""
+    interval, then what the measurement decided (``answer``) in plain words."""
 
     def timed(name: str) -> str:
         ms = verified.get(f"measured_{name}_ms")
@@ -272,16 +271,11 @@ def verification_lines(verified: Any) -> list[str]:
         return f"{ms:.1f} ms (95 % interval {ci})"
 
     if verified.get("kept_baseline"):
-        return [f"the pick is DDP's defaults: one measurement, {timed('best')}"]
-    lines = [f"pick {timed('best')}, DDP's defaults {timed('baseline')}"]
-    ratio = verified.get("speedup")
-    if ratio is not None:
-        low, high = verified["speedup_interval"]
-        span = f"95 % interval {low:.3f}-{high:.3f}"
-        if verified.get("significant"):
-            lines.append(f"the pick is {ratio:.3f}x {verified['verdict']} ({span}, side by side)")
-        else:
-            lines.append(f"no measurable difference ({ratio:.3f}x, {span}, side by side)")
+        lines = [f"DDP's defaults {timed('baseline')}"]
+    else:
+        lines = [f"pick {timed('best')}, DDP's defaults {timed('baseline')}"]
+    if verified.get("answer"):
+        lines.append(str(verified["answer"]))
     return lines
 
 

@@ -1,5 +1,5 @@
 """What a data-parallel runtime adds to a rank's compute beyond the model's kernels: the copies
-of its gradient buckets.
+of its gradient buckets, and a fixed cost a bucket.
 
 A kernel profile times one rank's model; the runtimes that average the gradients also copy them,
 on the rank's compute stream, in passes over the bucket's bytes (a pass reads and writes each
@@ -16,7 +16,8 @@ byte once), counted from what each runtime does:
 A pass costs what one large tensor copy costs on this machine, measured
 (:func:`profiler.runtime_costs.measure_copy`) and kept in ``data/simulator/runtime_costs.json``;
 the replay charges it where the runtime does the copy, slowed like any compute by the ranks
-sharing a core.
+sharing a core. Each bucket also costs its runtime a fixed time beyond the copies (the hooks'
+dispatcher calls and the handoff to the backend's thread, DDP's reducer), charged at launch.
 """
 
 import dataclasses
@@ -41,7 +42,9 @@ class RuntimeCosts:
     forward and backward per FSDP group (the root counts as one) and per byte of its
     parameters, per split module, and the
     optimizer's extra time per parameter (every one under FSDP, the split ones under tensor
-    parallelism).
+    parallelism). ``hooks_us_per_bucket`` and ``ddp_us_per_bucket`` are the fixed cost a
+    gradient bucket adds beyond its copies under the executor's hooks (and DeAR) and under DDP,
+    measured by :func:`executor.bucket_overheads.measure_bucket_overheads`.
     """
 
     copy_alpha_us: float = 0.0
@@ -51,6 +54,8 @@ class RuntimeCosts:
     fsdp_step_us_per_param: float = 0.0
     tp_us_per_module: float = 0.0
     tp_step_us_per_param: float = 0.0
+    hooks_us_per_bucket: float = 0.0
+    ddp_us_per_bucket: float = 0.0
 
     def scaled(self, scale: float) -> "RuntimeCosts":
         """These costs on a rank that computes ``scale`` times slower (shared cores)."""
@@ -64,8 +69,10 @@ class RuntimeCosts:
         return passes * (self.copy_alpha_us + self.copy_us_per_byte * nbytes) / 1e3
 
     def launch_ms(self, fusion: TensorFusionPlan, nbytes: int) -> float:
-        """The copies a bucket of ``nbytes`` takes on the compute stream before its collective."""
-        return self._passes_ms(copy_passes(fusion)[0], nbytes)
+        """The copies a bucket of ``nbytes`` takes on the compute stream before its collective,
+        and the runtime's fixed cost a bucket (its hooks or DDP's reducer)."""
+        per_bucket_us = self.ddp_us_per_bucket if fusion.uses_ddp else self.hooks_us_per_bucket
+        return self._passes_ms(copy_passes(fusion)[0], nbytes) + per_bucket_us / 1e3
 
     def land_ms(self, fusion: TensorFusionPlan, nbytes: int) -> float:
         """The copies a bucket takes after its (last) collective, before its update."""

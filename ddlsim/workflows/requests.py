@@ -118,8 +118,9 @@ class SearchRequest:
     over the ranks). ``confidence`` scores each candidate at that quantile of its kind's
     held-out speed-up errors (``None``: the predicted time alone). Optuna samplers keep their
     study in ``storage`` (``None``: in memory, or a temporary journal with ``workers`` > 1).
-    ``verify`` runs the pick (and up to ``verify_top`` candidates) beside DDP's defaults on the
-    executor, ``verify_rounds`` turns each, under ``measure``. ``prior`` (:data:`SEARCH_PRIORS`)
+    ``verify`` runs the first ``verify_top`` candidates (at most ``top``) beside DDP's defaults on
+    the executor, ``verify_rounds`` turns each, under ``measure``, and answers with what was
+    measured (:func:`ddlsim.workflows.verify.verify`). ``prior`` (:data:`SEARCH_PRIORS`)
     orders and prunes the grid plans by the analytical model before any is scored
     (``search/prior.py``).
     """
@@ -142,7 +143,7 @@ class SearchRequest:
     simulator: str | None = None
     verify: bool = False
     verify_rounds: int = 3
-    verify_top: int = 1
+    verify_top: int = 3
     measure: MeasureSettings = SEARCH_MEASURE
     prior: str = "analytic"
 
@@ -162,12 +163,10 @@ class SearchRequest:
             check_confidence(self.confidence)
         if self.memory_gb is not None and not self.memory_gb > 0:
             raise InvalidOptionError(f"memory_gb({self.memory_gb}) must be > 0")
-        if self.verify_top > 1 and not self.verify:
-            raise InvalidOptionError(f"verify_top({self.verify_top}) > 1 needs --verify")
-        if self.verify_top > min(self.top, MAX_SIDE_BY_SIDE - 1):
+        if self.verify_top > MAX_SIDE_BY_SIDE - 1:
             raise InvalidOptionError(
-                f"verify_top({self.verify_top}) must be <= top({self.top}) and <= "
-                f"{MAX_SIDE_BY_SIDE - 1} (the candidates and DDP's defaults run in one launch)"
+                f"verify_top({self.verify_top}) must be <= {MAX_SIDE_BY_SIDE - 1} (the "
+                "candidates and DDP's defaults run in one launch)"
             )
         # The baseline, DDP's defaults, splits the batch over every rank.
         ParallelPlan().rank_batch_size(self.model.inputs.batch_size, self.world_size)

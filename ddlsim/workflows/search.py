@@ -51,14 +51,13 @@ from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE
 from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.costs import rank_spec
 from ddlsim.simulator.memory import GIB
-from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.profiles import (
     kernel_profile_for,
     machine_scale,
     normalized_bandwidth,
 )
 from ddlsim.workflows.requests import Progress, SearchRequest, no_progress
-from ddlsim.workflows.verify import Compare, verify
+from ddlsim.workflows.verify import Compare, predict_verified, store_verified, verify
 
 AUTOTUNE_RUNS = MAX_RUNS
 """Autotune measures live runs: at most this many, whatever the budget."""
@@ -108,13 +107,14 @@ def search(
     payload["pruned"] = dict(outcome.pruned)
     runs: list[RunResult] = []
     if request.verify:
-        progress(None, "running the pick and the baseline for real")
+        progress(None, "running the candidates and the baseline for real")
         verified, runs = verify(request, payload, progress, compare=compare)
         payload.update(verified)
+    # Each run is stored beside a prediction of its strategy, so the dashboard pairs them.
+    predictions = [predict_verified(request, store, run.strategy) for run in runs]
     if runs or commit is not None:
         with store.transaction() as session:
-            for run in runs:  # marked side by side in their env: the dashboard shows them
-                add_result(session, run)
+            store_verified(session, payload, runs, predictions)
             if commit is not None:
                 commit(session, payload)
     return payload

@@ -4,13 +4,19 @@ defaults run side by side in one launch under the measurement protocol."""
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy.orm import Session
+
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import Store
 from ddlsim.executor.protocol import speedup as measured_speedup
 from ddlsim.executor.run import RunOptions, RunResult, compare_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
+from ddlsim.simulator.predict import Prediction
+from ddlsim.workflows.execute import add_result
+from ddlsim.workflows.predict import add_predicted, predict_request
 from ddlsim.workflows.profiles import normalized_bandwidth
-from ddlsim.workflows.requests import Progress, SearchRequest, no_progress
+from ddlsim.workflows.requests import PredictRequest, Progress, SearchRequest, no_progress
 
 Compare = Callable[[ModelSpec, list[Strategy], RunOptions, int], list[RunResult]]
 """``compare(model, strategies, options, rounds)``: the strategies measured side by side (this
@@ -43,23 +49,24 @@ def verify(
     *,
     compare: Compare | None = None,
 ) -> tuple[dict[str, Any], list[RunResult]]:
-    """Run the pick, the next ``verify_top`` - 1 candidates and the baseline through the
-    executor, side by side: what was measured (for the payload) and the runs, for the caller
-    to store (:func:`ddlsim.workflows.execute.add_result`) with whatever else must land with
-    them.
+    """Run the pick, the next ``verify_top`` - 1 candidates of ``top`` and the baseline (DDP's
+    defaults) through the executor, side by side: what was measured (for the payload) and the
+    runs, for the caller to store (:func:`ddlsim.workflows.execute.add_result`) with whatever
+    else must land with them.
 
     All run in one launch (``compare_training``), taking turns of ``measure.iters`` steps over
-    ``verify_rounds`` rounds, so that a slow spell of the machine slows them all and the
-    speed-up is a ratio from one run. With ``verify_top`` 1 the pick stays the search's; with
-    more, the measured fastest of the candidates and DDP's defaults becomes ``best``
-    (``picked_by`` ``"measurement"``, the search's own pick kept as ``scored_best``): the
-    simulator narrows thousands of strategies to a few, the executor settles the few. A strategy
-    whose predicted peak memory is over the capacity is not run (it would exhaust this machine's
-    memory, every rank being here): its measured time is ``None`` and ``not_run`` says why. A
-    strategy listed twice (the pick is DDP's defaults: ``kept_baseline``) runs once.
+    ``verify_rounds`` rounds, so that a slow spell of the machine slows them all and each
+    speed-up is a ratio from one run. The measurement settles the answer (``picked_by``
+    ``"measurement"``, :func:`_settle`): the measured fastest candidate if it beat the baseline
+    beyond the noise, else the baseline (``kept_baseline``); ``answer`` says which in plain
+    words, ``fastest_candidate`` by how much. The simulator narrows thousands of strategies to a
+    few, the executor settles the few, and a pick measured slower is never the answer. A
+    strategy whose predicted peak memory is over the capacity is not run (it would exhaust this
+    machine's memory, every rank being here): ``not_run`` says why. A strategy listed twice
+    runs once.
     """
     options = verify_options(request)
-    named = _verified_candidates(payload, request.verify_top)
+    named = _verified_candidates(payload, min(request.verify_top, request.top))
     keys = {name: _key(entry["strategy"]) for name, entry in named.items()}
     not_run: dict[str, str] = {}
     to_run: dict[str, Strategy] = {}  # by strategy key, each once
@@ -79,49 +86,7 @@ def verify(
         request.model, list(to_run.values()), options, request.verify_rounds
     )
     runs: dict[str, RunResult] = dict(zip(to_run, launched, strict=True))
-
-    def median(name: str) -> float | None:
-        got = runs.get(keys[name])
-        return got.median_ms if got else None
-
-    out: dict[str, Any] = {"picked_by": "score"}
-    best = "best"
-    if request.verify_top > 1:
-        ran = [name for name in named if median(name) is not None]
-        if ran:
-            best = min(ran, key=lambda name: (median(name), name != "best"))
-            out["picked_by"] = "measurement"
-            if best != "best":
-                out["scored_best"] = named["best"]
-                out["best"] = named[best]
-    best_run, baseline_run = runs.get(keys[best]), runs.get(keys["baseline"])
-    kept = keys[best] == keys["baseline"]
-    for name, measured in (("best", best_run), ("baseline", baseline_run)):
-        out[f"measured_{name}_ms"] = measured.median_ms if measured else None
-        out[f"measured_{name}_ci95_ms"] = list(measured.ci95_ms) if measured else None
-    if best_run is None or baseline_run is None:
-        out.update(speedup=None, speedup_interval=None, significant=None, verdict=None)
-    elif kept:  # one run, read twice: the ratio is 1 exactly
-        out.update(
-            speedup=1.0,
-            speedup_interval=[1.0, 1.0],
-            significant=False,
-            verdict="the pick is DDP's defaults",
-            kept_baseline=True,
-        )
-    else:
-        gain = measured_speedup(
-            baseline_run.samples_ms,
-            best_run.samples_ms,
-            baseline_rounds=baseline_run.sample_rounds,
-            candidate_rounds=best_run.sample_rounds,
-        )
-        out.update(
-            speedup=gain.ratio,
-            speedup_interval=list(gain.interval),
-            significant=gain.significant,
-            verdict=gain.verdict,
-        )
+    out: dict[str, Any] = {"picked_by": "measurement", **_settle(named, keys, runs)}
     rows = []
     for key, run in runs.items():
         names = [name for name in named if keys[name] == key and name not in not_run]
@@ -146,6 +111,134 @@ def verify(
     if not_run:
         out["not_run"] = not_run
     return out, list(runs.values())
+
+
+def _settle(
+    named: dict[str, dict[str, Any]], keys: dict[str, str], runs: dict[str, RunResult]
+) -> dict[str, Any]:
+    """The answer of the measured runs: the measured fastest candidate when it beat DDP's
+    defaults beyond the noise (its speed-up's 95 % interval above 1), else DDP's defaults.
+
+    The search's own pick, when the answer differs from it, is kept as ``scored_best``; the
+    fastest candidate's measured speed-up is reported either way (``fastest_candidate``), so
+    the payload says what was measured even when it keeps the baseline."""
+    baseline_run = runs.get(keys["baseline"])
+    ran = [
+        name
+        for name in named
+        if name != "baseline" and keys[name] != keys["baseline"] and keys[name] in runs
+    ]
+    out: dict[str, Any] = {}
+    fastest = min(ran, key=lambda name: (runs[keys[name]].median_ms, name != "best"), default=None)
+    gain = None
+    if fastest is not None and baseline_run is not None:
+        run = runs[keys[fastest]]
+        gain = measured_speedup(
+            baseline_run.samples_ms,
+            run.samples_ms,
+            baseline_rounds=baseline_run.sample_rounds,
+            candidate_rounds=run.sample_rounds,
+        )
+        out["fastest_candidate"] = {
+            **named[fastest],
+            "name": fastest,
+            "measured_ms": run.median_ms,
+            "speedup": gain.ratio,
+            "speedup_interval": list(gain.interval),
+            "verdict": gain.verdict,
+        }
+    won = gain is not None and gain.significant and gain.ratio > 1
+    answer = fastest if won and fastest is not None else "baseline"
+    if baseline_run is None:  # DDP's defaults did not fit: the fastest that ran, if any
+        answer = fastest or "best"
+    if keys[answer] != keys["best"]:
+        out["scored_best"] = named["best"]
+        out["best"] = named[answer]
+    answer_run, kept = runs.get(keys[answer]), keys[answer] == keys["baseline"]
+    for name, measured in (("best", answer_run), ("baseline", baseline_run)):
+        out[f"measured_{name}_ms"] = measured.median_ms if measured else None
+        out[f"measured_{name}_ci95_ms"] = list(measured.ci95_ms) if measured else None
+    if answer_run is None or baseline_run is None:
+        out.update(speedup=None, speedup_interval=None, significant=None, verdict=None)
+    elif kept:  # one run, read twice: the ratio is 1 exactly
+        out.update(
+            speedup=1.0,
+            speedup_interval=[1.0, 1.0],
+            significant=False,
+            verdict="the pick is DDP's defaults",
+            kept_baseline=True,
+        )
+    else:
+        assert gain is not None
+        out.update(
+            speedup=gain.ratio,
+            speedup_interval=list(gain.interval),
+            significant=gain.significant,
+            verdict=gain.verdict,
+        )
+    out["answer"] = _answer_words(named, answer, out, runs, keys)
+    return out
+
+
+def _answer_words(
+    named: dict[str, dict[str, Any]],
+    answer: str,
+    out: dict[str, Any],
+    runs: dict[str, RunResult],
+    keys: dict[str, str],
+) -> str:
+    """What the measured runs decided, in plain words."""
+    candidates = sum(1 for name in named if name != "baseline" and keys[name] in runs)
+    fastest = out.get("fastest_candidate")
+    if answer != "baseline" and fastest is not None:
+        low, high = fastest["speedup_interval"]
+        return (
+            f"picked {Strategy.from_dict(fastest['strategy']).describe()}: measured "
+            f"{fastest['speedup']:.3f}x faster than DDP's defaults (95 % interval "
+            f"{low:.3f}-{high:.3f}), the fastest of {candidates} candidate"
+            f"{'s' if candidates != 1 else ''} run side by side"
+        )
+    if fastest is None:
+        if keys["best"] == keys["baseline"]:
+            return "kept DDP's defaults: the search found nothing predicted faster"
+        return "nothing was measured: the search's pick stands unverified"
+    low, high = fastest["speedup_interval"]
+    return (
+        f"kept DDP's defaults: the fastest of {candidates} candidate"
+        f"{'s' if candidates != 1 else ''}, {Strategy.from_dict(fastest['strategy']).describe()}"
+        f", measured {fastest['speedup']:.3f}x (95 % interval {low:.3f}-{high:.3f}), not faster "
+        "beyond the noise"
+    )
+
+
+def predict_verified(request: SearchRequest, store: Store, strategy: Strategy) -> Prediction:
+    """The prediction of a verified strategy on the verifying runs' cluster, with the search's
+    cost model and the store's profiles (as ``ddlsim predict`` makes it)."""
+    asked = PredictRequest(
+        model=request.model,
+        strategy=strategy,
+        world_size=request.world_size,
+        bandwidth=request.bandwidth,
+        profile_iters=request.profile_iters,
+        simulator=request.simulator,
+    )
+    return predict_request(asked, store)[0]
+
+
+def store_verified(
+    session: Session,
+    payload: dict[str, Any],
+    runs: list[RunResult],
+    predictions: list[Prediction],
+) -> None:
+    """Add each verifying run and the prediction of its strategy to ``session``, and name both
+    on the payload's ``verified`` row of that strategy (``measurement_id``, ``prediction_id``):
+    the dashboard pairs them."""
+    rows = {_key(row["strategy"]): row for row in payload.get("verified", [])}
+    for run, prediction in zip(runs, predictions, strict=True):
+        row = rows.get(run.strategy.to_json(), {})
+        row["measurement_id"] = add_result(session, run)
+        row["prediction_id"] = add_predicted(session, prediction, run.strategy)
 
 
 def _verified_candidates(payload: dict[str, Any], count: int) -> dict[str, dict[str, Any]]:

@@ -140,18 +140,17 @@ def test_verification_lines_say_plainly_what_was_measured() -> None:
         "measured_best_ci95_ms": [79.0, 81.0],
         "measured_baseline_ms": 80.0,
         "measured_baseline_ci95_ms": [79.0, 81.0],
-        "speedup": 1.0,
-        "speedup_interval": [1.0, 1.0],
+        "answer": "kept DDP's defaults: the fastest of 3 candidates, ...",
     }
-    (line,) = verification_lines(kept)
-    assert "the pick is DDP's defaults: one measurement, 80.0 ms" in line
-    same = {**kept, "kept_baseline": False, "measured_baseline_ms": 81.0}
-    same.update(speedup=1.015, speedup_interval=[0.99, 1.03], significant=False)
-    lines = verification_lines(same)
-    assert lines[-1].startswith("no measurable difference (1.015x")
-    assert not any("faster" in line for line in lines)
-    gain = {**same, "speedup": 1.2, "speedup_interval": [1.1, 1.3], "significant": True}
-    assert "the pick is 1.200x faster" in verification_lines({**gain, "verdict": "faster"})[-1]
+    lines = verification_lines(kept)
+    assert lines == ["DDP's defaults 80.0 ms (95 % interval 79.0-81.0 ms)", kept["answer"]]
+    picked = {**kept, "kept_baseline": False, "measured_best_ms": 70.0, "answer": "picked x"}
+    lines = verification_lines(picked)
+    assert lines[0].startswith("pick 70.0 ms (95 % interval 79.0-81.0 ms), DDP's defaults 80.0")
+    assert lines[-1] == "picked x"
+    assert verification_lines({"measured_best_ms": None, "measured_baseline_ms": None}) == [
+        "pick not run, DDP's defaults not run"
+    ]
 
 
 def test_ranks_per_core_lists_who_shared_a_core() -> None:

@@ -165,12 +165,9 @@ def test_a_strategy_request_runs_to_a_result(client: TestClient, db: str) -> Non
             "/v1/strategy-requests", json={**body, "confidence": confidence}, headers=AUTH
         )
         assert bad.status_code == 422 and bad.json()["field"] == "body.confidence", bad.text
-    for settle in ({"verify_top": 3}, {"verify": True, "verify_top": 6}, {"verify_top": 16}):
+    for settle in ({"verify": True, "verify_top": 0}, {"verify": True, "verify_top": 16}):
         bad = client.post("/v1/strategy-requests", json={**body, **settle}, headers=AUTH)
         assert bad.status_code == 422 and bad.json()["field"] == "body.verify_top", bad.text
-        if settle["verify_top"] < 16:  # 16 is over the field's own limit (15)
-            # the search request's own check (workflows.requests), naming the value
-            assert bad.json()["error"].startswith(f"verify_top({settle['verify_top']})")
     task = client.post("/v1/strategy-requests", json=body, headers=AUTH).json()
     assert task["kind"] == "search" and task["status"] == "queued"
     assert _work(db) == 1
@@ -200,7 +197,7 @@ def test_jobs_are_queued_as_the_use_cases_requests(client: TestClient) -> None:
     # the requests' own checks answer 422 naming the field
     for path, body, field in (
         ("/v1/executions", {**MLP, "seed": -1}, "body.seed"),
-        ("/v1/strategy-requests", {**MLP, "verify_top": 2}, "body.verify_top"),
+        ("/v1/strategy-requests", {**MLP, "verify_top": 0}, "body.verify_top"),
     ):
         refused = client.post(path, json=body, headers=AUTH)
         assert refused.status_code == 422 and refused.json()["field"] == field, refused.text

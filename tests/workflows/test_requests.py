@@ -32,8 +32,8 @@ GPT2 = ZOO["gpt2-tiny"]
         ({"time_limit_s": 0.0}, "time_limit(0.0)"),
         ({"confidence": 0.3}, "confidence(0.3)"),
         ({"memory_gb": -1.0}, "memory_gb(-1.0)"),
-        ({"verify_top": 2}, "verify_top(2) > 1 needs --verify"),
-        ({"verify": True, "verify_top": 6, "top": 5}, "verify_top(6) must be <= top(5)"),
+        ({"verify": True, "verify_top": 16}, "verify_top(16) must be <= 15"),
+        ({"verify": True, "verify_top": 0}, "verify_top(0)"),
         ({"workers": 2, "algo": "backtrack"}, "workers(2) > 1 needs an Optuna sampler"),
     ],
 )

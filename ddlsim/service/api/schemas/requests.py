@@ -146,8 +146,9 @@ class StrategyRequest(Inputs):
         Field(
             ge=1,
             le=MAX_SIDE_BY_SIDE - 1,
-            description="verify: also run the next candidates of top, up to this many in all, "
-            "and keep the measured fastest of them and DDP's defaults (1: verify the pick only)",
+            description="verify: how many of top's candidates run beside DDP's defaults (at "
+            "most top); the answer is the measured fastest if it beat DDP's defaults beyond the "
+            "noise, else DDP's defaults",
         ),
     ] = _SEARCH["verify_top"]
 
