@@ -11,7 +11,13 @@ variant, so that a term's column shows what it explains:
   ``benchmarks/collective_cpu.py`` (the dataset's links carry it);
 - ``+runtime``: and what the plans' runtimes add to the compute (gradient bucket copies, FSDP2
   per group, DTensor per split module), measured by ``benchmarks/runtime_costs.py`` (the
-  dataset's meta carries it).
+  dataset's meta carries it);
+- ``+buckets``: and the fixed cost a gradient bucket adds under the executor's hooks and under
+  DDP's reducer, measured by ``benchmarks/runtime_costs.py --buckets-only``.
+
+A second table gives the error of the replay's speed-up over DDP's defaults of the same launch
+(``|predicted / measured - 1|``, median and 90th percentile), what a search acts on, by kind
+and world size for the last variant.
 
 The runs of a later session (``Dataset.sessions``), replayed from that session's own profiles,
 also get rows of their own, their kind followed by the session's name.
@@ -47,10 +53,23 @@ def without_runtime(dataset: Dataset) -> Dataset:
     )
 
 
+def without_buckets(dataset: Dataset) -> Dataset:
+    sessions = {name: without_buckets(session) for name, session in dataset.sessions.items()}
+    costs = {
+        key: value
+        for key, value in (dataset.meta.get("runtime_costs") or {}).items()
+        if not key.endswith("_us_per_bucket")
+    }
+    return dataclasses.replace(
+        dataset, meta={**dataset.meta, "runtime_costs": costs}, sessions=sessions
+    )
+
+
 VARIANTS: dict[str, Callable[[Dataset], Dataset]] = {
     "wire": lambda dataset: without_runtime(without_cpu(dataset)),
     "+cpu": without_runtime,
-    "+runtime": lambda dataset: dataset,
+    "+runtime": without_buckets,
+    "+buckets": lambda dataset: dataset,
 }
 
 
@@ -68,6 +87,25 @@ def errors(dataset: Dataset) -> dict[tuple[str, str], list[float]]:
             keys += [(f"{sample.kind} ({session})", world), (f"{sample.kind} ({session})", "*")]
         for key in keys:
             out[key].append(error)
+    return out
+
+
+def speedup_errors(dataset: Dataset) -> dict[tuple[str, str], list[float]]:
+    """``|predicted / measured - 1|`` of each run's speed-up over DDP's defaults measured in
+    the same launch (its group's reference run), by (kind, world size), ``*`` pooling."""
+    samples = build_training_set(dataset).samples
+    references = {s.group: s for s in samples if s.reference}
+    out: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for sample in samples:
+        reference = references.get(sample.group)
+        if reference is None or sample is reference:
+            continue
+        assert sample.measured_ms is not None and reference.measured_ms is not None
+        measured = reference.measured_ms / sample.measured_ms
+        predicted = reference.replay_ms / sample.replay_ms
+        world = sample.group.split("|")[1]
+        for key in ((sample.kind, world), ("all", world), ("all", "*")):
+            out[key].append(abs(predicted / measured - 1))
     return out
 
 
@@ -89,6 +127,19 @@ def main() -> None:
             cells.append(f"{statistics.median(values):+.3f}")
             cells.append(f"{statistics.fmean(abs(v) for v in values):.3f}")
         count = len(results["wire"][(kind, world)])
+        print(f"| {kind} | {world} | {count} | {' | '.join(cells)} |")
+    gains = {name: speedup_errors(make(dataset)) for name, make in VARIANTS.items()}
+    print("\nSpeed-up over DDP's defaults of the same launch, |replayed / measured - 1|:\n")
+    header = " | ".join(f"{name} median | {name} p90" for name in VARIANTS)
+    print(f"| kind | ranks | runs | {header} |")
+    print("|---|---|---|" + "---|" * (2 * len(VARIANTS)))
+    for kind, world in sorted(gains["wire"], key=lambda k: (k[0] == "all", k[0], k[1])):
+        cells = []
+        for name in VARIANTS:
+            ordered = sorted(gains[name][(kind, world)])
+            cells.append(f"{statistics.median(ordered):.3f}")
+            cells.append(f"{ordered[round(0.9 * (len(ordered) - 1))]:.3f}")
+        count = len(gains["wire"][(kind, world)])
         print(f"| {kind} | {world} | {count} | {' | '.join(cells)} |")
     if args.json:
         payload = {

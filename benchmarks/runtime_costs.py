@@ -8,7 +8,8 @@ Three measurements, in this one process, single-threaded as a rank computes:
   under each (``executor.overheads.measure_plan_overheads``), on ``--model`` (a dataset model)
   at a rank's micro-batch of the dataset's runs on 2 ranks (4 sequences of 64 tokens);
 - the fixed cost a gradient bucket adds under the executor's hooks and under DDP
-  (``executor.bucket_overheads.measure_bucket_overheads``), on the same model.
+  (``executor.bucket_overheads.measure_bucket_overheads``), on a model of 128 small parameters
+  and next to no compute, where a bucket's cost stands out of the step's noise.
 
 ``--write`` keeps the result as the shipped costs (``ddlsim/data/simulator/runtime_costs.json``);
 ``--dataset`` records it in that dataset's meta, next to the runs measured on this machine.
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ddlsim.executor.bucket_overheads import measure_bucket_overheads
+from ddlsim.executor.bucket_overheads import MANY_SMALL_PARAMETERS, measure_bucket_overheads
 from ddlsim.executor.overheads import measure_plan_overheads
 from ddlsim.profiler.runtime_costs import measure_copy
 from ddlsim.simulator.dataset import dataset_models_v3, load_dataset, save_dataset
@@ -53,7 +54,7 @@ def main() -> None:
     spec = models[args.model].with_inputs(batch_size=4)
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(began))
     command = f"benchmarks/runtime_costs.py --model {args.model} --iterations {args.iterations}"
-    buckets = measure_bucket_overheads(spec, iterations=args.iterations)
+    buckets = measure_bucket_overheads(MANY_SMALL_PARAMETERS, iterations=args.iterations)
     bucket_costs = {
         "hooks_us_per_bucket": buckets["hooks_us_per_bucket"],
         "ddp_us_per_bucket": buckets["ddp_us_per_bucket"],

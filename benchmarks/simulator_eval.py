@@ -32,7 +32,13 @@ from ddlsim.simulator.dataset import Dataset, load_dataset
 from ddlsim.simulator.default import shipped_dataset
 from ddlsim.simulator.evaluate import Accuracy
 from ddlsim.simulator.gnn import CostModelConfig
-from ddlsim.simulator.holdout import cross_validate, label_noise, metrics_by_kind, speedup_error
+from ddlsim.simulator.holdout import (
+    cross_validate,
+    label_noise,
+    metrics_by_kind,
+    speedup_error,
+    speedup_error_by_world_size,
+)
 from ddlsim.simulator.train import TrainOptions
 
 
@@ -122,6 +128,16 @@ def main() -> None:
     for predictor in PREDICTORS:
         error = speedup_error(rows, predictor)
         print(f"# {predictor} speed-up error over DDP's defaults: {error}")
+    print("\nSpeed-up over DDP's defaults of the same launch, |predicted / measured - 1|:\n")
+    print("| predictor | ranks | runs | median | p90 |")
+    print("|---|---|---|---|---|")
+    for predictor in PREDICTORS:
+        for size, error in speedup_error_by_world_size(rows, predictor).items():
+            if error["median"] is not None:
+                print(
+                    f"| {predictor} | {size} | {error['runs']} | {error['median']:.3f} | "
+                    f"{error['p90']:.3f} |"
+                )
     print("\nAll folds' runs by strategy kind (MAPE | p90 | tau | pairs):\n")
     print(f"| kind | runs | {header} |")
     print("|---|---|" + "---|" * (4 * len(PREDICTORS)))
@@ -137,6 +153,9 @@ def main() -> None:
                     "noise": spread,
                     "label_noise": label_noise(rows),
                     "speedup_error": {p: speedup_error(rows, p) for p in PREDICTORS},
+                    "speedup_error_by_world_size": {
+                        p: speedup_error_by_world_size(rows, p) for p in PREDICTORS
+                    },
                 },
                 indent=1,
             ),

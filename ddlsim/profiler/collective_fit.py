@@ -178,12 +178,24 @@ def make_sample(
     )
 
 
+def expected_us(sample: CollectiveSample) -> float:
+    """What one such collective costs on average: the mean of its repeats after dropping the
+    highest and lowest tenth (one each way from five repeats; none below five), else the
+    median."""
+    times = sorted(sample.times_us)
+    if len(times) < 5:
+        return sample.time_us_median
+    trim = max(1, len(times) // 10)
+    return statistics.fmean(times[trim : len(times) - trim])
+
+
 def fit_latency_bandwidth(
     samples: Sequence[CollectiveSample],
     *,
     world_size: int,
     backend: str = "gloo",
     bandwidth: str = "none",
+    burst_bytes: int = 0,
 ) -> CollectiveFit:
     """Fit ``time_us = alpha_us + factor * bytes / busbw`` to the medians of one collective.
 
@@ -196,6 +208,22 @@ def fit_latency_bandwidth(
     0.95, what the large messages show. Exact data is recovered exactly. ``r2`` is the plain
     coefficient of determination of the fitted times against the medians; ``busbw_gbps`` is
     ``inf`` when time does not grow with size.
+
+    The latency is what a collective costs on average (:func:`expected_us`: the trimmed mean
+    of its repeats), not its median: a step of many small buckets pays the sum of their
+    latencies, and on this 2-core machine a small collective's repeats fall in two modes (about
+    0.3-0.7 ms, and 3-5 ms when the ranks' threads wait for a core), so the median jumps
+    between them from one profile to the next (alphas of 0.2 and 2.0 ms from two profiles of
+    one link) while the mean holds. The bandwidth stays fitted on medians.
+
+    ``burst_bytes`` is what the shaped link lets through at line rate after an idle moment (its
+    token bucket, :func:`ddlsim.profiler.cluster.namespaces.burst_bytes`): a message below it
+    costs its latency alone, and one above it a burst's wire time less than its bytes say.
+    The times are fitted as ``alpha_us + slope * max(0, factor * bytes - burst_bytes)``;
+    fitted without the burst, a 64 KiB message looks faster than the link and the alpha came
+    out clamped to 0, so that a partition of many small buckets was priced as if each one
+    were free to start. The fit prices every collective as if the bucket were empty, as it is
+    for the back-to-back collectives of a training step's buckets.
 
     Raises:
         InvalidOptionError: with no samples, samples of several collectives, fewer than two
@@ -216,24 +244,34 @@ def fit_latency_bandwidth(
     bad = [s.time_us_median for s in samples if not s.time_us_median > 0]
     if bad:
         raise InvalidOptionError(f"sample times must be > 0 us, got {bad}")
-    x = [factor * s.size_bytes for s in samples]
-    y = [s.time_us_median for s in samples]
+    if burst_bytes < 0:
+        raise InvalidOptionError(f"burst_bytes({burst_bytes}) must be >= 0")
+    # The bytes each rank sends beyond the link's burst (all of them on an unshaped link);
+    # the bandwidth is fitted on the messages larger than the burst when two sizes are.
+    x_all = [max(0.0, factor * s.size_bytes - burst_bytes) for s in samples]
+    y_all = [s.time_us_median for s in samples]
+    mean_all = [expected_us(s) for s in samples]
+    shaped = [(xi, yi) for xi, yi in zip(x_all, y_all, strict=True) if xi > 0]
+    if len({xi for xi, _ in shaped}) < 2:
+        shaped = list(zip(x_all, y_all, strict=True))
+    x = [xi for xi, _ in shaped]
+    y = [yi for _, yi in shaped]
     # Bandwidth: ordinary least squares, which the largest messages dominate.
     x_mean, y_mean = statistics.fmean(x), statistics.fmean(y)
     sxx = sum((xi - x_mean) ** 2 for xi in x)
     slope = sum((xi - x_mean) * (yi - y_mean) for xi, yi in zip(x, y, strict=True)) / sxx
     slope = max(slope, 0.0)
-    # Latency: given the slope, the alpha of least relative error (weights 1 / time^2), which
-    # the smallest messages dominate.
-    weights = [1.0 / yi**2 for yi in y]
-    alpha = sum(w * (yi - slope * xi) for w, xi, yi in zip(weights, x, y, strict=True)) / sum(
-        weights
-    )
+    # Latency: given the slope, the alpha of least relative error (weights 1 / time^2) over
+    # every size's mean, which the smallest messages dominate.
+    weights = [1.0 / yi**2 for yi in mean_all]
+    alpha = sum(
+        w * (yi - slope * xi) for w, xi, yi in zip(weights, x_all, mean_all, strict=True)
+    ) / sum(weights)
     alpha = max(alpha, 0.0)
-    predicted = [alpha + slope * xi for xi in x]
-    mean = statistics.fmean(y)
-    ss_tot = sum((yi - mean) ** 2 for yi in y)
-    ss_res = sum((yi - pi) ** 2 for yi, pi in zip(y, predicted, strict=True))
+    predicted = [alpha + slope * xi for xi in x_all]
+    mean = statistics.fmean(y_all)
+    ss_tot = sum((yi - mean) ** 2 for yi in y_all)
+    ss_res = sum((yi - pi) ** 2 for yi, pi in zip(y_all, predicted, strict=True))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
     # slope is microseconds per byte: bytes/us * 8 bits / 1e3 = Gbit/s.
     busbw_gbps = 8e-3 / slope if slope > 0 else math.inf

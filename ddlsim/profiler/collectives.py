@@ -27,6 +27,7 @@ from ddlsim.data.comm_model import COLLECTIVES
 from ddlsim.data.errors import InvalidOptionError, one_line
 from ddlsim.data.specs.cluster import BACKENDS, parse_bandwidth_gbps
 from ddlsim.profiler.cluster import ClusterRunError, EmulatedCluster
+from ddlsim.profiler.cluster.namespaces import burst_bytes
 from ddlsim.profiler.collective_fit import CollectiveProfile, fit_latency_bandwidth, make_sample
 
 RANK_MODULE = "ddlsim.profiler.collective_rank"
@@ -201,7 +202,9 @@ def profile_collectives(
         cpu_repeats=cpu_repeats,
         timeout_s=timeout_s,
     )
-    parse_bandwidth_gbps("none" if bandwidth is None else bandwidth)
+    # A shaped link's token bucket lets its first bytes through at line rate; the fit takes
+    # them out of the bytes it prices.
+    burst = burst_bytes(parse_bandwidth_gbps("none" if bandwidth is None else bandwidth))
     env: dict[str, str] = {}
     if backend == "nccl":
         # Only the network transport crosses the shaped links; P2P and shared memory would not.
@@ -255,7 +258,13 @@ def profile_collectives(
             notes.append(f"no fit for {collective}: it needs at least 2 distinct sizes")
             continue
         fits.append(
-            fit_latency_bandwidth(mine, world_size=world_size, backend=backend, bandwidth=link)
+            fit_latency_bandwidth(
+                mine,
+                world_size=world_size,
+                backend=backend,
+                bandwidth=link,
+                burst_bytes=burst if result.network != "loopback" else 0,
+            )
         )
     if result.network == "loopback":
         notes.append(f"loopback fallback: bandwidth {link!r} was not enforced")

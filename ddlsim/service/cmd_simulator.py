@@ -36,6 +36,13 @@ def _print_table(payload: dict[str, Any]) -> None:
     for key in ("mape", "p90_ape", "kendall_tau", "pair_accuracy", "noise_mape"):
         value = payload.get(key)
         print(f"  {key:<14}{'-' if value is None else f'{value:.3f}'}")
+    gain = payload.get("speedup_error") or {}
+    if gain.get("median") is not None:
+        print(
+            f"  speed-up over DDP's defaults off by a median {gain['median']:.3f}, p90 "
+            f"{gain['p90']:.3f} ({gain['runs']} strategies, "
+            f"{'side by side' if payload.get('side_by_side') else 'separate launches'})"
+        )
 
 
 def register(sub: Any) -> None:

@@ -339,6 +339,7 @@ class DataParallelReplay:
         # The runtime copies a bucket's gradients before launching its collective.
         passes, _ = copy_passes(fusion)
         alpha_us, us_per_byte = self.runtime.copy_alpha_us, self.runtime.copy_us_per_byte
+        bucket_us = self.runtime.bucket_us(fusion)
         # model.time_us and model.cpu_us, term by term
         alpha, factor, bytes_per_us, cpu_alpha, cpu_per_byte = model.terms()
         for params, nbytes, last_ready in self._launched(fusion):
@@ -347,8 +348,9 @@ class DataParallelReplay:
                 clock = load.finish(clock, ready_work - work)
                 work = ready_work
             if nbytes > 0:
-                if passes > 0:
-                    clock = load.finish(clock, passes * (alpha_us + us_per_byte * nbytes) / 1e3)
+                launch_us = passes * (alpha_us + us_per_byte * nbytes) + bucket_us
+                if launch_us > 0:
+                    clock = load.finish(clock, launch_us / 1e3)
                 start = max(free, clock)
                 free = start + (alpha + factor * nbytes / bytes_per_us) / 1e3
                 load.add(start, free, (cpu_alpha + cpu_per_byte * nbytes) / 1e3)

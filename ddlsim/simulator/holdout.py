@@ -82,6 +82,21 @@ def speedup_error(rows: Sequence[dict[str, Any]], predictor: str) -> dict[str, f
     return _spread(errors)
 
 
+def speedup_error_by_world_size(
+    rows: Sequence[dict[str, Any]], predictor: str
+) -> dict[int, dict[str, float | int | None]]:
+    """:func:`speedup_error` of the rows of each world size (a group's runs share one)."""
+    sizes: dict[int, list[dict[str, Any]]] = {}
+    for row in rows:
+        sizes.setdefault(group_world_size(row["group"]), []).append(row)
+    return {size: speedup_error(members, predictor) for size, members in sorted(sizes.items())}
+
+
+def group_world_size(group: str) -> int:
+    """The ranks of a run's group (``[session/]model|world_size|...``)."""
+    return int(group.split("|")[1])
+
+
 def label_noise(rows: Sequence[dict[str, Any]]) -> dict[str, float | int | None]:
     """How well the rows' labels are known: the median and 90th percentile, over the rows that
     recorded an interval, of half the measured median's 95 % interval over the median (0.01:

@@ -71,8 +71,12 @@ class RuntimeCosts:
     def launch_ms(self, fusion: TensorFusionPlan, nbytes: int) -> float:
         """The copies a bucket of ``nbytes`` takes on the compute stream before its collective,
         and the runtime's fixed cost a bucket (its hooks or DDP's reducer)."""
-        per_bucket_us = self.ddp_us_per_bucket if fusion.uses_ddp else self.hooks_us_per_bucket
-        return self._passes_ms(copy_passes(fusion)[0], nbytes) + per_bucket_us / 1e3
+        return self._passes_ms(copy_passes(fusion)[0], nbytes) + self.bucket_us(fusion) / 1e3
+
+    def bucket_us(self, fusion: TensorFusionPlan) -> float:
+        """The fixed cost a bucket adds under ``fusion``'s runtime (DDP's reducer or the hooks),
+        beyond its copies."""
+        return self.ddp_us_per_bucket if fusion.uses_ddp else self.hooks_us_per_bucket
 
     def land_ms(self, fusion: TensorFusionPlan, nbytes: int) -> float:
         """The copies a bucket takes after its (last) collective, before its update."""

@@ -9,6 +9,8 @@ share of profiled durations (the duration head learns to fill them in), and mini
 - the squared error of the predicted ``log(measured / replayed)``,
 - a pairwise ranking loss between runs of the same model and cluster (after DisCo: search
   needs the order right more than the absolute time),
+- the squared error of the predicted log speed-up over DDP's defaults measured in the same
+  launch (what a search acts on, and what the noise of a launch does not reach),
 - the squared error of the hidden durations,
 - the squared error of the predicted ``log(compiled / eager)`` of the blocks with a fusion
   profile.
@@ -57,6 +59,7 @@ class TrainOptions:
     learning_rate: float = 3e-3
     weight_decay: float = 1e-4
     rank_weight: float = 0.5
+    speedup_weight: float = 1.0
     duration_weight: float = 0.2
     fusion_weight: float = 0.5
     hide_share: float = 0.15
@@ -251,6 +254,21 @@ def _rank_pairs(samples: Sequence[StrategySample]) -> tuple[torch.Tensor, torch.
     return torch.tensor(slow, dtype=torch.long), torch.tensor(fast, dtype=torch.long)
 
 
+def _speedup_pairs(samples: Sequence[StrategySample]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Index pairs (reference, i): each run of a group that holds DDP's defaults measured in
+    the same launch, with that reference run (itself excluded)."""
+    references = {s.group: i for i, s in enumerate(samples) if s.reference}
+    pairs = [
+        (references[s.group], i)
+        for i, s in enumerate(samples)
+        if s.group in references and references[s.group] != i
+    ]
+    return (
+        torch.tensor([r for r, _ in pairs], dtype=torch.long),
+        torch.tensor([i for _, i in pairs], dtype=torch.long),
+    )
+
+
 def train_cost_model(
     data: TrainingSet,
     *,
@@ -295,6 +313,8 @@ def _train(
     target = torch.tensor([math.log(float(s.measured_ms or 1.0) / s.replay_ms) for s in samples])
     log_replay = torch.tensor([math.log(s.replay_ms) for s in samples])
     slow, fast = _rank_pairs(samples)
+    reference, other = _speedup_pairs(samples)
+    log_measured = torch.tensor([math.log(float(s.measured_ms or 1.0)) for s in samples])
     blocks = [b for b in data.blocks if b.measured_ratio]
     fused_target = torch.tensor([math.log(float(b.measured_ratio or 1.0)) for b in blocks])
     timed = graphs.timed
@@ -308,10 +328,16 @@ def _train(
         h, durations = model.encode(graphs, hide)
         correction = model.corrections(h, graphs, index, samples)
         loss = torch.mean((correction - target) ** 2)
+        predicted = log_replay + correction
         if len(slow):
-            predicted = log_replay + correction
             margin = predicted[slow] - predicted[fast]
             loss = loss + options.rank_weight * torch.nn.functional.softplus(-margin * 20).mean()
+        if len(reference) and options.speedup_weight > 0:
+            # what a search acts on: the log speed-up over DDP's defaults of the same launch
+            predicted_gain = predicted[reference] - predicted[other]
+            measured_gain = log_measured[reference] - log_measured[other]
+            error = predicted_gain - measured_gain
+            loss = loss + options.speedup_weight * torch.mean(error**2)
         if bool(hide.any()):
             error = durations[hide] - graphs.duration[hide]
             loss = loss + options.duration_weight * torch.mean(error**2)

@@ -1,9 +1,9 @@
 """Check the simulator against real runs of any model: predict strategies, run them, compare.
 
 The links are profiled (gloo collectives on the emulated cluster) and the rank's micro-batch
-kernel-profiled unless the store has both; then K diverse strategies (DDP's defaults first) run
-through the executor and through the simulator, and the first one runs a second time to show
-the measurement noise the errors should be read against.
+kernel-profiled unless the store has both; then K diverse strategies (DDP's defaults first) are
+predicted and run side by side through the executor, with the first a second time to show the
+measurement noise the errors should be read against.
 """
 
 import statistics
@@ -15,7 +15,7 @@ from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store, add_collective_profile, add_graph, add_prediction
 from ddlsim.data.tp_plans import check_layouts
 from ddlsim.executor.plan import model_supports
-from ddlsim.executor.run import RunOptions, run_training
+from ddlsim.executor.run import RunOptions, RunResult, compare_training, run_training
 from ddlsim.profiler.batch import collective_records
 from ddlsim.profiler.cluster import ClusterRunError, remove_stale_namespaces
 from ddlsim.profiler.collectives import profile_collectives
@@ -64,8 +64,15 @@ def validate(
     request: ValidateRequest, store: Store, progress: Progress = no_progress
 ) -> dict[str, Any]:
     """Every strategy's prediction beside its measured median and interval (``rows``), the
-    aggregate errors (MAPE, p90, Kendall's tau, pair accuracy) over two rows or more, and the
-    first strategy's repeat difference (``noise_mape``). Runs and predictions are stored.
+    aggregate errors (MAPE, p90, Kendall's tau, pair accuracy) over two rows or more, the
+    error of each predicted speed-up over DDP's defaults (``speedup_error``: median, p90 and
+    count of ``|predicted / measured - 1|``, what a search acts on) and the first strategy's
+    repeat difference (``noise_mape``). Runs and predictions are stored.
+
+    The strategies and a repeat of the first run side by side in one launch under the
+    measurement protocol (``compare_training``), so that the speed-ups are ratios of one launch
+    and the repeat shows the noise they carry; where a strategy fails that launch, each runs in
+    a launch of its own (``side_by_side`` false) and the failing ones are left out.
 
     Raises:
         InvalidOptionError: no candidate strategy fits the batch and the world size.
@@ -83,16 +90,14 @@ def validate(
             None, f"only {len(strategies)} candidate strategies fit batch {spec.inputs.batch_size}"
         )
     remove_stale_namespaces()
-    rows: list[dict[str, Any]] = []
     options = RunOptions(
         world_size=request.world_size, bandwidth=bandwidth, **request.measure.run_options()
     )
     if request.world_size > 1:
         _link_profiles(store, request.world_size, bandwidth, strategies, progress)
     cost_model = load_cost_model(request.simulator)
-    first_ms: float | None = None
-    repeat_ms: float | None = None
-    for index, strategy in enumerate([*strategies, strategies[0]]):
+    predictions = []
+    for strategy in strategies:
         predicted, _, _ = predict_on_store(
             store,
             spec,
@@ -103,23 +108,19 @@ def validate(
             profile_iters=request.profile_iters,
             progress=progress,
         )
-        label = strategy.to_json()
-        progress(
-            index / (len(strategies) + 1), f"running {index + 1}/{len(strategies) + 1}: {label}"
-        )
-        try:
-            measured = run_training(spec, strategy, options)
-        except ClusterRunError as exc:
-            progress(None, f"run failed, left out: {exc}")
-            continue
-        with store.transaction() as session:
-            add_result(session, measured)
-            add_graph(session, graph=predicted.graph)
-            add_prediction(session, prediction=predicted.record())
-        if index == 0:
-            first_ms = measured.median_ms
-        if index == len(strategies):
-            repeat_ms = measured.median_ms
+        predictions.append(predicted)
+    runs, side_by_side = _measure(spec, [*strategies, strategies[0]], options, progress)
+    with store.transaction() as session:
+        for index, run in enumerate(runs):
+            if run is None:
+                continue
+            add_result(session, run)
+            if index < len(strategies):
+                add_graph(session, graph=predictions[index].graph)
+                add_prediction(session, prediction=predictions[index].record())
+    rows: list[dict[str, Any]] = []
+    for strategy, predicted, measured in zip(strategies, predictions, runs, strict=False):
+        if measured is None:
             continue
         rows.append(
             {
@@ -135,19 +136,66 @@ def validate(
         "model": spec.label,
         "world_size": request.world_size,
         "bandwidth": bandwidth,
-        "simulator_version": predicted.simulator_version,
+        "simulator_version": predictions[0].simulator_version,
+        "side_by_side": side_by_side,
         "rows": rows,
     }
     if len(rows) >= 2:
         payload.update(
             accuracy([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows]).to_json()
         )
+    payload["speedup_error"] = _speedup_error(rows, strategies[0])
+    first, repeat = runs[0], runs[-1]
     payload["noise_mape"] = (
-        abs(repeat_ms - first_ms) / statistics.fmean([repeat_ms, first_ms])
-        if repeat_ms is not None and first_ms is not None
+        abs(repeat.median_ms - first.median_ms)
+        / statistics.fmean([repeat.median_ms, first.median_ms])
+        if repeat is not None and first is not None
         else None
     )
     return payload
+
+
+def _measure(
+    spec: ModelSpec, strategies: list[Strategy], options: RunOptions, progress: Progress
+) -> tuple[list[RunResult | None], bool]:
+    """The strategies' runs, side by side in one launch (``True``), else one launch each with
+    the failing ones ``None`` (``False``)."""
+    progress(0.1, f"running {len(strategies)} strategies side by side")
+    try:
+        return list(compare_training(spec, strategies, options)), True
+    except ClusterRunError as exc:
+        progress(None, f"the side-by-side launch failed ({exc}); running each alone")
+    runs: list[RunResult | None] = []
+    for index, strategy in enumerate(strategies):
+        progress(index / len(strategies), f"running {index + 1}/{len(strategies)} alone")
+        try:
+            runs.append(run_training(spec, strategy, options))
+        except ClusterRunError as exc:
+            progress(None, f"run failed, left out: {exc}")
+            runs.append(None)
+    return runs, False
+
+
+def _speedup_error(rows: list[dict[str, Any]], baseline: Strategy) -> dict[str, Any]:
+    """The median and 90th percentile of ``|predicted / measured - 1|`` of each row's speed-up
+    over the baseline's row, and how many rows there are (none without the baseline)."""
+    base = next((r for r in rows if r["strategy"] == baseline.to_dict()), None)
+    errors = sorted(
+        abs(
+            (base["predicted_ms"] / row["predicted_ms"])
+            / (base["measured_ms"] / row["measured_ms"])
+            - 1
+        )
+        for row in rows
+        if base is not None and row is not base
+    )
+    if not errors:
+        return {"median": None, "p90": None, "runs": 0}
+    return {
+        "median": statistics.median(errors),
+        "p90": errors[min(len(errors) - 1, round(0.9 * (len(errors) - 1)))],
+        "runs": len(errors),
+    }
 
 
 def _mixed_layers(spec: ModelSpec, raw: dict[str, Any]) -> dict[str, Any] | None:

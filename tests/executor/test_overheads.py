@@ -1,10 +1,13 @@
-"""FSDP2's and DTensor's costs, measured in one process on a world of one rank."""
+"""FSDP2's and DTensor's costs, and a gradient bucket's, measured in one process on a world of
+one rank."""
 
 import pytest
 import torch.distributed as dist
 
 from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.models import build_model
 from ddlsim.data.zoo import ZOO
+from ddlsim.executor.bucket_overheads import measure_bucket_overheads
 from ddlsim.executor.overheads import measure_plan_overheads
 
 
@@ -31,3 +34,21 @@ def test_a_model_without_a_tensor_parallel_plan_is_refused() -> None:
         measure_plan_overheads(ZOO["resnet-18"], iterations=1)
     with pytest.raises(InvalidOptionError, match="iterations"):
         measure_plan_overheads(ZOO["bert-tiny"], iterations=0)
+
+
+def test_bucket_overheads_compare_one_bucket_with_one_a_parameter() -> None:
+    spec = ZOO["mlp"].with_inputs(batch_size=4)
+    result = measure_bucket_overheads(spec, iterations=2, warmup=1)
+    params = sum(1 for p in build_model(spec).parameters() if p.requires_grad)
+    # the hooks' partitions are given; DDP's buckets are counted from what it launched
+    assert result["buckets"] == {
+        "hooks_one": 1,
+        "hooks_many": params,
+        "ddp_one": 1,
+        "ddp_many": params,
+    }
+    assert result["hooks_us_per_bucket"] >= 0 and result["ddp_us_per_bucket"] >= 0
+    assert all(us > 0 for us in result["step_us"].values())
+    assert not dist.is_initialized()
+    with pytest.raises(InvalidOptionError, match="iterations"):
+        measure_bucket_overheads(spec, iterations=0)

@@ -23,6 +23,7 @@ from ddlsim.profiler.collective_fit import (
     CollectiveFit,
     CollectiveProfile,
     CollectiveSample,
+    expected_us,
     fit_latency_bandwidth,
     make_sample,
 )
@@ -66,6 +67,49 @@ def test_fit_recovers_alpha_and_bandwidth_exactly(collective: str, world_size: i
     assert fit.alpha_us == pytest.approx(45.0, rel=1e-9)
     assert fit.busbw_gbps == pytest.approx(0.8, rel=1e-9)
     assert fit.r2 == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_fit_takes_a_shaped_links_burst_out_of_the_latency(world_size: int) -> None:
+    # A tbf link lets its first 125,000 bytes through at line rate after an idle moment: 64 KiB
+    # costs the latency alone, and every larger message one burst's wire time less.
+    burst, alpha_us, busbw = 125_000, 400.0, 0.95
+    factor = bus_factor("all_reduce", world_size)
+    sizes = [64 * KIB, MIB, 4 * MIB, 16 * MIB]
+    samples = [
+        make_sample(
+            "all_reduce",
+            size,
+            [alpha_us + max(0.0, factor * size - burst) * 8e-3 / busbw] * 3,
+            world_size=world_size,
+        )
+        for size in sizes
+    ]
+    fit = fit_latency_bandwidth(samples, world_size=world_size, burst_bytes=burst)
+    assert fit.alpha_us == pytest.approx(alpha_us, rel=1e-9)
+    assert fit.busbw_gbps == pytest.approx(busbw, rel=1e-9)
+    # Fitted as if the link had no burst, the latency is lost: clamped to 0, so many small
+    # buckets would look free to start.
+    assert fit_latency_bandwidth(samples, world_size=world_size).alpha_us == 0.0
+    with pytest.raises(InvalidOptionError, match=r"burst_bytes\(-1\)"):
+        fit_latency_bandwidth(samples, world_size=world_size, burst_bytes=-1)
+
+
+def test_the_latency_is_what_a_collective_costs_on_average() -> None:
+    # Small collectives on shared cores fall in two modes; a step pays their mean, which the
+    # latency follows (the median would be one mode or the other).
+    fast, slow = [400.0] * 6, [4400.0] * 4
+    small = [make_sample("all_reduce", size, fast + slow, world_size=2) for size in (KIB, 4 * KIB)]
+    large = [
+        make_sample("all_reduce", size, [size * 8e-3 + 2000.0] * 10, world_size=2)
+        for size in (4 * MIB, 16 * MIB)
+    ]
+    fit = fit_latency_bandwidth(small + large, world_size=2)
+    assert expected_us(small[0]) == pytest.approx(1900.0)  # 5 fast and 3 slow kept of 10
+    assert small[0].time_us_median == 400.0
+    # the large messages' medians set the bandwidth, the small ones' means the latency
+    assert fit.busbw_gbps == pytest.approx(1.0, rel=0.02)
+    assert fit.alpha_us == pytest.approx(1900.0, rel=0.05)
 
 
 def test_fit_keeps_alpha_non_negative_and_handles_flat_times() -> None:

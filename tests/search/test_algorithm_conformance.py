@@ -156,6 +156,7 @@ def test_keeps_to_its_evaluation_budget(name: str) -> None:
     assert sum(calls) == fake.evaluations + fake.runs
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_keeps_to_its_time_limit(name: str) -> None:
     problem, fake = _problem(gradients=40, delay_s=0.05)

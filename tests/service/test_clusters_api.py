@@ -224,9 +224,8 @@ def test_the_published_runs_are_predicted_against_their_figures(client: TestClie
         assert row["error"] is None and row["metric"] == "tflops_per_gpu"
         assert row["ape"] == pytest.approx(abs(row["predicted"] / row["published"] - 1), abs=1e-3)
     assert answer["mape"] == pytest.approx(sum(r["ape"] for r in rows) / len(rows), abs=1e-4)
-    started = time.perf_counter()
+    # the second answer is the first (from memory: tests/workflows/test_published.py counts it)
     assert client.get("/v1/published/megatron_sc21.json").json() == answer
-    assert time.perf_counter() - started < 1.0, "the second answer comes from memory"
     missing = client.get("/v1/published/secrets.json")
     assert missing.status_code == 404 and "megatron_sc21.json" in missing.json()["error"]
     assert client.get("/v1/published/..%2F..%2Fpyproject.toml").status_code == 404

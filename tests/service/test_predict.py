@@ -162,8 +162,17 @@ def test_validate_runs_predicts_and_scores(capsys: pytest.CaptureFixture[str]) -
     assert all(row["predicted_ms"] > 0 and row["measured_ms"] > 0 for row in out["rows"])
     assert out["mape"] >= 0 and -1 <= out["kendall_tau"] <= 1
     assert out["noise_mape"] is not None and out["noise_mape"] >= 0
+    # one launch, side by side: the speed-up of the second strategy over DDP's defaults
+    assert out["side_by_side"] is True
+    (first, second) = out["rows"]
+    measured = first["measured_ms"] / second["measured_ms"]
+    predicted = first["predicted_ms"] / second["predicted_ms"]
+    gain = out["speedup_error"]
+    assert gain["runs"] == 1 and gain["median"] == pytest.approx(abs(predicted / measured - 1))
     with Store.open() as store:
-        assert len(store.measurements()) == 3 and len(store.predictions()) == 3
+        measurements = store.measurements()
+        assert len(measurements) == 3 and len(store.predictions()) == 2
+        assert all(m.env["side_by_side"] == 3 for m in measurements)
         assert len(store.collective_profiles()) == 2  # nothing profiled again
 
 

@@ -63,8 +63,15 @@ def test_fast_replay_equals_the_full_replay(
 ) -> None:
     base = zoo_graph(name)
     node_ms = _durations(base, seed=len(name))
-    # With cpu, the runtime's gradient copies cost 50 us a pass and 0.1 ms a MiB.
-    runtime = RuntimeCosts(copy_alpha_us=50.0, copy_us_per_byte=1e-4) if cpu else RuntimeCosts()
+    # With cpu, the runtime's gradient copies cost 50 us a pass and 0.1 ms a MiB, and each
+    # bucket 0.3 ms (hooks) or 0.2 ms (DDP) more.
+    costs = RuntimeCosts(
+        copy_alpha_us=50.0,
+        copy_us_per_byte=1e-4,
+        hooks_us_per_bucket=300.0,
+        ddp_us_per_bucket=200.0,
+    )
+    runtime = costs if cpu else RuntimeCosts()
     fast = DataParallelReplay(base, node_ms, runtime)
     comm = _comm(busbw_gbps, cpu=cpu)
     order = base.grad_ready_order

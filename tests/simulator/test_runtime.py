@@ -27,6 +27,18 @@ def test_each_runtime_copies_its_buckets_three_times() -> None:
     assert RuntimeCosts().launch_ms(ddp, MIB) == 0.0
 
 
+def test_each_bucket_costs_its_runtime_a_fixed_time_at_launch() -> None:
+    costs = RuntimeCosts(copy_us_per_byte=1e-3, hooks_us_per_bucket=300.0, ddp_us_per_bucket=100.0)
+    copies = RuntimeCosts(copy_us_per_byte=1e-3)
+    ddp = Strategy().tensor_fusion
+    hooks = Strategy.from_dict({"tensor_fusion": {"implementation": "hooks"}}).tensor_fusion
+    dear = Strategy.from_dict({"tensor_fusion": {"dear": True}}).tensor_fusion
+    assert costs.launch_ms(ddp, MIB) == pytest.approx(copies.launch_ms(ddp, MIB) + 0.1)
+    for fusion in (hooks, dear):  # DeAR launches from the same hooks
+        assert costs.launch_ms(fusion, MIB) == pytest.approx(copies.launch_ms(fusion, MIB) + 0.3)
+        assert costs.land_ms(fusion, MIB) == copies.land_ms(fusion, MIB)
+
+
 def test_scaled_multiplies_every_cost() -> None:
     costs = RuntimeCosts(
         copy_alpha_us=1.0,
@@ -36,6 +48,8 @@ def test_scaled_multiplies_every_cost() -> None:
         fsdp_step_us_per_param=4.0,
         tp_us_per_module=5.0,
         tp_step_us_per_param=6.0,
+        hooks_us_per_bucket=7.0,
+        ddp_us_per_bucket=8.0,
     )
     doubled = dataclasses.asdict(costs.scaled(2.0))
     assert doubled == {k: 2 * v for k, v in dataclasses.asdict(costs).items()}

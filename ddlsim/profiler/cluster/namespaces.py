@@ -115,9 +115,16 @@ def build_network(
             _shape(switch, port, bandwidth, bandwidth_gbps)
 
 
+def burst_bytes(bandwidth_gbps: float | None) -> int:
+    """The bytes a link shaped to ``bandwidth_gbps`` lets through at line rate after it has
+    been idle (its token bucket); 0 for an unshaped link (``None``)."""
+    if bandwidth_gbps is None:
+        return 0
+    return max(int(bandwidth_gbps * 1e9 / 8 * _BURST_S), _MIN_BURST_BYTES)
+
+
 def _shape(namespace: str, device: str, bandwidth: str, bandwidth_gbps: float) -> None:
-    rate_bytes_per_s = bandwidth_gbps * 1e9 / 8
-    burst = max(int(rate_bytes_per_s * _BURST_S), _MIN_BURST_BYTES)
+    burst = burst_bytes(bandwidth_gbps)
     _check(
         [
             *("tc", "-n", namespace, "qdisc", "add", "dev", device, "root", "tbf"),
