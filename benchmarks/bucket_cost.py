@@ -14,6 +14,7 @@ difference between the two slopes is what the replay misses a bucket.
 """
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -46,7 +47,7 @@ def partitions(order: list[str], sizes: list[int], counts: list[int]) -> dict[st
         if count > len(order):
             continue
         cuts = (0, *even_cuts(sizes, count), len(order))
-        groups = [order[a:b] for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
+        groups = [order[a:b] for a, b in itertools.pairwise(cuts) if b > a]
         tf = {"buckets": groups, "implementation": "hooks"}
         out[f"hooks x{len(groups)}"] = Strategy.from_dict({"tensor_fusion": tf})
     return out

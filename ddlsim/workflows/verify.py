@@ -59,7 +59,8 @@ def verify(
     speed-up is a ratio from one run. The measurement settles the answer (``picked_by``
     ``"measurement"``, :func:`_settle`): the measured fastest candidate if it beat the baseline
     beyond the noise, else the baseline (``kept_baseline``); ``answer`` says which in plain
-    words, ``fastest_candidate`` by how much. The simulator narrows thousands of strategies to a
+    words, ``fastest_candidate`` by how much; each row of ``verified`` carries its measured
+    speed-up over the baseline and that speed-up's 95 % interval. The simulator narrows thousands of strategies to a
     few, the executor settles the few, and a pick measured slower is never the answer. A
     strategy whose predicted peak memory is over the capacity is not run (it would exhaust this
     machine's memory, every rank being here): ``not_run`` says why. A strategy listed twice
@@ -99,6 +100,16 @@ def verify(
                 "verified_as": names,
             }
         )
+    baseline_run = runs.get(keys["baseline"])
+    for row, run in zip(rows, runs.values(), strict=True):
+        if baseline_run is not None and run is not baseline_run:
+            gain = measured_speedup(
+                baseline_run.samples_ms,
+                run.samples_ms,
+                baseline_rounds=baseline_run.sample_rounds,
+                candidate_rounds=run.sample_rounds,
+            )
+            row.update(speedup=gain.ratio, speedup_interval=list(gain.interval))
     out["verified"] = sorted(rows, key=lambda row: row["measured_ms"])
     if runs:
         first = next(iter(runs.values()))

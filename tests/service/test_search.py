@@ -102,6 +102,11 @@ def test_verify_settles_the_answer_by_measurement(capsys: pytest.CaptureFixture[
         assert out["scored_best"]["strategy"] == scored
     else:
         assert "scored_best" not in out
+    # every candidate's measured speed-up over DDP's defaults, with its interval
+    for row in rows:
+        if row["strategy"] != baseline:
+            low, high = row["speedup_interval"]
+            assert low <= row["speedup"] <= high
     # every run stored beside a prediction of its strategy, named on its row
     for row in rows:
         assert isinstance(row["measurement_id"], int) and isinstance(row["prediction_id"], int)
