@@ -11,9 +11,15 @@ difference between the two slopes is what the replay misses a bucket.
 
     .venv/bin/python benchmarks/bucket_cost.py --db sqlite:////tmp/bucket.db \\
         --model gpt2-tiny --counts 1 2 4 8 16 --json bucket.json
+    cp /tmp/bucket.db /tmp/sweep.db
+    .venv/bin/python benchmarks/bucket_cost.py --db sqlite:////tmp/sweep.db --sweep bucket.json
+
+``--sweep`` re-prices a measured file's strategies with the store's all-reduce latency set to
+each of ``--alphas``: which latency the measured speed-ups of many small buckets call for.
 """
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -21,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import resolve_model
@@ -53,6 +60,57 @@ def partitions(order: list[str], sizes: list[int], counts: list[int]) -> dict[st
     return out
 
 
+def strategies_of(
+    spec: ModelSpec, store: Store, args: argparse.Namespace
+) -> tuple[dict[str, Strategy], dict[str, float]]:
+    """The strategies of the comparison and the replay's prediction of each."""
+    request = SearchRequest(
+        model=spec,
+        world_size=args.world_size,
+        bandwidth=args.bandwidth,
+        confidence=None,
+        simulator="replay",
+    )
+    evaluator = build_evaluator(request, store)
+    graph, _ = evaluator.profiles(rank_spec(spec, Strategy(), args.world_size))
+    order = [name for name, _ in graph.gradient_sizes]
+    sizes = [size for _, size in graph.gradient_sizes]
+    strategies = partitions(order, sizes, args.counts)
+    strategies["ddp defaults"] = Strategy()
+    tiny = {"bucket_cap_mb": 1e-6, "first_bucket_cap_mb": 1e-6, "implementation": "ddp"}
+    strategies[f"ddp x{len(order)}"] = Strategy.from_dict({"tensor_fusion": tiny})
+    predicted = evaluator.predicted(list(strategies.values()))
+    return strategies, dict(zip(strategies, predicted, strict=True))
+
+
+def sweep(spec: ModelSpec, args: argparse.Namespace) -> None:
+    """The replay's speed-up errors over DDP's defaults on the measured rows of ``args.sweep``
+    with the store's all-reduce latency set to each of ``args.alphas`` (a copy of the store)."""
+    measured = {
+        r["strategy"]: r["measured_ms"] for r in json.loads(args.sweep.read_text())["rows"]
+    }
+    with Store.open(args.db) as store:
+        fits = store.collective_profiles(
+            collective="all_reduce", world_size=args.world_size, bandwidth=args.bandwidth
+        )
+        fit = fits[-1]
+        print(
+            f"the store's all-reduce fit: alpha {fit.alpha_us:.0f} us, {fit.busbw_gbps:.3f} Gb/s"
+        )
+        print("| alpha us | " + " | ".join(measured) + " |")
+        print("|---|" + "---|" * len(measured))
+        for alpha in args.alphas:
+            store.save_collective_profile(
+                profile=dataclasses.replace(fit, id=None, created_at=None, alpha_us=alpha)
+            )
+            _, predicted = strategies_of(spec, store, args)
+            base_m, base_p = measured["ddp defaults"], predicted["ddp defaults"]
+            cells = [
+                f"{(base_p / predicted[k]) / (base_m / measured[k]) - 1:+.3f}" for k in measured
+            ]
+            print(f"| {alpha:.0f} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--db", required=True, help="the store of profiles and link fits")
@@ -64,28 +122,21 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--measure-budget", type=float, default=60.0)
     parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument(
+        "--sweep",
+        type=Path,
+        help="a --json file measured before: no runs, the replay's speed-up errors on its rows "
+        "with the all-reduce latency set to each of --alphas (the store is changed: use a copy)",
+    )
+    parser.add_argument("--alphas", type=float, nargs="+", default=[0, 250, 500, 1000, 1500, 2000])
     args = parser.parse_args()
     began = time.time()
     spec = resolve_model(args.model)
+    if args.sweep:
+        sweep(spec, args)
+        return
     with Store.open(args.db) as store:
-        request = SearchRequest(
-            model=spec,
-            world_size=args.world_size,
-            bandwidth=args.bandwidth,
-            confidence=None,
-            simulator="replay",
-        )
-        evaluator = build_evaluator(request, store)
-        graph, _ = evaluator.profiles(rank_spec(spec, Strategy(), args.world_size))
-        order = [name for name, _ in graph.gradient_sizes]
-        sizes = [size for _, size in graph.gradient_sizes]
-        strategies = partitions(order, sizes, args.counts)
-        strategies["ddp defaults"] = Strategy()
-        tiny = {"bucket_cap_mb": 1e-6, "first_bucket_cap_mb": 1e-6, "implementation": "ddp"}
-        strategies[f"ddp x{len(order)}"] = Strategy.from_dict({"tensor_fusion": tiny})
-        predicted = dict(
-            zip(strategies, evaluator.predicted(list(strategies.values())), strict=True)
-        )
+        strategies, predicted = strategies_of(spec, store, args)
     options = RunOptions(
         world_size=args.world_size,
         bandwidth=normalized_bandwidth(args.bandwidth),

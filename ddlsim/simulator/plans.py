@@ -275,7 +275,7 @@ class _PlanReplay:
         models = GridModels(
             axes={axis: self._link_models(size) for axis, size in axes.items()},
             samples_all_reduce=self._link_models(dp * axes["depth"])["all_reduce"],
-            dp_all_reduce=self.models["all_reduce"],
+            dp_all_reduce=self._link_models(dp)["all_reduce"],
         )
         return costs, models
 
