@@ -60,8 +60,9 @@ def verify(
     ``"measurement"``, :func:`_settle`): the measured fastest candidate if it beat the baseline
     beyond the noise, else the baseline (``kept_baseline``); ``answer`` says which in plain
     words, ``fastest_candidate`` by how much; each row of ``verified`` carries its measured
-    speed-up over the baseline and that speed-up's 95 % interval. The simulator narrows thousands of strategies to a
-    few, the executor settles the few, and a pick measured slower is never the answer. A
+    speed-up over the baseline and that speed-up's 95 % interval. The simulator narrows
+    thousands of strategies to a few, the executor settles the few, and a pick measured slower
+    is never the answer. A
     strategy whose predicted peak memory is over the capacity is not run (it would exhaust this
     machine's memory, every rank being here): ``not_run`` says why. A strategy listed twice
     runs once.
