@@ -1,0 +1,99 @@
+"""The README's main job, run again and again on fresh stores: is its answer ever slower than
+DDP's defaults, and does the dashboard show what it did?
+
+Each run is ``DDLSIM_QUICKSTART_EXIT=1 bash scripts/quickstart.sh`` with a home directory of its
+own (a new SQLite store, token and kernel profiles), on a port of its own. For each: the exit
+code, the wall time, the demo's answer (the measured speed-up of what it picked over DDP's
+defaults with its 95 % interval, or that it kept DDP's defaults), and what ``GET /v1/dashboard``
+would return from that store: the predicted-against-measured points, the searches and the
+timelines.
+
+    .venv/bin/python benchmarks/quickstart_repeat.py --runs 5 --json quickstart.json
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ddlsim.data.store import Store
+from ddlsim.data.store.tasks import TaskQueue
+from ddlsim.service.dashboard import dashboard_data
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def one_run(index: int, home: Path, port: int) -> dict[str, Any]:
+    env = {**os.environ, "HOME": str(home), "DDLSIM_PORT": str(port)}
+    env["DDLSIM_QUICKSTART_EXIT"] = "1"
+    started = time.perf_counter()
+    done = subprocess.run(
+        ["bash", "scripts/quickstart.sh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    row: dict[str, Any] = {
+        "run": index,
+        "rc": done.returncode,
+        "wall_s": time.perf_counter() - started,
+    }
+    lines = (done.stdout + done.stderr).splitlines()
+    row["answer"] = next(
+        (
+            line.split("measured", 1)[1].strip()
+            for line in lines
+            if "picked " in line or "kept " in line
+        ),
+        None,
+    )
+    store_url = f"sqlite:///{home / '.local/share/ddlsim/ddlsim.db'}"
+    with Store.open(store_url) as store:
+        board = dashboard_data(store, TaskQueue(store))
+        searches = TaskQueue(store).list(kind="search", status="done", limit=10)
+    result = searches[0].result if searches else {}
+    row.update(
+        points=len(board["points"]),
+        searches=len(board["searches"]),
+        timelines=len(board["timelines"]),
+        kept_baseline=bool(result.get("kept_baseline")),
+        speedup=result.get("speedup"),
+        speedup_interval=result.get("speedup_interval"),
+    )
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--port", type=int, default=8200, help="the first run's port")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ddlsim-quickstarts-") as tmp:
+        for index in range(1, args.runs + 1):
+            home = Path(tmp) / f"home-{index}"
+            home.mkdir()
+            rows.append(one_run(index, home, args.port + index))
+            print(json.dumps(rows[-1]), flush=True)
+    print("\n| run | rc | wall | answer | dashboard points | searches | timelines |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(
+            f"| {row['run']} | {row['rc']} | {row['wall_s']:.0f} s | {row['answer']} | "
+            f"{row['points']} | {row['searches']} | {row['timelines']} |"
+        )
+    slower = sum(1 for r in rows if r["speedup_interval"] and r["speedup_interval"][1] < 1.0)
+    print(f"\nanswers measurably slower than DDP's defaults: {slower} of {len(rows)}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
