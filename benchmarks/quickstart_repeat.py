@@ -57,7 +57,7 @@ def one_run(index: int, home: Path, port: int) -> dict[str, Any]:
     with Store.open(store_url) as store:
         board = dashboard_data(store, TaskQueue(store))
         searches = TaskQueue(store).list(kind="search", status="done", limit=10)
-    result = searches[0].result if searches else {}
+    result = (searches[0].result or {}) if searches else {}
     row.update(
         points=len(board["points"]),
         searches=len(board["searches"]),
