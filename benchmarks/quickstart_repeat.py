@@ -4,8 +4,8 @@ DDP's defaults, and does the dashboard show what it did?
 Each run is ``DDLSIM_QUICKSTART_EXIT=1 bash scripts/quickstart.sh`` with a home directory of its
 own (a new SQLite store, token and kernel profiles), on a port of its own. For each: the exit
 code, the wall time, the demo's answer (the measured speed-up of what it picked over DDP's
-defaults with its 95 % interval, or that it kept DDP's defaults), and what ``GET /v1/dashboard``
-would return from that store: the predicted-against-measured points, the searches and the
+defaults with its 95 % interval, or that it kept DDP's defaults), and what the dashboard draws
+from that store: the runs stored with a prediction of their strategy, the searches and the
 timelines.
 
     .venv/bin/python benchmarks/quickstart_repeat.py --runs 5 --json quickstart.json
@@ -22,7 +22,6 @@ from typing import Any
 
 from ddlsim.data.store import Store
 from ddlsim.data.store.tasks import TaskQueue
-from ddlsim.service.dashboard import dashboard_data
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,13 +54,19 @@ def one_run(index: int, home: Path, port: int) -> dict[str, Any]:
     )
     store_url = f"sqlite:///{home / '.local/share/ddlsim/ddlsim.db'}"
     with Store.open(store_url) as store:
-        board = dashboard_data(store, TaskQueue(store))
-        searches = TaskQueue(store).list(kind="search", status="done", limit=10)
-    result = (searches[0].result or {}) if searches else {}
+        queue = TaskQueue(store)
+        searches = [t.result or {} for t in queue.list(kind="search", status="done", limit=10)]
+        executions = [t.result or {} for t in queue.list(kind="execution", status="done")]
+    result = searches[0] if searches else {}
+    # What the dashboard pairs and draws: runs named with the prediction stored beside them
+    # (a search's verifying runs, an execution), and executions with a timeline and a trace.
+    named = [row for s in searches for row in s.get("verified", [])] + executions
     row.update(
-        points=len(board["points"]),
-        searches=len(board["searches"]),
-        timelines=len(board["timelines"]),
+        points=sum(1 for r in named if r.get("measurement_id") and r.get("prediction_id")),
+        searches=len(searches),
+        timelines=sum(
+            1 for r in executions if r.get("predicted_timeline") and r.get("measured_trace")
+        ),
         kept_baseline=bool(result.get("kept_baseline")),
         speedup=result.get("speedup"),
         speedup_interval=result.get("speedup_interval"),
