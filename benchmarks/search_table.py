@@ -3,7 +3,9 @@
 
 For each model and world size, ``ddlsim search --verify --verify-top 5`` prices the whole plan
 space with the shipped simulator and then runs its five best candidates and DDP's defaults side
-by side in one launch under the measurement protocol. Each row gives:
+by side in one launch under the measurement protocol. The store is shared by the rows: the
+first search of each world size profiles the link (``--verify`` does where the store has no
+fit of it), the others price on that profile. Each row gives:
 
 - the search's own pick (what it answers without ``--verify``): its predicted speed-up over
   DDP's defaults and its measured one with the 95 % interval;
@@ -74,6 +76,10 @@ def search(args: argparse.Namespace, model: str, world_size: int) -> dict[str, A
         os.killpg(child.pid, signal.SIGTERM)
         child.communicate()
         return {"error": f"over {args.timeout:.0f} s"}
+    except BaseException:  # stopped: the search and its ranks end with it
+        os.killpg(child.pid, signal.SIGTERM)
+        child.communicate()
+        raise
     if child.returncode != 0:
         return {"error": (stderr.strip().splitlines() or ["failed"])[-1]}
     payload = json.loads(stdout)
@@ -167,6 +173,8 @@ def main() -> None:
     parser.add_argument("--measure-budget", type=float, default=20.0)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds a row")
     args = parser.parse_args()
+    # Stopped, it stops the search it runs (its own session, with the ranks it started).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.table:
         table(args.table)
         return

@@ -222,7 +222,14 @@ def backtrack_all(
     for base, _ in tensor_parallel:
         layouts = space.layer_layouts(base.parallel)
         if layouts and not spent():
-            explore_layers(base, layouts, space.layer_blocks, price=price_layers, done=spent)
+            explore_layers(
+                base,
+                layouts,
+                space.layer_blocks,
+                price=price_layers,
+                done=spent,
+                stacks=space.layer_stacks,
+            )
     blocks = space.blocks
     if blocks and time.perf_counter() < deadline:
         ranked = sorted(priced.values(), key=lambda item: item[1])[: options.top]
@@ -259,6 +266,7 @@ def explore_layers(
     *,
     price: Callable[[Sequence[Strategy]], list[float | None]],
     done: Callable[[], bool],
+    stacks: Sequence[int] = (),
 ) -> Strategy:
     """Per-layer placements under ``base``'s tensor-parallel plan: the best of the uniform
     placements (every block ``tp``, ``replicate`` or ``batch``, the vocabulary split or whole;
@@ -266,7 +274,10 @@ def explore_layers(
     then one block at a time moved to another layout (and the vocabulary's flipped) while that
     lowers the price, sweep after sweep, until a sweep changes nothing or ``done()``. Starting
     from the uniform ones, its result is never priced above the best uniform placement.
-    ``price`` gives ``None`` for a strategy it could not price. The best strategy found."""
+    ``price`` gives ``None`` for a strategy it could not price. ``stacks`` gives each block's
+    stack where blocks of one stack must share a layout (T5's, whose first block computes the
+    position bias the others read): a move then moves the whole stack. The best strategy
+    found."""
 
     def placed(layers: Sequence[str], vocab: str) -> Strategy:
         uniform_tp = all(layout == "tp" for layout in layers)
@@ -299,8 +310,12 @@ def explore_layers(
                 break
             moves: list[tuple[tuple[str, ...], str]]
             if index < blocks:
+                together = [i for i in range(blocks) if stacks and stacks[i] == stacks[index]]
+                if together and together[0] != index:
+                    continue  # the stack moved with its first block
+                moved_blocks = set(together or [index])
                 moves = [
-                    ((*layers[:index], alt, *layers[index + 1 :]), vocab)
+                    (tuple(alt if i in moved_blocks else x for i, x in enumerate(layers)), vocab)
                     for alt in layouts
                     if alt != layers[index]
                 ]

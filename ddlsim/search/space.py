@@ -36,7 +36,8 @@ class Space:
     ``total_grad_mb`` of gradients in one bucket, DeAR (when ``dear``), the ``blocks`` whose
     first ``k`` may be compiled (none: op fusion is not searched), and under tensor-parallel
     plans a layout for each of the ``layer_blocks`` blocks (per-layer placements; 0: not
-    searched) at the global ``batch_size`` on ``world_size`` ranks.
+    searched; ``layer_stacks``: each block's stack where a stack's blocks must share a
+    layout) at the global ``batch_size`` on ``world_size`` ranks.
 
     Raises:
         InvalidOptionError: no plan.
@@ -47,6 +48,8 @@ class Space:
     blocks: tuple[str, ...] = ()
     dear: bool = True
     layer_blocks: int = 0
+    # Each block's stack where a stack's blocks must share one layout (empty: none must).
+    layer_stacks: tuple[int, ...] = ()
     batch_size: int = 0
     world_size: int = 0
 

@@ -23,11 +23,10 @@ from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.stages import block_stack, default_groups
-from ddlsim.data.store import CollectiveProfileRecord
 from ddlsim.search.fusion_evaluator import FusionEvaluator
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, RISK_KINDS, Calibration, risk_kind
 from ddlsim.simulator.cost_model import AnalyticCostModel, CostModel, ReplayCostModel
-from ddlsim.simulator.costs import comm_models, rank_spec, scaled
+from ddlsim.simulator.costs import BackendFit, comm_models, rank_spec, scaled
 from ddlsim.simulator.memory import MemoryEstimate, peak_memory
 from ddlsim.simulator.plans import is_data_parallel
 from ddlsim.simulator.predict import predict
@@ -46,7 +45,7 @@ class Cluster:
 
     world_size: int
     bandwidth: str
-    fits: Sequence[CollectiveProfileRecord]
+    fits: Sequence[BackendFit]
     capacity_bytes: int | None = None
     backend: str = "gloo"
     compute_scale: float = 1.0

@@ -42,6 +42,14 @@ class LinkFitLike(Protocol):
     def cpu_us_per_byte(self) -> float: ...
 
 
+class BackendFit(LinkFitLike, Protocol):
+    """A fit of one backend's collective: a stored profile, or the shipped dataset's fit of a
+    link the store has none of (:func:`simulator.default.shipped_link_fits`)."""
+
+    @property
+    def backend(self) -> str: ...
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class CommModels:
     """One model per collective the replay may meet, and where each came from."""
@@ -127,7 +135,9 @@ def comm_models(
             cpu_us_per_byte=per_byte,
         )
         name = getattr(record, "id", None)
-        source = f"{fitted} profile {name}" if name is not None else f"{fitted} fit"
+        source = getattr(record, "source", None) or (
+            f"{fitted} profile {name}" if name is not None else f"{fitted} fit"
+        )
         sources[op] = source + missing
     return CommModels(models=models, sources=sources)
 

@@ -7,6 +7,10 @@ works right after install. The checkpoint's meta names the predictor held-out ev
 (``replay``, ``gnn`` or ``blend``); :func:`simulator.cost_model.load_cost_model` reads it.
 """
 
+import dataclasses
+import functools
+import gzip
+import json
 import os
 from importlib import resources
 from pathlib import Path
@@ -35,3 +39,43 @@ def default_checkpoint() -> Path:
     """The user's trained checkpoint if there is one, else the shipped one."""
     user = user_checkpoint()
     return user if user.is_file() else shipped_checkpoint()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ShippedFit:
+    """A gloo collective fit of the shipped dataset (this emulated cluster's links, measured
+    when the dataset was collected), read where a store has no fit of a link."""
+
+    collective: str
+    world_size: int
+    bandwidth: str
+    alpha_us: float
+    busbw_gbps: float
+    cpu_alpha_us: float = 0.0
+    cpu_us_per_byte: float = 0.0
+    backend: str = "gloo"
+
+    @property
+    def source(self) -> str:
+        return f"{self.collective} fit of the shipped dataset ({SHIPPED_DATASET})"
+
+
+@functools.cache
+def shipped_link_fits() -> tuple[ShippedFit, ...]:
+    """The shipped dataset's own link fits (its sessions' are of the same links on other days).
+
+    Read straight from the file's ``links``: loading the whole dataset would build its runs."""
+    with gzip.open(shipped_dataset(), "rt", encoding="utf-8") as handle:
+        raw = json.load(handle)
+    return tuple(
+        ShippedFit(
+            collective=str(entry["collective"]),
+            world_size=int(entry["world_size"]),
+            bandwidth=str(entry["bandwidth"]),
+            alpha_us=float(entry["alpha_us"]),
+            busbw_gbps=float(entry["busbw_gbps"]),
+            cpu_alpha_us=float(entry.get("cpu_alpha_us", 0.0)),
+            cpu_us_per_byte=float(entry.get("cpu_us_per_byte", 0.0)),
+        )
+        for entry in raw["links"]
+    )

@@ -12,9 +12,9 @@ from typing import Any
 
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
-from ddlsim.data.store import CollectiveProfileRecord, PredictionRecord, strategy_hash
+from ddlsim.data.store import PredictionRecord, strategy_hash
 from ddlsim.simulator.cost_model import SIMULATOR_VERSION, CostModel, ReplayCostModel
-from ddlsim.simulator.costs import comm_models, scaled, uses_ring
+from ddlsim.simulator.costs import BackendFit, comm_models, scaled, uses_ring
 from ddlsim.simulator.dp_replay import DataParallelReplay, ReplaySummary
 from ddlsim.simulator.features import block_sample, model_graph, strategy_sample
 from ddlsim.simulator.plans import (
@@ -101,7 +101,7 @@ def predict(
     *,
     profiled: IterationGraph,
     node_ms: Mapping[int, float],
-    collective_profiles: Sequence[CollectiveProfileRecord],
+    collective_profiles: Sequence[BackendFit],
     world_size: int,
     bandwidth: str,
     backend: str = "gloo",
@@ -113,8 +113,10 @@ def predict(
     Args:
         profiled: the graph the kernel profile ``node_ms`` timed (same model and micro-batch,
             any strategy).
-        collective_profiles: stored fits; those of ``backend`` over the data-parallel ranks on
-            ``bandwidth`` are used, the link's nominal rate where none matches.
+        collective_profiles: collective fits (the store's, and the shipped dataset's of links
+            the store has none of: :func:`workflows.profiles.link_fits`); those of
+            ``backend`` over the data-parallel ranks on ``bandwidth`` are used, the link's
+            nominal rate where none matches.
         bandwidth: the link as ``ddlsim`` names it (``1gbit``, ``none`` for unshaped).
         compute_scale: how much slower a rank computes than the profile (ranks sharing
             cores, :func:`simulator.costs.compute_scale`).

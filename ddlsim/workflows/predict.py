@@ -22,6 +22,7 @@ from ddlsim.simulator.predict import predict as simulate
 from ddlsim.workflows.profiles import (
     Capture,
     kernel_profile_for,
+    link_fits,
     machine_scale,
     normalized_bandwidth,
 )
@@ -126,7 +127,7 @@ def predict_on_store(
         capture(rank, options),
         profiled=profiled,
         node_ms=profile.node_ms,
-        collective_profiles=store.collective_profiles(backend="gloo"),
+        collective_profiles=link_fits(store),
         world_size=world_size,
         bandwidth=bandwidth,
         cost_model=cost_model,

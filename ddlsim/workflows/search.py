@@ -27,7 +27,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
-from ddlsim.data.tp_plans import check_layouts
+from ddlsim.data.tp_plans import check_layouts, tp_plan
 from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunOptions, RunResult, run_training
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
@@ -52,9 +52,14 @@ from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.costs import rank_spec
 from ddlsim.simulator.memory import GIB
 from ddlsim.workflows.profiles import (
+    LINK_COLLECTIVES,
+    PLAN_COLLECTIVES,
+    RING_COLLECTIVES,
     kernel_profile_for,
+    link_fits,
     machine_scale,
     normalized_bandwidth,
+    profile_link,
 )
 from ddlsim.workflows.requests import Progress, SearchRequest, no_progress
 from ddlsim.workflows.verify import Compare, predict_verified, store_verified, verify
@@ -89,6 +94,16 @@ def search(
             open, a search worker that failed.
     """
     spec = request.model
+    if request.verify and compare is None and request.world_size > 1:
+        # The candidates are about to run on this machine's emulated cluster: price them on
+        # its link as measured now, not on another day's fit of it.
+        profile_link(
+            store,
+            world_size=request.world_size,
+            bandwidth=normalized_bandwidth(request.bandwidth),
+            collectives=(*LINK_COLLECTIVES, *PLAN_COLLECTIVES, *RING_COLLECTIVES),
+            progress=progress,
+        )
     evaluator = build_evaluator(request, store, progress)
     problem = _problem(request, evaluator)
     progress(None, f"searching {spec.label} ({request.algo}, {request.space} space)")
@@ -140,7 +155,7 @@ def build_evaluator(
         Cluster(
             world_size=request.world_size,
             bandwidth=bandwidth,
-            fits=store.collective_profiles(backend="gloo"),
+            fits=link_fits(store),
             capacity_bytes=int(capacity_gb * GIB),
             compute_scale=machine_scale(request.world_size),
         ),
@@ -208,14 +223,20 @@ def _space(
     if request.prior == "analytic":
         plans = grid_prior(plans, evaluator.analytic)
     blocks = evaluator.blocks if request.space == "all" else ()
-    layer_blocks = 0
+    layer_blocks: list[str] = []
+    layer_stacks: tuple[int, ...] = ()
     if any(plan.tp > 1 for plan in plans):
-        layer_blocks = len(check_layouts(spec, ParallelPlan(tp=2), rank_batch=None))
+        layer_blocks = check_layouts(spec, ParallelPlan(tp=2), rank_batch=None)
+        if tp_plan(spec).shared_bias:  # a stack's blocks share one layout
+            names = [path.rsplit(".", 1)[0] for path in layer_blocks]
+            index = {name: i for i, name in enumerate(dict.fromkeys(names))}
+            layer_stacks = tuple(index[name] for name in names)
     return Space(
         plans=tuple(plans),
         total_grad_mb=grad_mb,
         blocks=blocks,
-        layer_blocks=layer_blocks,
+        layer_blocks=len(layer_blocks),
+        layer_stacks=layer_stacks,
         batch_size=spec.inputs.batch_size,
         world_size=request.world_size,
     )

@@ -12,19 +12,23 @@ from typing import Any
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
-from ddlsim.data.store import Store, add_collective_profile, add_graph, add_prediction
+from ddlsim.data.store import Store, add_graph, add_prediction
 from ddlsim.data.tp_plans import check_layouts
 from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunOptions, RunResult, compare_training, run_training
-from ddlsim.profiler.batch import collective_records
 from ddlsim.profiler.cluster import ClusterRunError, remove_stale_namespaces
-from ddlsim.profiler.collectives import profile_collectives
 from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.costs import uses_ring
 from ddlsim.simulator.evaluate import accuracy
 from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.predict import predict_on_store
-from ddlsim.workflows.profiles import normalized_bandwidth
+from ddlsim.workflows.profiles import (
+    LINK_COLLECTIVES,
+    PLAN_COLLECTIVES,
+    RING_COLLECTIVES,
+    normalized_bandwidth,
+    profile_link,
+)
 from ddlsim.workflows.requests import Progress, ValidateRequest, no_progress
 
 # Diverse on purpose: DDP's own buckets, the executor's hooks at several granularities, DeAR,
@@ -49,15 +53,8 @@ CANDIDATES: tuple[dict[str, Any], ...] = (
     {"tensor_fusion": {"bucket_caps_mb": [1, 4]}},
     {"tensor_fusion": {"bucket_caps_mb": [65536], "dear": True}},
 )
-# Collective sizes for the link profile: 4 KiB to 64 MiB in powers of 4.
+# Collective sizes for the link profile: 4 KiB to 256 MiB in powers of 4.
 LINK_SIZES = [4096 * 4**i for i in range(9)]
-LINK_COLLECTIVES = ("all_reduce", "sendrecv")
-# The compute each collective takes from its rank, which the replay charges (3 repeats a size).
-CPU_REPEATS = 3
-# FSDP and tensor parallelism also gather and reduce-scatter.
-PLAN_COLLECTIVES = ("all_gather", "reduce_scatter")
-# DeAR on gloo runs the executor's ring.
-RING_COLLECTIVES = ("ring_reduce_scatter", "ring_all_gather")
 
 
 def validate(
@@ -249,28 +246,16 @@ def _link_profiles(
     progress: Progress,
 ) -> None:
     """Profile the link's collectives unless the store has fits of those the strategies use."""
-    have = {
-        p.collective
-        for p in store.collective_profiles(
-            backend="gloo", world_size=world_size, bandwidth=bandwidth
-        )
-    }
     needed = set(LINK_COLLECTIVES)
     if any(s.parallel.fsdp or s.parallel.tp > 1 for s in strategies):
         needed |= set(PLAN_COLLECTIVES)
     if any(uses_ring(s, "gloo") for s in strategies):
         needed |= set(RING_COLLECTIVES)
-    if needed <= have:
-        return
-    progress(None, f"no collective profile of {world_size} ranks at {bandwidth} yet: profiling it")
-    profile = profile_collectives(
+    profile_link(
+        store,
         world_size=world_size,
         bandwidth=bandwidth,
-        sizes=LINK_SIZES,
         collectives=sorted(needed),
-        cpu_repeats=CPU_REPEATS,
-        progress=lambda message: progress(None, message),
+        sizes=LINK_SIZES,
+        progress=progress,
     )
-    with store.transaction() as session:
-        for record in collective_records(profile):
-            add_collective_profile(session, profile=record)

@@ -98,3 +98,22 @@ def test_everything_whole_is_never_offered() -> None:
     # Whole blocks are cheapest, but with a whole vocabulary the ranks would repeat each other.
     assert best.parallel.layers == ("replicate", "replicate")
     assert best.parallel.vocab == "split"
+
+
+def test_blocks_of_a_stack_that_share_a_layout_move_together() -> None:
+    # Two stacks of three blocks (T5's encoder and decoder): the first stack wants batch, the
+    # second tp; every placement priced keeps each stack in one layout.
+    costs = [{"tp": 4.0, "replicate": 5.0, "batch": 1.0}] * 3 + [
+        {"tp": 1.0, "replicate": 5.0, "batch": 4.0}
+    ] * 3
+    seen: list[tuple[str, ...]] = []
+    pricer = _pricer(costs, 0.0, [])
+
+    def price(strategies: Sequence[Strategy]) -> list[float | None]:
+        seen.extend(s.parallel.layers or ("tp",) * 6 for s in strategies)
+        return pricer(strategies)
+
+    stacks = (0, 0, 0, 1, 1, 1)
+    best = explore_layers(BASE, LAYOUTS, 6, price=price, done=lambda: False, stacks=stacks)
+    assert best.parallel.layers == ("batch",) * 3 + ("tp",) * 3
+    assert all(len(set(layers[:3])) == 1 and len(set(layers[3:])) == 1 for layers in seen)

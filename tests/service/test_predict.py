@@ -48,7 +48,8 @@ def test_predict_profiles_once_then_reuses_the_profile(
         "--json",
     )
     assert second["kernel_profile"] == {"id": first["kernel_profile"]["id"], "profiled_now": False}
-    assert second["collective_models"]["reduce_scatter"].startswith("line rate 1 Gb/s")
+    # no fit of the link in the store: the shipped dataset's (DeAR's ring from its send/recv)
+    assert "sendrecv fit of the shipped dataset" in second["collective_models"]["reduce_scatter"]
     names = {e["name"] for e in json.loads(trace.read_text())["traceEvents"]}
     assert any(name.startswith("all_gather") for name in names)
     with Store.open() as store:
@@ -57,6 +58,27 @@ def test_predict_profiles_once_then_reuses_the_profile(
         first["iteration_time_ms"],
         second["iteration_time_ms"],
     ]
+
+
+def test_a_link_the_store_has_no_fit_of_is_priced_from_the_shipped_dataset(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("--world-size", "2", "--bandwidth", "1gbit", "--json")
+    shipped = _predict(capsys, *args)
+    sources = shipped["collective_models"]
+    assert all("of the shipped dataset" in source for source in sources.values()), sources
+    # A fit the store has of the link, even of one collective, replaces every shipped one.
+    with Store.open() as store:
+        fit = collective_profile(world_size=2, alpha_us=5000.0, busbw_gbps=0.5)
+        stored_id = store.save_collective_profile(profile=fit)
+    own = _predict(capsys, *args)
+    assert own["collective_models"]["all_reduce"] == f"all_reduce profile {stored_id}"
+    assert all("shipped" not in source for source in own["collective_models"].values())
+    # a higher latency and a lower rate than the shipped fit: the same plan is slower
+    assert own["iteration_time_ms"] > shipped["iteration_time_ms"]
+    # A link the shipped dataset has no fit of either: its nominal rate, and the payload says so.
+    other = _predict(capsys, "--world-size", "2", "--bandwidth", "300mbit", "--json")
+    assert other["collective_models"]["all_reduce"].startswith("line rate 0.3 Gb/s")
 
 
 def _predict_json(capsys: pytest.CaptureFixture[str], args: list[str]) -> dict:

@@ -2,6 +2,7 @@
 verifies with the executor, and refuses bad input in one line."""
 
 import json
+import shutil
 from pathlib import Path
 
 import optuna
@@ -29,6 +30,25 @@ def _profile_every_micro_batch(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
 
 
+@pytest.fixture(scope="module")
+def link_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store holding one profile of BASE's link (every collective a search may price), taken
+    once for the module: ``--verify`` profiles a link the store has no fit of."""
+    path = tmp_path_factory.mktemp("link") / "link.db"
+    args = ["profile", "collectives", "--world-size", "2", "--bandwidth", "1gbit"]
+    args += ["--sizes", "4KiB:1MiB", "--repeats", "2", "--warmup", "1", "--collectives"]
+    args += ["all_reduce", "sendrecv", "all_gather", "reduce_scatter"]
+    args += ["ring_reduce_scatter", "ring_all_gather"]
+    assert main([*args, "--db", f"sqlite:///{path}"]) == 0
+    return path
+
+
+@pytest.fixture
+def linked(link_store: Path, private_store: str) -> None:
+    """The test's store starts with the module's link profile."""
+    shutil.copy(link_store, private_store.removeprefix("sqlite:///"))
+
+
 def _search(capsys: pytest.CaptureFixture[str], *args: str) -> dict:
     assert main([*BASE, *args, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -50,6 +70,7 @@ def test_search_finds_no_worse_than_the_baseline(
     assert curve == sorted(curve, reverse=True) and curve[-1] == pytest.approx(min(top))
 
 
+@pytest.mark.usefixtures("linked")
 def test_verify_runs_the_best_and_the_baseline(capsys: pytest.CaptureFixture[str]) -> None:
     out = _search(capsys, "--budget", "20", *VERIFY, "--verify-rounds", "2")
     assert out["measured_best_ms"] > 0 and out["measured_baseline_ms"] > 0
@@ -66,6 +87,7 @@ def test_verify_runs_the_best_and_the_baseline(capsys: pytest.CaptureFixture[str
     assert out["measurement"]["stopped_by"] == "minimum"
 
 
+@pytest.mark.usefixtures("linked")
 def test_verify_settles_the_answer_by_measurement(capsys: pytest.CaptureFixture[str]) -> None:
     out = _search(capsys, "--budget", "20", *VERIFY, "--verify-top", "3", "--verify-rounds", "2")
     assert out["picked_by"] == "measurement"
@@ -118,6 +140,7 @@ def test_verify_top_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(err) == 1 and "verify_top(16) must be <= 15" in err[0], err
 
 
+@pytest.mark.usefixtures("linked")
 def test_verify_runs_a_kept_baseline_once(capsys: pytest.CaptureFixture[str]) -> None:
     # a budget of one prices DDP's defaults only: they are the pick and the only candidate
     out = _search(capsys, "--budget", "1", *VERIFY)
@@ -190,6 +213,7 @@ def test_plans_over_the_memory_capacity_are_pruned(capsys: pytest.CaptureFixture
     assert "memory_gb(0.0)" in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("linked")
 def test_verify_does_not_run_what_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
     ddp_gib = _search(capsys, "--budget", "10")["baseline"]["peak_memory_gib"]
     out = _search(
