@@ -225,8 +225,12 @@ def _space(
     blocks = evaluator.blocks if request.space == "all" else ()
     layer_blocks: list[str] = []
     layer_stacks: tuple[int, ...] = ()
-    if any(plan.tp > 1 for plan in plans):
-        layer_blocks = check_layouts(spec, ParallelPlan(tp=2), rank_batch=None)
+    # Per-layer placements live under the tensor-parallel plans (a grid splits every block
+    # alike): their blocks are those plans' (a model whose heads tp does not divide has none,
+    # and may still have grids).
+    split = [plan for plan in plans if plan.tp > 1 and not plan.grid]
+    if split:
+        layer_blocks = check_layouts(spec, ParallelPlan(tp=split[0].tp), rank_batch=None)
         if tp_plan(spec).shared_bias:  # a stack's blocks share one layout
             names = [path.rsplit(".", 1)[0] for path in layer_blocks]
             index = {name: i for i, name in enumerate(dict.fromkeys(names))}
