@@ -159,14 +159,14 @@ def _settle(
                 candidate_rounds=run.sample_rounds,
             )
     if fastest is not None and fastest in gains:
-        gain = gains[fastest]
+        quickest = gains[fastest]
         out["fastest_candidate"] = {
             **named[fastest],
             "name": fastest,
             "measured_ms": runs[keys[fastest]].median_ms,
-            "speedup": gain.ratio,
-            "speedup_interval": list(gain.interval),
-            "verdict": gain.verdict,
+            "speedup": quickest.ratio,
+            "speedup_interval": list(quickest.interval),
+            "verdict": quickest.verdict,
         }
     winners = [name for name, g in gains.items() if g.significant and g.ratio > 1]
     answer = min(winners, key=order) if winners else "baseline"
