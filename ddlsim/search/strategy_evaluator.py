@@ -91,7 +91,7 @@ class StrategyEvaluator:
         self.confidence = confidence
         # Each kind's factor, once: the search scores thousands of strategies.
         self._factors = (
-            {k: calibration.kind_factor(k, confidence) for k in RISK_KINDS}
+            {k: calibration.kind_factor(k, confidence, cluster.world_size) for k in RISK_KINDS}
             if calibration is not None
             else {}
         )

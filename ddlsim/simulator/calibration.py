@@ -12,7 +12,10 @@ speed-ups over DDP's defaults in the same group (model and cluster)::
 
     error = log(measured / measured_defaults) - log(predicted / predicted_defaults)
 
-positive when the strategy ran slower, against DDP's defaults, than predicted. A search scores a
+positive when the strategy ran slower, against DDP's defaults, than predicted; each error is
+also kept under ``kind@N``, the world size of its group, since a kind's bias can turn over
+between sizes (a search scores with the kind's errors at its own world size where there are
+enough, :meth:`Calibration.quantile`). A search scores a
 candidate at ``predicted_ms * exp(q-quantile of its kind's errors)`` (:meth:`Calibration.factor`):
 with ``q = 0.8`` a pick that beats DDP's defaults on that score did so, against measurement, in
 four of five held-out runs of its kind. DDP's defaults score at their prediction (their error
@@ -87,41 +90,74 @@ class Calibration:
     predictor: str
     errors: Mapping[str, tuple[float, ...]]
 
-    def pooled(self) -> tuple[float, ...]:
-        """Every non-default kind's errors together."""
-        return tuple(sorted(e for k, es in self.errors.items() if k != "default" for e in es))
+    def pooled(self, world_size: int | None = None) -> tuple[float, ...]:
+        """Every non-default kind's errors together (those measured on ``world_size`` ranks
+        when given)."""
+        suffix = f"@{world_size}" if world_size is not None else ""
+        return tuple(
+            sorted(
+                e
+                for key, es in self.errors.items()
+                if _kind_of(key) != "default" and _world_of(key) == suffix
+                for e in es
+            )
+        )
 
-    def quantile(self, kind: str, confidence: float) -> float:
+    def quantile(self, kind: str, confidence: float, world_size: int | None = None) -> float:
         """The ``confidence`` quantile of ``kind``'s errors (the pooled ones when it has fewer
-        than :data:`MIN_ERRORS`); 0 for DDP's defaults, and 0 with no errors at all."""
+        than :data:`MIN_ERRORS`); 0 for DDP's defaults, and 0 with no errors at all.
+
+        With ``world_size``, and held-out errors kept by world size (checkpoints trained since
+        2026-11-28): the kind's errors on that many ranks where it has :data:`MIN_ERRORS` of
+        them; else the larger of the kind's quantile over every size and that of all kinds on
+        that many ranks, since a kind's bias can turn over between sizes (grids: replayed
+        pessimistic on 4 ranks, optimistic on 2) and a kind never measured at a size is an
+        extrapolation."""
         if kind == "default":
             return 0.0
-        errors = self.errors.get(kind, ())
+        overall = self._quantile(self.errors.get(kind, ()), confidence)
+        if world_size is None or not any(_world_of(key) for key in self.errors):
+            return overall
+        here = self.errors.get(f"{kind}@{world_size}", ())
+        if len(here) >= MIN_ERRORS:
+            return quantile(here, confidence)
+        pooled_here = self.pooled(world_size)
+        if not pooled_here:
+            return overall
+        return max(overall, quantile(pooled_here, confidence))
+
+    def _quantile(self, errors: Sequence[float], confidence: float) -> float:
         if len(errors) < MIN_ERRORS:
             errors = self.pooled()
         return quantile(errors, confidence) if errors else 0.0
 
-    def factor(self, strategy: Strategy, confidence: float) -> float:
+    def factor(
+        self, strategy: Strategy, confidence: float, world_size: int | None = None
+    ) -> float:
         """What a predicted time of ``strategy`` is multiplied by to score it."""
-        return self.kind_factor(risk_kind(strategy), confidence)
+        return self.kind_factor(risk_kind(strategy), confidence, world_size)
 
-    def kind_factor(self, kind: str, confidence: float) -> float:
+    def kind_factor(self, kind: str, confidence: float, world_size: int | None = None) -> float:
         """What a predicted time of a strategy of ``kind`` is multiplied by to score it: at
         least 1, so that a kind whose held-out speed-ups came out better than predicted (the
         grid kind's 15 runs of one launch, 2026-11-26) adds no margin rather than a discount
         a search would chase."""
-        return math.exp(max(0.0, self.quantile(kind, confidence)))
+        return math.exp(max(0.0, self.quantile(kind, confidence, world_size)))
 
-    def summary(self, confidence: float) -> dict[str, dict[str, float | int | None]]:
-        """Per kind: the number of errors, their median (the bias: positive when the kind's
-        speed-ups are overestimated) and the applied factor at ``confidence``."""
+    def summary(
+        self, confidence: float, world_size: int | None = None
+    ) -> dict[str, dict[str, float | int | None]]:
+        """Per kind: the number of errors (on ``world_size`` ranks when given and kept by
+        size), their median (the bias: positive when the kind's speed-ups are overestimated)
+        and the applied factor at ``confidence``."""
+        by_size = world_size is not None and any(_world_of(key) for key in self.errors)
         out: dict[str, dict[str, float | int | None]] = {}
         for kind in RISK_KINDS:
-            errors = self.errors.get(kind, ())
+            errors = self.errors.get(f"{kind}@{world_size}" if by_size else kind, ())
             out[kind] = {
                 "runs": len(errors),
                 "median_error": statistics.median(errors) if errors else None,
-                "factor": self.kind_factor(kind, confidence),
+                "factor": self.kind_factor(kind, confidence, world_size),
             }
         return out
 
@@ -174,6 +210,7 @@ def calibrate(rows: Sequence[Mapping[str, Any]], predictor: str) -> Calibration:
         base_predicted = float(defaults[0][f"{predictor}_ms"])
         if len(times) > 1:  # the repeat against the first run: the noise of a measurement
             errors.setdefault("default", []).append(math.log(times[1] / times[0]))
+        ranks = _world_size_of(str(defaults[0]["group"]))
         for row in members:
             if row["risk_kind"] == "default":
                 continue
@@ -182,9 +219,26 @@ def calibrate(rows: Sequence[Mapping[str, Any]], predictor: str) -> Calibration:
                 continue
             error = math.log(measured / base_measured) - math.log(predicted / base_predicted)
             errors.setdefault(str(row["risk_kind"]), []).append(error)
+            if ranks is not None:  # and by world size: a kind's bias can turn over with it
+                errors.setdefault(f"{row['risk_kind']}@{ranks}", []).append(error)
     return Calibration(
         predictor=predictor, errors={k: tuple(sorted(v)) for k, v in errors.items()}
     )
+
+
+def _kind_of(key: str) -> str:
+    return key.split("@", 1)[0]
+
+
+def _world_of(key: str) -> str:
+    """``@N`` of a key kept by world size, ``""`` for a kind's errors over every size."""
+    return key[key.index("@") :] if "@" in key else ""
+
+
+def _world_size_of(group: str) -> int | None:
+    """The ranks of a held-out group (``[session/]model|ranks|link``), if it names them."""
+    parts = group.split("|")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
 
 
 def check_confidence(confidence: float) -> float:

@@ -401,7 +401,7 @@ def _calibration_json(evaluator: StrategyEvaluator) -> dict[str, Any] | None:
     calibration = evaluator.calibration
     if calibration is None:
         return None
-    summary = calibration.summary(evaluator.confidence)
+    summary = calibration.summary(evaluator.confidence, evaluator.cluster.world_size)
     return {
         "predictor": calibration.predictor,
         "confidence": evaluator.confidence,

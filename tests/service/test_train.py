@@ -48,6 +48,8 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
     assert set(meta["calibration"]) == set(PREDICTORS)
     calibration = Calibration.from_json(meta["calibration"][result["predictor"]])
     assert sum(len(errors) for errors in calibration.errors.values()) > 10
+    # kept by world size too: the search on 2 ranks scores with the 2-rank errors
+    assert any(kind.endswith("@2") for kind in calibration.errors)
     search = ["search", "mlp", "--world-size", "2", "--bandwidth", "1gbit", "--budget", "30"]
     search += ["--space", "fusion", "--profile-iters", "2", "--simulator", str(out)]
     scored = _json(capsys, *search)
@@ -56,7 +58,7 @@ def test_train_chooses_a_predictor_and_writes_the_checkpoint(
     assert scored["best"]["scored_ms"] <= scored["baseline"]["scored_ms"]
     best = Strategy.from_dict(scored["best"]["strategy"])
     assert scored["best"]["scored_ms"] == pytest.approx(
-        scored["best"]["predicted_ms"] * calibration.factor(best, 0.8)
+        scored["best"]["predicted_ms"] * calibration.factor(best, 0.8, 2)
     )
     unscored = _json(capsys, *search, "--confidence", "off")
     assert unscored["calibration"] is None

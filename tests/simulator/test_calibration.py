@@ -103,3 +103,57 @@ def test_confidence_out_of_range(value: float) -> None:
     with pytest.raises(InvalidOptionError, match=r"confidence\("):
         check_confidence(value)
     assert check_confidence(0.8) == 0.8
+
+
+def test_errors_are_kept_by_world_size_too() -> None:
+    rows = [
+        _row("m|2|1gbit", "default", 100.0, 100.0),
+        _row("m|2|1gbit", "grid", 110.0, 90.0),  # on 2 ranks the grid ran slower than predicted
+        _row("m|4|1gbit", "default", 100.0, 100.0),
+        _row("m|4|1gbit", "grid", 90.0, 110.0),  # on 4 ranks faster
+        _row("s/m|4|1gbit", "default", 100.0, 100.0),
+        _row("s/m|4|1gbit", "grid", 90.0, 110.0),
+    ]
+    calibration = calibrate(rows, "gnn")
+    assert calibration.errors["grid@2"] == pytest.approx((math.log(110 / 90),))
+    assert calibration.errors["grid@4"] == pytest.approx((math.log(90 / 110),) * 2)
+    assert len(calibration.errors["grid"]) == 3
+    # the pool does not count an error twice
+    assert calibration.pooled() == calibration.errors["grid"]
+    assert calibration.pooled(2) == calibration.errors["grid@2"]
+
+
+def test_a_kind_is_scored_by_its_errors_at_the_search_s_world_size() -> None:
+    optimistic = tuple(0.10 + 0.01 * i for i in range(MIN_ERRORS))  # ran slower than predicted
+    pessimistic = tuple(-0.20 + 0.01 * i for i in range(MIN_ERRORS))
+    others = tuple(0.02 + 0.001 * i for i in range(MIN_ERRORS))
+    calibration = Calibration(
+        predictor="gnn",
+        errors={
+            "grid": tuple(sorted(pessimistic)),
+            "grid@4": pessimistic,
+            "ddp": others,
+            "ddp@2": others,
+            "layers": optimistic,
+            "layers@2": optimistic[:2],  # too few on 2 ranks
+        },
+    )
+    # only 4-rank grids measured: over every size the grid adds no margin ...
+    assert calibration.kind_factor("grid", 0.8) == 1.0
+    assert calibration.kind_factor("grid", 0.8, 4) == 1.0
+    # ... but on 2 ranks, where no grid was measured, it takes the 2-rank pool's margin
+    pool_2 = tuple(sorted((*others, *optimistic[:2])))
+    assert calibration.pooled(2) == pytest.approx(pool_2)
+    assert calibration.quantile("grid", 0.8, 2) == pytest.approx(quantile_of(pool_2, 0.8))
+    assert calibration.kind_factor("grid", 0.8, 2) > 1.0
+    # too few of a kind at a size: the larger of its own over every size and the size's pool
+    assert calibration.quantile("layers", 0.8, 2) == pytest.approx(quantile_of(optimistic, 0.8))
+    summary = calibration.summary(0.8, 2)
+    assert summary["grid"]["runs"] == 0 and summary["layers"]["runs"] == 2
+    # a calibration kept without world sizes (checkpoints before 2026-11-28) reads as before
+    old = Calibration(predictor="gnn", errors={"grid": pessimistic, "ddp": others})
+    assert old.quantile("grid", 0.8, 2) == old.quantile("grid", 0.8)
+
+
+def quantile_of(values: tuple[float, ...], q: float) -> float:
+    return Calibration(predictor="x", errors={"k": values}).quantile("k", q)
