@@ -56,7 +56,7 @@ from ddlsim.data.store import (
 )
 from ddlsim.data.store.records import record_of
 from ddlsim.data.zoo import resolve_model
-from ddlsim.profiler.capture import OPTIMIZERS
+from ddlsim.profiler.capture import AUTOCAST, OPTIMIZERS
 from ddlsim.profiler.collective_fit import CollectiveProfile
 from ddlsim.profiler.collectives import (
     InvalidSizesError,
@@ -101,6 +101,7 @@ KINDS: dict[str, frozenset[str]] = {
             "warmup",
             "device",
             "optimizer",
+            "precision",
             "threads",
         }
     ),
@@ -215,6 +216,32 @@ def _job(raw: Mapping[str, Any], where: str) -> Job:
         raise InvalidBatchError(f"{where} (collectives) needs 'world_size'")
     settings = {k: v for k, v in raw.items() if k != "kind"}
     return Job(kind=kind, settings=settings)
+
+
+# The kinds of job that run a model on a device (fusion profiles time blocks on the CPU).
+ON_DEVICE = ("kernels", "run", "compare")
+
+
+def on_device(jobs: Sequence[Job], device: str) -> list[Job]:
+    """``jobs`` with every kernels, run and compare job set to run on ``device`` (``profile
+    batch --device``: one batch file for the CPU's dry run and the GPU's collection; the jobs'
+    keys change with the device, so the two are stored apart). Duplicates the setting makes
+    are kept once.
+
+    Raises:
+        InvalidOptionError: an unknown device, naming the allowed ones.
+    """
+    if device not in DEVICES:
+        raise InvalidOptionError(
+            f"device {device!r} is not supported; allowed: {', '.join(DEVICES)}"
+        )
+    unique: dict[str, Job] = {}
+    for job in jobs:
+        moved = job
+        if job.kind in ON_DEVICE:
+            moved = Job(kind=job.kind, settings={**job.settings, "device": device})
+        unique.setdefault(moved.key, moved)
+    return list(unique.values())
 
 
 def parse_batch(text: str) -> list[Job]:
@@ -346,6 +373,7 @@ def run_kernel_job(job: Job, *, trace_dir: Path | None = None) -> Callable[[Any]
         warmup=int(settings.pop("warmup", 3)),
         device=settings.pop("device", "cpu"),
         optimizer=settings.pop("optimizer", "adamw"),
+        precision=settings.pop("precision", "fp32"),
         threads=int(settings.pop("threads", 1)),
         trace_dir=trace_dir,
     )
@@ -490,6 +518,12 @@ def check_job(job: Job, limits: SpecLimits) -> ModelSpec | None:
         if optimizer not in OPTIMIZERS:
             raise InvalidOptionError(
                 f"optimizer {optimizer!r} is not supported; allowed: {', '.join(OPTIMIZERS)}"
+            )
+        precision = settings.get("precision", "fp32")
+        if precision not in AUTOCAST:
+            raise InvalidOptionError(
+                f"precision {precision!r} is not supported in a kernel profile; allowed: "
+                f"{', '.join(AUTOCAST)}"
             )
     blocks = settings.get("blocks")
     listed = isinstance(blocks, list) and all(isinstance(b, str) for b in blocks)

@@ -59,12 +59,32 @@ class CaptureOptions:
     strategy: Strategy = dataclasses.field(default_factory=Strategy)
     optimizer: Optimizer = "adamw"
     seed: int = 0
+    # The forward under autocast to this type (weights stay fp32), as a kernel profile of that
+    # precision runs it: the graph then holds autocast's casts and its 16-bit matmuls.
+    autocast: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
             raise InvalidOptionError(
                 f"optimizer {self.optimizer!r} is not supported; allowed: {', '.join(OPTIMIZERS)}"
             )
+        if self.autocast not in AUTOCAST:
+            raise InvalidOptionError(
+                f"precision {self.autocast!r} is not supported in a capture; allowed: "
+                f"{', '.join(AUTOCAST)}"
+            )
+
+
+# Precisions a kernel profile runs, and the type autocast runs the forward's matmuls in.
+AUTOCAST: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def autocast(device: str, precision: str) -> contextlib.AbstractContextManager[Any]:
+    """The forward's autocast for ``precision`` on ``device`` (none for fp32)."""
+    dtype = AUTOCAST[precision]
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device, dtype=dtype)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -319,7 +339,8 @@ def capture_graph(
                 handles.append(param.register_post_accumulate_grad_hook(grad_ready))
         try:
             with recorder, _quiet_fake_tensor_log():
-                loss = training_loss(model, batch)
+                with autocast("cpu", options.autocast):
+                    loss = training_loss(model, batch)
                 recorder.phase = "backward"
                 loss.backward()
         except (RuntimeError, ValueError, IndexError, TypeError, AssertionError) as exc:
@@ -331,6 +352,8 @@ def capture_graph(
             for handle in handles:
                 handle.remove()
     env = {"torch": torch.__version__, "python": platform.python_version()}
+    if options.autocast != "fp32":
+        env["autocast"] = options.autocast
     if spec.source == "transformers":
         env["transformers"] = import_transformers().__version__
     return assemble(
@@ -344,4 +367,4 @@ def capture_graph(
     )
 
 
-__all__ = ["OPTIMIZERS", "CaptureOptions", "Optimizer", "capture_graph"]
+__all__ = ["AUTOCAST", "OPTIMIZERS", "CaptureOptions", "Optimizer", "autocast", "capture_graph"]

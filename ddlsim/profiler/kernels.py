@@ -43,7 +43,14 @@ from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.store.records import KernelTimes
 from ddlsim.profiler import interrupt
 from ddlsim.profiler.allocator import use_rank_allocator
-from ddlsim.profiler.capture import CaptureOptions, OpMode, Optimizer, capture_graph
+from ddlsim.profiler.capture import (
+    AUTOCAST,
+    CaptureOptions,
+    OpMode,
+    Optimizer,
+    autocast,
+    capture_graph,
+)
 from ddlsim.profiler.speed import probe_ms
 
 Device = Literal["cpu", "cuda"]
@@ -202,6 +209,7 @@ def profile_kernels(
     warmup: int = 3,
     device: Device = "cpu",
     optimizer: Optimizer = "adamw",
+    precision: str = "fp32",
     seed: int = 0,
     threads: int | None = 1,
     graph: IterationGraph | None = None,
@@ -209,6 +217,9 @@ def profile_kernels(
     progress: Callable[[str], None] | None = None,
 ) -> tuple[IterationGraph, KernelProfile]:
     """Profile ``iters`` training iterations of ``spec`` and time every node of its graph.
+
+    ``precision`` ``bf16`` runs the forward under autocast (weights and optimizer fp32, as a
+    bf16 strategy trains) and captures the graph so, casts included.
 
     ``threads`` intra-op threads (``None``: leave torch's setting). One by default: ranks of the
     emulated cluster run with one thread each, and with a core left to the rest of the machine
@@ -226,6 +237,10 @@ def profile_kernels(
         raise InvalidOptionError("device 'cuda' was asked for but torch sees no CUDA device")
     if threads is not None and threads < 1:
         raise InvalidOptionError(f"threads({threads}) must be >= 1")
+    if precision not in AUTOCAST:
+        raise InvalidOptionError(
+            f"precision {precision!r} is not supported; allowed: {', '.join(AUTOCAST)}"
+        )
     previous_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -236,6 +251,7 @@ def profile_kernels(
             warmup=warmup,
             device=device,
             optimizer=optimizer,
+            precision=precision,
             seed=seed,
             graph=graph,
             trace_dir=trace_dir,
@@ -252,6 +268,7 @@ def _profile(
     warmup: int,
     device: Device,
     optimizer: Optimizer,
+    precision: str,
     seed: int,
     graph: IterationGraph | None,
     trace_dir: Path | None,
@@ -265,13 +282,17 @@ def _profile(
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     if graph is None:
         say(f"capturing the graph of {spec.label}")
-        graph = capture_graph(spec, CaptureOptions(optimizer=optimizer, seed=seed))
+        graph = capture_graph(
+            spec, CaptureOptions(optimizer=optimizer, seed=seed, autocast=precision)
+        )
     model = build_model(spec, seed=seed).to(device)
     batch = make_batch(spec, model, seed=seed, device=device)
     opt = _make_optimizer(model, optimizer)
 
     def forward_backward() -> None:
-        training_loss(model, batch).backward()
+        with autocast(device, precision):
+            loss = training_loss(model, batch)
+        loss.backward()
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -350,6 +371,7 @@ def _profile(
             "threads": str(torch.get_num_threads()),
             "python": platform.python_version(),
             "probe_ms": f"{statistics.mean(probes):.4f}",
+            **({"precision": precision} if precision != "fp32" else {}),
         },
     )
 

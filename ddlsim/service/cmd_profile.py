@@ -21,8 +21,10 @@ from ddlsim.profiler.batch import (
     collective_records,
     fusion_record,
     kernel_record,
+    on_device,
     parse_batch,
 )
+from ddlsim.profiler.capture import AUTOCAST
 from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.profiler.collectives import COLLECTIVES, parse_sizes, profile_collectives
 from ddlsim.profiler.fusion import profile_fusion
@@ -51,6 +53,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
             iters=args.iters,
             warmup=args.warmup,
             device=args.device,
+            precision=args.precision,
             threads=args.threads,
             trace_dir=Path(args.trace_dir) if args.trace_dir else None,
             progress=progress,
@@ -181,6 +184,8 @@ def cmd_reshard(args: argparse.Namespace) -> int:
 
 def cmd_batch(args: argparse.Namespace) -> int:
     jobs = parse_batch(args.spec)
+    if args.device is not None:
+        jobs = on_device(jobs, args.device)
     with (
         Store.open(args.db) as store,
         tqdm(total=len(jobs), unit="job", disable=args.json, leave=False) as bar,
@@ -261,6 +266,12 @@ def register(sub: Any) -> None:
     kernels.add_argument("--iters", type=positive_int, default=20)
     kernels.add_argument("--warmup", type=int, default=3)
     kernels.add_argument("--device", choices=DEVICES, default="cpu")
+    kernels.add_argument(
+        "--precision",
+        choices=list(AUTOCAST),
+        default="fp32",
+        help="bf16: the forward under autocast (weights fp32), the graph captured so",
+    )
     kernels.add_argument(
         "--threads", type=positive_int, default=1, help="intra-op threads (default 1, as a rank)"
     )
@@ -348,5 +359,11 @@ def register(sub: Any) -> None:
     batch = kinds.add_parser("batch", help="run a YAML list or cross product of profile jobs")
     batch.add_argument("spec", metavar="SPEC.yaml")
     batch.add_argument("--trace-dir", help="write the kernel jobs' Chrome traces here")
+    batch.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="run every kernels, run and compare job on this device (a GPU's own jobs: "
+        "their keys in the store differ from the CPU's)",
+    )
     add_store_arguments(batch)
     batch.set_defaults(handler=cmd_batch)

@@ -10,6 +10,7 @@ import torch
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.zoo import ZOO
 from ddlsim.profiler import kernels
+from ddlsim.profiler.capture import capture_graph
 from ddlsim.profiler.kernels import profile_kernels
 
 
@@ -102,3 +103,24 @@ def test_profiles_are_taken_under_the_ranks_allocator(monkeypatch: pytest.Monkey
     monkeypatch.setattr(kernels, "use_rank_allocator", record)
     profile_kernels(ZOO["mlp"].with_inputs(batch_size=8), iters=1, warmup=0)
     assert calls == [True]
+
+
+def test_bf16_profile_runs_and_times_the_autocast_graph() -> None:
+    """A bf16 profile captures the graph the autocast forward runs (its casts, 16-bit matmuls)
+    and times its nodes; the fp32 graph of the same model is another graph."""
+    spec = ZOO["gpt2-tiny"]
+    graph, profile = profile_kernels(spec, iters=2, warmup=1, precision="bf16")
+    fp32 = capture_graph(spec)
+    assert graph.graph_hash != fp32.graph_hash
+    assert profile.env["precision"] == "bf16" and graph.env["autocast"] == "bf16"
+    matmuls = [n for n in graph.nodes if n.op in ("aten.mm.default", "aten.addmm.default")]
+    assert matmuls and any(t.dtype == "bfloat16" for n in matmuls for t in n.outputs)
+    casts = [n for n in graph.nodes if n.op == "aten._to_copy.default"]
+    assert len(casts) > len([n for n in fp32.nodes if n.op == "aten._to_copy.default"])
+    timed = {graph.nodes[n].op for n in profile.node_ms}
+    assert "aten._to_copy.default" in timed and profile.matched_fraction > 0.9
+
+
+def test_an_unknown_precision_is_refused_by_name() -> None:
+    with pytest.raises(InvalidOptionError, match="precision 'fp16' is not supported; allowed"):
+        profile_kernels(ZOO["mlp"], precision="fp16")

@@ -33,6 +33,23 @@ class KernelEntry:
     # the machine's speed probe as it was profiled (profiler.speed; None before it existed)
     probe_ms: float | None = None
 
+    @property
+    def precision(self) -> str:
+        """The precision the profile ran in: its graph's autocast (``fp32`` without one)."""
+        return str(self.graph.env.get("autocast", "fp32"))
+
+
+def kernel_key(label: str, batch_size: int, precision: str = "fp32") -> tuple[str, int]:
+    """Where a dataset keeps the kernel profile of a model at a batch size in a precision:
+    ``(label, batch)`` for fp32 (every CPU profile), ``(label:precision, batch)`` otherwise."""
+    return (label if precision == "fp32" else f"{label}:{precision}", batch_size)
+
+
+def key_of(entry: KernelEntry) -> tuple[str, int]:
+    """The key of ``entry`` among a dataset's kernel profiles (:func:`kernel_key`)."""
+    model = entry.graph.model
+    return kernel_key(model.label, model.inputs.batch_size, entry.precision)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class FusionEntry:
@@ -114,7 +131,7 @@ class Dataset:
     """
 
     runs: tuple[RunEntry, ...]
-    kernels: dict[tuple[str, int], KernelEntry]  # (model label, rank batch size)
+    kernels: dict[tuple[str, int], KernelEntry]  # kernel_key: (model label, rank batch size)
     links: tuple[LinkFit, ...]
     meta: dict[str, Any]
     fusion: dict[tuple[str, int], FusionEntry] = dataclasses.field(default_factory=dict)
@@ -142,9 +159,10 @@ class Dataset:
         """The families of the runs, sorted."""
         return sorted({r.family for r in self.runs})
 
-    def kernel_for(self, spec: ModelSpec) -> KernelEntry | None:
-        """The kernel profile of ``spec`` at its batch size (a rank's micro-batch), if any."""
-        return self.kernels.get((spec.label, spec.inputs.batch_size))
+    def kernel_for(self, spec: ModelSpec, precision: str = "fp32") -> KernelEntry | None:
+        """The kernel profile of ``spec`` at its batch size (a rank's micro-batch) in
+        ``precision``, if any."""
+        return self.kernels.get(kernel_key(spec.label, spec.inputs.batch_size, precision))
 
     def select(
         self, *, families: Iterable[str] | None = None, exclude: Iterable[str] = ()

@@ -18,7 +18,14 @@ from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store.records import record_of
-from ddlsim.simulator.dataset.entries import Dataset, FusionEntry, KernelEntry, RunEntry, spec_key
+from ddlsim.simulator.dataset.entries import (
+    Dataset,
+    FusionEntry,
+    KernelEntry,
+    RunEntry,
+    key_of,
+    spec_key,
+)
 from ddlsim.simulator.dataset.json_file import load_dataset, save_dataset
 
 
@@ -30,6 +37,7 @@ def export_dataset(
     models: Sequence[ModelSpec] | None = None,
     merge: bool = False,
     host: str | None = None,
+    device: str = "cpu",
 ) -> dict[str, int]:
     """Write what ``store`` holds (CPU kernel profiles, fusion profiles, collective fits,
     measurements) to ``out`` (gzip JSON); with ``models``, only the runs of those specs and the
@@ -38,7 +46,9 @@ def export_dataset(
     counts of what was written, and of the store's runs ``models`` left out.
 
     Kernel profiles come from one machine: ``host``, or the only one the store has profiles
-    of (profiles stored before hosts were recorded count as the unnamed host).
+    of (profiles stored before hosts were recorded count as the unnamed host), and from one
+    ``device`` (``cuda``: a GPU dataset, whose bf16 profiles are kept beside the fp32 ones,
+    :func:`.entries.kernel_key`).
 
     Raises:
         InvalidOptionError: profiles of several hosts and no ``host``, or a ``host`` with none.
@@ -46,7 +56,7 @@ def export_dataset(
     specs = None if models is None else {spec_key(m) for m in models}
     labels = None if models is None else {m.label for m in models}
     kernels: dict[tuple[str, int], KernelEntry] = {}
-    profiles = [p for p in store.kernel_profiles() if p.device == "cpu"]
+    profiles = [p for p in store.kernel_profiles() if p.device == device]
     hosts = sorted({p.host for p in profiles})
     if host is None and len(hosts) > 1:
         raise InvalidOptionError(
@@ -64,16 +74,17 @@ def export_dataset(
         graph = store.load_graph(graph_hash=profile.graph_hash)
         if labels is not None and graph.model.label not in labels:
             continue
-        kernels[(graph.model.label, graph.model.inputs.batch_size)] = KernelEntry(
+        kernel = KernelEntry(
             graph=graph,
             node_ms=dict(profile.node_ms),
             iteration_time_ms=profile.iteration_time_ms,
             probe_ms=_probe(profile.env.get("probe_ms")),
         )
+        kernels[key_of(kernel)] = kernel
     links = tuple(record_of(LinkFit, p) for p in store.collective_profiles())
     fusion: dict[tuple[str, int], FusionEntry] = {}
     for fused in store.fusion_profiles():  # oldest first: a newer profile replaces
-        if fused.device != "cpu":
+        if fused.device != device:
             continue
         model = store.load_graph(graph_hash=fused.graph_hash).model
         if labels is not None and model.label not in labels:

@@ -15,7 +15,14 @@ from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.simulator.dataset.entries import Dataset, FusionEntry, KernelEntry, LinkFit, RunEntry
+from ddlsim.simulator.dataset.entries import (
+    Dataset,
+    FusionEntry,
+    KernelEntry,
+    LinkFit,
+    RunEntry,
+    key_of,
+)
 
 DATASET_FORMAT = 1
 
@@ -90,14 +97,13 @@ def load_dataset(path: Path) -> Dataset:
 def _from_payload(raw: dict[str, Any]) -> Dataset:
     kernels: dict[tuple[str, int], KernelEntry] = {}
     for entry in raw["kernels"]:
-        graph = IterationGraph.from_dict(entry["graph"])
-        key = (graph.model.label, graph.model.inputs.batch_size)
-        kernels[key] = KernelEntry(
-            graph=graph,
+        kernel = KernelEntry(
+            graph=IterationGraph.from_dict(entry["graph"]),
             node_ms={int(k): float(v) for k, v in entry["node_ms"].items()},
             iteration_time_ms=float(entry["iteration_time_ms"]),
             probe_ms=None if entry.get("probe_ms") is None else float(entry["probe_ms"]),
         )
+        kernels[key_of(kernel)] = kernel
     links = tuple(LinkFit(**entry) for entry in raw["links"])
     fusion = {
         (str(entry["model"]), int(entry["batch_size"])): FusionEntry(

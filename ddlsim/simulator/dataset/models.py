@@ -194,8 +194,11 @@ def models_of(version: str) -> list[ModelSpec]:
     Raises:
         InvalidOptionError: an unknown version, naming the known ones.
     """
+    from ddlsim.simulator.dataset.gpu_plan import GPU_VERSIONS, gpu_models
+
+    if version in GPU_VERSIONS:
+        return gpu_models()
     if version not in DATASET_VERSIONS:
-        raise InvalidOptionError(
-            f"dataset version {version!r} is unknown; allowed: {', '.join(DATASET_VERSIONS)}"
-        )
+        allowed = ", ".join([*DATASET_VERSIONS, *GPU_VERSIONS])
+        raise InvalidOptionError(f"dataset version {version!r} is unknown; allowed: {allowed}")
     return dataset_models() if version == "cpu-v2" else dataset_models_v3()
