@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import platformdirs
 import torch
 from torch_geometric.data import Batch
 from tqdm import tqdm
@@ -88,7 +87,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"choosing the predictor: {len(dataset.families)} folds, one family held out each"
         )
         reports, cv = cross_validate(
-            dataset, config=config, options=options, progress=progress, workers=args.workers
+            dataset,
+            config=config,
+            options=options,
+            progress=progress,
+            workers=args.workers or os.cpu_count() or 1,
         )
         predictor = best_predictor(cv)
         held_out = [row for report in reports for row in report.rows]
@@ -314,13 +317,12 @@ def register(commands: Any) -> None:
     train.add_argument(
         "--workers",
         type=positive_int,
-        default=os.cpu_count() or 1,
         help="processes for the held-out folds of --predictor auto (default: one a core)",
     )
     train.add_argument(
         "--out",
-        help=f"checkpoint to write (default: {platformdirs.user_data_dir('ddlsim')}/"
-        "simulator/cost_model.pt, which predict then uses)",
+        help="checkpoint to write (default: simulator/cost_model.pt in the user's data "
+        "directory, ~/.local/share/ddlsim on Linux, which predict then uses)",
     )
     train.add_argument(
         "--predictor",
