@@ -28,7 +28,6 @@ import functools
 import gzip
 import json
 import platform
-import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +37,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ddlsim.profiler.op_timer import OutOfBudgetError, Timer
+
 DTYPES = {
     "bf16": torch.bfloat16,
     "fp16": torch.float16,
@@ -45,54 +46,6 @@ DTYPES = {
     "tf32": torch.float32,
 }
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4}
-
-
-class OutOfBudgetError(Exception):
-    pass
-
-
-class Timer:
-    def __init__(self, device: torch.device, budget_s: float, case_s: float) -> None:
-        self.device = device
-        self.deadline = time.monotonic() + budget_s
-        self.case_s = case_s
-        self.cuda = device.type == "cuda"
-
-    def _sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-
-    def time(self, fn: Callable[[], Any], warmup: int = 2, max_calls: int = 30) -> dict[str, Any]:
-        if time.monotonic() > self.deadline:
-            raise OutOfBudgetError
-        for _ in range(warmup):
-            fn()
-        self._sync()
-        samples: list[float] = []
-        started = time.monotonic()
-        while len(samples) < max_calls:
-            if self.cuda:
-                begin = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                begin.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples.append(begin.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - t0) * 1e3)
-            if len(samples) >= 3 and time.monotonic() - started > self.case_s:
-                break
-        samples.sort()
-        n = len(samples)
-        return {
-            "median_ms": statistics.median(samples),
-            "p25_ms": samples[n // 4],
-            "p75_ms": samples[(3 * n) // 4],
-            "calls": n,
-        }
 
 
 def gemm_cases(quick: bool, dtypes: tuple[str, ...]) -> Iterator[tuple[str, int, int, int, str]]:

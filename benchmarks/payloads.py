@@ -50,7 +50,7 @@ CPU_STRATEGIES: list[tuple[str, int, int | None, dict[str, Any]]] = [
     ("gpt2-tiny", 2, None, {"op_fusion": {"compiled": ["transformer.h.0"]}}),
     ("gpt2-tiny", 4, 8, {}),
     ("gpt2-tiny", 4, 8, {"parallel": {"pp": 2, "micro_batches": 2}}),
-    ("gpt2-tiny", 4, 8, {"parallel": {"tp": 2, "pp": 2, "micro_batches": 2}}),
+    ("gpt2-tiny", 4, 8, {"parallel": {"pp": 2, "micro_batches": 2, "stages": ["tp", "batch"]}}),
     (
         "bert-small",
         2,
@@ -143,25 +143,11 @@ def _run_payload(db: str, strategy: dict[str, Any]) -> Any:
 def dump(db: str, *, runs: bool) -> dict[str, Any]:
     """Every payload of the fixed requests, against ``db``."""
     out: dict[str, Any] = {"predict": [], "cluster": []}
-    for world, strategy in CPU_STRATEGIES:
-        out["predict"].append(
-            _clean(
-                _cli(
-                    [
-                        "predict",
-                        "gpt2-tiny",
-                        "--world-size",
-                        str(world),
-                        "--bandwidth",
-                        "1gbit",
-                        "--strategy",
-                        json.dumps(strategy),
-                        "--db",
-                        db,
-                    ]
-                )
-            )
-        )
+    for model, world, batch, strategy in CPU_STRATEGIES:
+        sized = [] if batch is None else ["--batch-size", str(batch)]
+        request = ["predict", model, "--world-size", str(world), "--bandwidth", "1gbit"]
+        request += [*sized, "--strategy", json.dumps(strategy), "--db", db]
+        out["predict"].append(_clean(_cli(request)))
     out["search"] = _clean(
         _cli(
             [
@@ -210,7 +196,7 @@ def dump(db: str, *, runs: bool) -> dict[str, Any]:
                         "--plan",
                         json.dumps(plan),
                         "--batch-size",
-                        "32",
+                        "16",
                         "--seq-len",
                         "4096",
                         "--db",
@@ -237,7 +223,7 @@ def dump(db: str, *, runs: bool) -> dict[str, Any]:
         [
             sys.executable,
             str(HERE / "benchmarks/published.py"),
-            "ddlsim/data/published/megatron_h100.json",
+            "ddlsim/data/published/megatron_lm_h100.json",
             "--json",
         ],
         capture_output=True,

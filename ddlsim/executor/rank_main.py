@@ -41,6 +41,7 @@ from ddlsim.data.specs.strategy import Bucket, Strategy
 from ddlsim.executor.context import RankContext
 from ddlsim.executor.plan import build_trainer
 from ddlsim.executor.protocol import StoppingRule, relative_half_width, turn_steps
+from ddlsim.executor.trace import synchronize, traced_step
 from ddlsim.profiler.cluster.placement import report_placement
 from ddlsim.profiler.cluster.processes import die_with_parent
 from ddlsim.profiler.speed import probe_ms
@@ -113,55 +114,6 @@ def _rank_device(kind: str, rank: int, *, by_local_rank: bool = False) -> torch.
     return device
 
 
-def _synchronize(device: torch.device) -> None:
-    # CUDA work is asynchronous: a step's time ends when its kernels have.
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-TRACE_MIN_US = 20.0
-TRACE_MAX_EVENTS = 4000
-
-
-def _traced_step(trainer: Any, device: torch.device, *, record: bool) -> list[dict[str, Any]]:
-    """Run one step; on the recording rank under ``torch.profiler``, whose top-level events of
-    each thread come back as ``{name, lane, start_ms, end_ms}`` from the step's start (lane 0 is
-    the training thread, the busiest; events under ``TRACE_MIN_US`` are left out)."""
-    _synchronize(device)
-    if not record:
-        trainer.step()
-        _synchronize(device)
-        return []
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        trainer.step()
-        _synchronize(device)
-    top = [
-        e
-        for e in prof.events()
-        if e.cpu_parent is None and e.time_range.elapsed_us() >= TRACE_MIN_US
-    ]
-    if not top:
-        return []
-    busy: dict[int, float] = {}
-    for e in top:
-        busy[e.thread] = busy.get(e.thread, 0.0) + e.time_range.elapsed_us()
-    lanes = {tid: lane for lane, tid in enumerate(sorted(busy, key=lambda t: -busy[t]))}
-    top = sorted(top, key=lambda e: -e.time_range.elapsed_us())[:TRACE_MAX_EVENTS]
-    origin = min(e.time_range.start for e in top)
-    return sorted(
-        (
-            {
-                "name": e.name,
-                "lane": lanes[e.thread],
-                "start_ms": (e.time_range.start - origin) / 1e3,
-                "end_ms": (e.time_range.end - origin) / 1e3,
-            }
-            for e in top
-        ),
-        key=lambda row: (row["lane"], row["start_ms"]),
-    )
-
-
 def _order(count: int, round_index: int, seed: int) -> list[int]:
     """The order the variants take their turns in, in round ``round_index``: a permutation
     shuffled from ``seed`` and the round (every rank draws the same)."""
@@ -189,7 +141,8 @@ class _Agreement:
         return out[:-1], out[-1]
 
 
-def run_rank(config: dict[str, Any], output: Path) -> None:
+def _join(config: dict[str, Any]) -> tuple[int, int, torch.device]:
+    """This rank's number, the world size and its device, in the process group."""
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if not config.get("device_by_local_rank"):
@@ -207,117 +160,131 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
             timeout=timedelta(seconds=float(config["collective_timeout_s"])),
         )
     report_placement()
-    trainers = []
-    contexts = []
-    for variant in config["variants"]:
-        strategy = Strategy.from_dict(variant["strategy"])
-        ctx = rank_context(config, strategy, rank, world_size, device)
-        buckets = [
-            Bucket(index=i, params=tuple(b["params"]), grad_bytes=int(b["grad_bytes"]))
-            for i, b in enumerate(variant["buckets"])
-        ]
-        contexts.append(ctx)
-        trainers.append(build_trainer(ctx, buckets))
-    count = len(trainers)
-    rule = StoppingRule.from_dict(config["rule"])
-    iters = int(config["iters"])
-    seed = int(config["seed"])
-    agree = _Agreement(world_size, device)
-    # Steps run and not kept at the start of every turn (side by side only): the previous
-    # strategy's model has just had the caches.
-    settle = int(config.get("settle", 1)) if count > 1 else 0
-    if rank == config.get("test_crash_rank", -1):
-        print(f"rank {rank}: crashing on purpose (test)", file=sys.stderr, flush=True)
-        sys.exit(3)
-    if rank == config.get("test_hang_rank", -1):
-        time.sleep(3600)
-    # (variant, kind, ms, loss share, round); kind "warmup", "settle" or "sample".
-    steps: list[tuple[int, str, float, torch.Tensor, int]] = []
+    return rank, world_size, device
 
-    def timed(index: int, kind: str, round_index: int = -1) -> float:
-        _synchronize(device)
+
+class _Launch:
+    """One launch's strategies on this rank: their trainers, every step they ran (variant,
+    kind, ms, loss share, round; kind ``warmup``, ``settle`` or ``sample``) and the protocol
+    that times them."""
+
+    def __init__(
+        self, config: dict[str, Any], rank: int, world_size: int, device: torch.device
+    ) -> None:
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.contexts: list[RankContext] = []
+        self.trainers: list[Any] = []
+        for variant in config["variants"]:
+            ctx = rank_context(
+                config, Strategy.from_dict(variant["strategy"]), rank, world_size, device
+            )
+            buckets = [
+                Bucket(index=i, params=tuple(b["params"]), grad_bytes=int(b["grad_bytes"]))
+                for i, b in enumerate(variant["buckets"])
+            ]
+            self.contexts.append(ctx)
+            self.trainers.append(build_trainer(ctx, buckets))
+        self.count = len(self.trainers)
+        self.rule = StoppingRule.from_dict(config["rule"])
+        self.iters = int(config["iters"])
+        self.seed = int(config["seed"])
+        self.agree = _Agreement(world_size, device)
+        # Steps run and not kept at the start of every turn (side by side only): the previous
+        # strategy's model has just had the caches.
+        self.settle = int(config.get("settle", 1)) if self.count > 1 else 0
+        self.steps: list[tuple[int, str, float, torch.Tensor, int]] = []
+
+    def timed(self, index: int, kind: str, round_index: int = -1) -> float:
+        """One step of strategy ``index``, timed and kept in :attr:`steps`; its ms."""
+        synchronize(self.device)
         start = time.perf_counter()
-        share = trainers[index].step()
-        _synchronize(device)
+        share = self.trainers[index].step()
+        synchronize(self.device)
         ms = (time.perf_counter() - start) * 1e3
-        steps.append((index, kind, ms, share, round_index))
+        self.steps.append((index, kind, ms, share, round_index))
         return ms
 
-    # Python's cyclic collector runs between turns, not inside a timed step.
-    collector_was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    # Steps a turn, each strategy's: shorter turns for slow steps (executor.protocol).
-    per_turn: list[int] = []
-    for index in range(count):
-        warm: list[float] = []
-        began = time.perf_counter()
+    def warm_up(self) -> list[int]:
+        """Each strategy's warm-up until the rule finds it stable; the steps a turn each then
+        takes (shorter turns for slow steps: ``executor.protocol``)."""
+        per_turn: list[int] = []
+        for index in range(self.count):
+            warm: list[float] = []
+            began = time.perf_counter()
+            while True:
+                agreed_warm, warm_s = self.agree(warm, time.perf_counter() - began)
+                if self.rule.warmed_up(agreed_warm, warm_s):
+                    multi = self.count > 1
+                    per_turn.append(turn_steps(agreed_warm, self.iters) if multi else self.iters)
+                    break
+                warm.append(self.timed(index, "warmup"))
+                if self.rank == 0:
+                    label = f" of strategy {index + 1}/{self.count}" if self.count > 1 else ""
+                    print(f"warm-up {len(warm)}{label}: {warm[-1]:.1f} ms on rank 0", flush=True)
+            self.trainers[index].drain()
+            gc.collect()
+        return per_turn
+
+    def measure(self, per_turn: list[int]) -> tuple[int, str, list[float]]:
+        """Rounds of turns until the stopping rule holds for every strategy: the rounds run,
+        what stopped them, and the speed probe rank 0 timed after each round while the others
+        waited (the replay scales a run's kernel profile by two probes' ratio)."""
+        samples: list[list[float]] = [[] for _ in range(self.count)]
+        sampling_s = 0.0
+        round_index = 0
+        probes: list[float] = []
         while True:
-            agreed_warm, warm_s = agree(warm, time.perf_counter() - began)
-            if rule.warmed_up(agreed_warm, warm_s):
-                per_turn.append(turn_steps(agreed_warm, iters) if count > 1 else iters)
-                break
-            timed(index, "warmup")
-            warm.append(steps[-1][2])
-            if rank == 0:
-                label = f" of strategy {index + 1}/{count}" if count > 1 else ""
-                print(f"warm-up {len(warm)}{label}: {warm[-1]:.1f} ms on rank 0", flush=True)
-        trainers[index].drain()
-        gc.collect()
-    # Every strategy's samples as all ranks agree on them, for the stopping rule.
-    samples: list[list[float]] = [[] for _ in range(count)]
-    sampling_s = 0.0
-    round_index = 0
-    stopped_by = "minimum"
-    # Rank 0 times the machine's speed probe after each round while the others wait for it:
-    # the replay scales a run's kernel profile by the two probes' ratio (profiler.speed).
-    probes: list[float] = []
-    while True:
-        began = time.perf_counter()
-        kept: list[tuple[int, float]] = []
-        for index in _order(count, round_index, seed):
-            for _ in range(settle):
-                timed(index, "settle", round_index)
-            for _ in range(per_turn[index]):
-                kept.append((index, timed(index, "sample", round_index)))
-            if count > 1:
-                trainers[index].drain()
-        gc.collect()
-        if rank == 0:
-            probes.append(probe_ms(repeats=3))
-        agreed, sampling_s = agree(
-            [ms for _, ms in kept], sampling_s + time.perf_counter() - began
-        )
-        for (index, _), ms in zip(kept, agreed, strict=True):
-            samples[index].append(ms)
-        round_index += 1
-        if rank == 0:
-            print(
-                f"round {round_index}: "
-                + ", ".join(
-                    f"{statistics.median(s):.1f} ms ±{relative_half_width(s):.1%}" for s in samples
-                )
-                + f" ({sum(len(s) for s in samples)} samples, {sampling_s:.0f} s)",
-                flush=True,
+            began = time.perf_counter()
+            kept: list[tuple[int, float]] = []
+            for index in _order(self.count, round_index, self.seed):
+                for _ in range(self.settle):
+                    self.timed(index, "settle", round_index)
+                for _ in range(per_turn[index]):
+                    kept.append((index, self.timed(index, "sample", round_index)))
+                if self.count > 1:
+                    self.trainers[index].drain()
+            gc.collect()
+            if self.rank == 0:
+                probes.append(probe_ms(repeats=3))
+            agreed, sampling_s = self.agree(
+                [ms for _, ms in kept], sampling_s + time.perf_counter() - began
             )
-        reason = rule.stop(samples, sampling_s)
-        if reason is not None:
-            # Budget 0 asked for the minimums alone.
-            stopped_by = "minimum" if reason == "budget" and rule.budget_s == 0 else reason
-            break
-    if collector_was_enabled:
-        gc.enable()
-    # One more step, profiled on rank 0, for the run's trace (kept out of the samples).
-    trace = _traced_step(trainers[0], device, record=rank == 0) if config.get("trace") else None
-    for trainer in trainers:
-        trainer.finish()
+            for (index, _), ms in zip(kept, agreed, strict=True):
+                samples[index].append(ms)
+            round_index += 1
+            if self.rank == 0:
+                _report_round(round_index, samples, sampling_s)
+            reason = self.rule.stop(samples, sampling_s)
+            if reason is not None:
+                # Budget 0 asked for the minimums alone.
+                budget_only = reason == "budget" and self.rule.budget_s == 0
+                return round_index, "minimum" if budget_only else reason, probes
+
+
+def _report_round(round_index: int, samples: list[list[float]], sampling_s: float) -> None:
+    print(
+        f"round {round_index}: "
+        + ", ".join(
+            f"{statistics.median(s):.1f} ms ±{relative_half_width(s):.1%}" for s in samples
+        )
+        + f" ({sum(len(s) for s in samples)} samples, {sampling_s:.0f} s)",
+        flush=True,
+    )
+
+
+def _gather(launch: _Launch) -> tuple[list[float], list[float], list[Any]]:
+    """Every step's time (the slowest rank's) and loss (the ranks' shares summed), and what
+    each rank applied, its peak memory and its cores."""
+    device, world_size = launch.device, launch.world_size
     # NCCL reduces device tensors only; gloo takes either.
-    losses = torch.stack([step[3].detach().float().reshape(()).to(device) for step in steps])
-    times = torch.tensor([step[2] for step in steps], dtype=torch.float64, device=device)
+    losses = torch.stack(
+        [step[3].detach().float().reshape(()).to(device) for step in launch.steps]
+    )
+    times = torch.tensor([step[2] for step in launch.steps], dtype=torch.float64, device=device)
     gathered: list[Any] = [None] * world_size
     mine = {
         "peak_memory_bytes": _peak_memory_bytes(device),
-        "applied": [trainer.applied() for trainer in trainers],
+        "applied": [trainer.applied() for trainer in launch.trainers],
         "cores": sorted(os.sched_getaffinity(0)),
     }
     if world_size > 1:
@@ -326,42 +293,75 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
         dist.all_gather_object(gathered, mine)
     else:
         gathered = [mine]
-    if rank == 0:
-        compiled_graphs = None
-        if any(ctx.strategy.op_fusion.compiled for ctx in contexts):
-            from torch._dynamo.utils import counters
+    return times.cpu().tolist(), losses.cpu().tolist(), gathered
 
-            # Graphs dynamo really compiled on rank 0: proof the blocks ran compiled.
-            compiled_graphs = int(counters["stats"]["unique_graphs"])
-        step_ms, step_loss = times.cpu().tolist(), losses.cpu().tolist()
-        results = []
-        for index, ctx in enumerate(contexts):
-            applied = dict(gathered[0]["applied"][index])
-            per_rank = [g["applied"][index] for g in gathered]
-            if any(other != applied for other in per_rank[1:]):
-                applied["per_rank"] = per_rank
-            applied["device"] = (
-                torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-            )
-            applied["backend"] = dist.get_backend() if world_size > 1 else None
-            applied["compiled"] = list(ctx.strategy.op_fusion.compiled)
-            if applied["compiled"]:
-                applied["compiled_graphs"] = compiled_graphs
-            mine_steps = [k for k, step in enumerate(steps) if step[0] == index]
-            results.append(
-                {
-                    "warmup_ms": [step_ms[k] for k in mine_steps if steps[k][1] == "warmup"],
-                    "samples_ms": [step_ms[k] for k in mine_steps if steps[k][1] == "sample"],
-                    "sample_rounds": [steps[k][4] for k in mine_steps if steps[k][1] == "sample"],
-                    "losses": [step_loss[k] for k in mine_steps],
-                    "applied": applied,
-                }
-            )
+
+def _variant_results(
+    launch: _Launch, step_ms: list[float], step_loss: list[float], gathered: list[Any]
+) -> list[dict[str, Any]]:
+    """Each strategy's warm-up, samples with their rounds, losses and what it applied."""
+    compiled_graphs = None
+    if any(ctx.strategy.op_fusion.compiled for ctx in launch.contexts):
+        from torch._dynamo.utils import counters
+
+        # Graphs dynamo really compiled on rank 0: proof the blocks ran compiled.
+        compiled_graphs = int(counters["stats"]["unique_graphs"])
+    device, steps = launch.device, launch.steps
+    results = []
+    for index, ctx in enumerate(launch.contexts):
+        applied = dict(gathered[0]["applied"][index])
+        per_rank = [g["applied"][index] for g in gathered]
+        if any(other != applied for other in per_rank[1:]):
+            applied["per_rank"] = per_rank
+        applied["device"] = (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        )
+        applied["backend"] = dist.get_backend() if launch.world_size > 1 else None
+        applied["compiled"] = list(ctx.strategy.op_fusion.compiled)
+        if applied["compiled"]:
+            applied["compiled_graphs"] = compiled_graphs
+        mine_steps = [k for k, step in enumerate(steps) if step[0] == index]
+        results.append(
+            {
+                "warmup_ms": [step_ms[k] for k in mine_steps if steps[k][1] == "warmup"],
+                "samples_ms": [step_ms[k] for k in mine_steps if steps[k][1] == "sample"],
+                "sample_rounds": [steps[k][4] for k in mine_steps if steps[k][1] == "sample"],
+                "losses": [step_loss[k] for k in mine_steps],
+                "applied": applied,
+            }
+        )
+    return results
+
+
+def run_rank(config: dict[str, Any], output: Path) -> None:
+    rank, world_size, device = _join(config)
+    launch = _Launch(config, rank, world_size, device)
+    if rank == config.get("test_crash_rank", -1):
+        print(f"rank {rank}: crashing on purpose (test)", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if rank == config.get("test_hang_rank", -1):
+        time.sleep(3600)
+    # Python's cyclic collector runs between turns, not inside a timed step.
+    collector_was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    per_turn = launch.warm_up()
+    rounds, stopped_by, probes = launch.measure(per_turn)
+    if collector_was_enabled:
+        gc.enable()
+    # One more step, profiled on rank 0, for the run's trace (kept out of the samples).
+    trace = (
+        traced_step(launch.trainers[0], device, record=rank == 0) if config.get("trace") else None
+    )
+    for trainer in launch.trainers:
+        trainer.finish()
+    step_ms, step_loss, gathered = _gather(launch)
+    if rank == 0:
         result = {
-            "variants": results,
+            "variants": _variant_results(launch, step_ms, step_loss, gathered),
             "peak_memory_bytes": [int(g["peak_memory_bytes"]) for g in gathered],
             "trace": trace,
-            "rounds": round_index,
+            "rounds": rounds,
             "stopped_by": stopped_by,
             "probe_ms": probes,
             "rank_cores": {str(r): g["cores"] for r, g in enumerate(gathered)},

@@ -21,18 +21,16 @@ device, which falls short of the iteration where the host cannot launch kernels 
 """
 
 import dataclasses
-import difflib
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -43,6 +41,7 @@ from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.store.records import KernelTimes
 from ddlsim.profiler import interrupt
 from ddlsim.profiler.allocator import use_rank_allocator
+from ddlsim.profiler.attribution import ITERATION, MARK, attribute, graph_node_of_op
 from ddlsim.profiler.capture import (
     AUTOCAST,
     CaptureOptions,
@@ -55,10 +54,6 @@ from ddlsim.profiler.speed import probe_ms
 
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
-_MARK = "ddlsim#"
-_ITERATION = "ddlsim::iteration"
-# Events the mapping pass adds by running a dispatch mode; the measured pass has none.
-_MODE_EVENTS = frozenset({"PythonDispatchMode", "PythonTLSSnapshot"})
 # What KernelProfile.summary() reports, in its order: the figures, not the per-node times.
 _SUMMARY = (
     "model",
@@ -110,7 +105,7 @@ class _Marker(OpMode):
     def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         index = len(self.ops)
         self.ops.append(str(func))
-        with record_function(f"{_MARK}{index}"):
+        with record_function(f"{MARK}{index}"):
             return func(*args, **kwargs)
 
 
@@ -123,83 +118,6 @@ def _make_optimizer(model: nn.Module, optimizer: Optimizer) -> torch.optim.Optim
 def _synchronize(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
-
-
-def _host_events(events: Sequence[FunctionEvent]) -> list[FunctionEvent]:
-    """The host-side events of every thread in start order (outer before inner).
-
-    Every thread, because on CUDA the autograd engine runs backward on a thread of its own
-    while the training thread waits (on the CPU backward runs on the training thread). With
-    CUDA the profiler also lists each ``record_function`` range a second time, as a
-    device-side annotation over the kernels it launched; only the host-side one is kept.
-    """
-    return sorted(
-        (e for e in events if e.device_type == DeviceType.CPU),
-        key=lambda e: (e.time_range.start, -e.time_range.end),
-    )
-
-
-def _ops_between(events: list[FunctionEvent], start: float, end: float) -> list[FunctionEvent]:
-    return [
-        e
-        for e in events
-        if start <= e.time_range.start
-        and e.time_range.end <= end
-        and not e.name.startswith((_MARK, _ITERATION))
-        and e.name not in _MODE_EVENTS
-    ]
-
-
-def _is_redirect(event: FunctionEvent) -> bool:
-    """The dispatcher's record of an op that the mapping mode took over: the op is recorded
-    again inside the mode's marker, and the measured pass has it once."""
-    return any(
-        child.name in _MODE_EVENTS or child.name.startswith(_MARK) for child in event.cpu_children
-    )
-
-
-def _mapping_reference(
-    events: list[FunctionEvent], start: float, end: float
-) -> tuple[list[str], list[int | None]]:
-    """Names of the mapping pass's events in ``[start, end]`` as the measured pass will show
-    them, and for each the op position of the marker enclosing it (``None`` outside ops)."""
-    names: list[str] = []
-    labels: list[int | None] = []
-    open_markers: list[tuple[float, int]] = []
-    for event in events:
-        if not (start <= event.time_range.start and event.time_range.end <= end):
-            continue
-        while open_markers and open_markers[-1][0] <= event.time_range.start:
-            open_markers.pop()
-        if event.name.startswith(_MARK):
-            open_markers.append((event.time_range.end, int(event.name[len(_MARK) :])))
-            continue
-        if event.name.startswith(_ITERATION) or event.name in _MODE_EVENTS:
-            continue
-        if _is_redirect(event):
-            continue
-        inside = open_markers and event.time_range.end <= open_markers[-1][0]
-        names.append(event.name)
-        labels.append(open_markers[-1][1] if inside else None)
-    return names, labels
-
-
-def _align(reference: Sequence[str], other: Sequence[str]) -> dict[int, int]:
-    """Positions in ``other`` matched to positions in ``reference`` (identical names)."""
-    if list(reference) == list(other):
-        return {i: i for i in range(len(other))}
-    matcher = difflib.SequenceMatcher(a=list(reference), b=list(other), autojunk=False)
-    mapping: dict[int, int] = {}
-    for block in matcher.get_matching_blocks():
-        for offset in range(block.size):
-            mapping[block.b + offset] = block.a + offset
-    return mapping
-
-
-def _iterations(events: list[FunctionEvent]) -> Iterator[tuple[float, float]]:
-    for event in events:
-        if event.name == _ITERATION:
-            yield event.time_range.start, event.time_range.end
 
 
 def profile_kernels(
@@ -312,7 +230,7 @@ def _profile(
     say("mapping profiler events to graph nodes")
     marker = _Marker()
     with profile(activities=activities) as mapping_prof:
-        with record_function(_ITERATION):
+        with record_function(ITERATION):
             opt.zero_grad(set_to_none=True)
             with marker:
                 forward_backward()
@@ -334,7 +252,7 @@ def _profile(
         _synchronize(device)
         samples_ms.append((time.perf_counter() - start) * 1e3)
         with profile(activities=activities) as prof:
-            with record_function(_ITERATION):
+            with record_function(ITERATION):
                 step()
             _synchronize(device)
         profiled_events.append(list(prof.events()))
@@ -344,8 +262,8 @@ def _profile(
             prof.export_chrome_trace(trace_path)
 
     probes.append(probe_ms())
-    node_of_op = _graph_node_of_op(graph, marker.ops)
-    per_node, profiled_ms, matched = _attribute(
+    node_of_op = graph_node_of_op(graph, marker.ops)
+    per_node, profiled_ms, matched = attribute(
         mapping_prof.events(), profiled_events, node_of_op, graph, device
     )
     node_ms = {node: statistics.median(values) for node, values in sorted(per_node.items())}
@@ -374,80 +292,3 @@ def _profile(
             **({"precision": precision} if precision != "fp32" else {}),
         },
     )
-
-
-def _graph_node_of_op(graph: IterationGraph, ops: list[str]) -> dict[int, int]:
-    """Graph node id of each op position seen by the mapping pass (aligned by op name)."""
-    compute = graph.nodes_of("compute")
-    mapping = _align([n.op for n in compute], ops)
-    return {position: compute[index].id for position, index in mapping.items()}
-
-
-def _attribute(
-    mapping_events: Sequence[FunctionEvent],
-    profiled: Sequence[Sequence[FunctionEvent]],
-    node_of_op: dict[int, int],
-    graph: IterationGraph,
-    device: str,
-) -> tuple[dict[int, list[float]], list[float], float]:
-    """Per-node durations (ms) of each profiled iteration, the iterations' own durations, and
-    the fraction of profiled events matched to the mapping pass."""
-    mapped = _host_events(mapping_events)
-    (map_start, map_end), *_ = _iterations(mapped)
-    reference, labels = _mapping_reference(mapped, map_start, map_end)
-    optimizer_nodes = graph.nodes_of("optimizer")
-    optimizer_bytes = sum(n.param_bytes for n in optimizer_nodes) or 1
-
-    per_node: dict[int, list[float]] = {}
-    iteration_ms: list[float] = []
-    matched_total = 0
-    seen_total = 0
-    for events in profiled:
-        timeline = _host_events(events)
-        ((start, end),) = _iterations(timeline)
-        ops = _ops_between(timeline, start, end)
-        match = _align(reference, [e.name for e in ops])
-        matched_total += len(match)
-        seen_total += len(ops)
-        node_end: dict[int, float] = {}
-        node_device: dict[int, float] = {}
-        for position, event in enumerate(ops):
-            ref = match.get(position)
-            op = labels[ref] if ref is not None else None
-            node = node_of_op.get(op) if op is not None else None
-            if node is None:
-                continue
-            covered = node_end.get(node)
-            if covered is None or event.time_range.start >= covered:  # outermost event of node
-                node_device[node] = node_device.get(node, 0.0) + event.device_time_total
-            node_end[node] = max(covered or 0.0, event.time_range.end)
-        durations: dict[int, float] = {}
-        last_end = max(node_end.values(), default=start)
-        if device == "cuda":
-            durations = {node: us / 1e3 for node, us in node_device.items()}
-            # The optimizer step: the kernels launched after the last graph op.
-            tail_ms = _outermost_device_us(ops, last_end) / 1e3
-        else:
-            previous = start
-            for node, finished in sorted(node_end.items(), key=lambda kv: kv[1]):
-                durations[node] = (finished - previous) / 1e3
-                previous = finished
-            tail_ms = (end - last_end) / 1e3
-        for opt_node in optimizer_nodes:
-            durations[opt_node.id] = tail_ms * opt_node.param_bytes / optimizer_bytes
-        for node, ms in durations.items():
-            per_node.setdefault(node, []).append(ms)
-        iteration_ms.append((end - start) / 1e3)
-    return per_node, iteration_ms, matched_total / max(seen_total, 1)
-
-
-def _outermost_device_us(ops: Sequence[FunctionEvent], after: float) -> float:
-    """Device time (us) of the kernels launched by host events starting at or after ``after``,
-    each counted once (through its outermost event)."""
-    total = 0.0
-    covered = after
-    for event in ops:
-        if event.time_range.start >= covered:
-            total += event.device_time_total
-            covered = event.time_range.end
-    return total

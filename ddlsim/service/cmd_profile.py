@@ -17,13 +17,8 @@ from ddlsim.data.store import (
     add_kernel_profile,
     mask_url,
 )
-from ddlsim.profiler.batch import (
-    collective_records,
-    fusion_record,
-    kernel_record,
-    on_device,
-    parse_batch,
-)
+from ddlsim.profiler.batch import on_device, parse_batch
+from ddlsim.profiler.batch_jobs import collective_records, fusion_record, kernel_record
 from ddlsim.profiler.capture import AUTOCAST
 from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.profiler.collectives import COLLECTIVES, parse_sizes, profile_collectives

@@ -24,14 +24,9 @@ from typing import NamedTuple
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Bucket, Strategy, TensorFusionPlan
-from ddlsim.simulator.replay import (
-    CpuLoad,
-    IterationTimes,
-    ReplayResult,
-    first_forward_use_of_params,
-    in_window,
-)
+from ddlsim.simulator.replay import CpuLoad, first_forward_use_of_params, in_window
 from ddlsim.simulator.runtime import RuntimeCosts, copy_passes
+from ddlsim.simulator.timeline import IterationTimes, ReplayResult
 
 # the most bucket groups a replay remembers (a search over contiguous buckets of 300 gradients
 # meets 45,150)

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.simulator.replay import CpuLoad, Event, ReplayResult
+from ddlsim.simulator.replay import CpuLoad
 from ddlsim.simulator.runtime import RuntimeCosts
+from ddlsim.simulator.timeline import Event, ReplayResult
 
 ROOT = -1
 

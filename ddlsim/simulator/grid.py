@@ -30,8 +30,8 @@ from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import GraphNode, IterationGraph
 from ddlsim.data.grid import GridLayer
 from ddlsim.data.tp_plans import TensorParallelPlan
-from ddlsim.simulator.replay import Event, ReplayResult
 from ddlsim.simulator.tensor_parallel import Layouts, _style, sharded_nodes
+from ddlsim.simulator.timeline import Event, ReplayResult
 
 Axis = Literal["rows", "cols", "depth"]
 # How a collective meets the compute: ``None`` blocks where it is issued; ``weight_grad`` hides

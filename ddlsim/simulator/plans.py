@@ -20,9 +20,9 @@ from ddlsim.simulator.costs import LinkFitLike, comm_models
 from ddlsim.simulator.fsdp import replay_fsdp
 from ddlsim.simulator.grid import GridCosts, GridModels, analytic_grid, replay_grid
 from ddlsim.simulator.pipeline import TensorStage, replay_pipeline, stage_costs, stage_spans
-from ddlsim.simulator.replay import ReplayResult, UnsupportedPlanError
 from ddlsim.simulator.runtime import RuntimeCosts
 from ddlsim.simulator.tensor_parallel import replay_tensor_parallel, split_stage
+from ddlsim.simulator.timeline import ReplayResult, UnsupportedPlanError
 
 
 def is_data_parallel(plan: ParallelPlan) -> bool:

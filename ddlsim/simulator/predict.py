@@ -22,8 +22,9 @@ from ddlsim.simulator.plans import (
     is_data_parallel,
     replay_parallel_plan,
 )
-from ddlsim.simulator.replay import ReplayResult, replay, transfer_durations
+from ddlsim.simulator.replay import replay, transfer_durations
 from ddlsim.simulator.runtime import shipped_runtime_costs
+from ddlsim.simulator.timeline import ReplayResult
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -133,28 +134,16 @@ def predict(
     dp = graph.strategy.parallel.resolve_dp(world_size)
     node_ms = scaled(node_ms, compute_scale)
     fits = [p for p in collective_profiles if p.backend == backend]
-    models = comm_models(
-        fits,
-        world_size=dp,
-        bandwidth=bandwidth,
-        bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
-        ring=uses_ring(graph.strategy, backend),
-    )
+    models = _comm(graph, fits, dp=dp, bandwidth=bandwidth, backend=backend)
     durations = transfer_durations(profiled, node_ms, graph)
     runtime = shipped_runtime_costs().scaled(compute_scale)
     if is_data_parallel(graph.strategy.parallel):
         result = replay(graph, durations, models.models, runtime=runtime)
     else:
         result = replay_parallel_plan(
-            graph,
-            durations,
-            fits,
-            models.models,
-            world_size=world_size,
-            bandwidth=bandwidth,
-            runtime=runtime,
-            compute_scale=compute_scale,
-        )
+            graph, durations, fits, models.models, world_size=world_size, bandwidth=bandwidth,
+            runtime=runtime, compute_scale=compute_scale,
+        )  # fmt: skip
     prediction = Prediction(
         graph=graph,
         world_size=world_size,
@@ -165,23 +154,61 @@ def predict(
         compute_scale=compute_scale,
     )
     cost_model = cost_model or ReplayCostModel()
+    analytic_ms = None
     if cost_model.name == "analytic" and not is_data_parallel(graph.strategy.parallel):
         analytic_ms = analytic_parallel_plan(
             graph, durations, fits, models.models, world_size=world_size, bandwidth=bandwidth
         )
-        if analytic_ms is not None:
-            return dataclasses.replace(
-                prediction,
-                predictor="analytic",
-                corrected_ms=analytic_ms,
-                simulator_version=cost_model.version,
-            )
+    if analytic_ms is not None:
+        return dataclasses.replace(
+            prediction,
+            predictor="analytic",
+            corrected_ms=analytic_ms,
+            simulator_version=cost_model.version,
+        )
     if not cost_model.learned:
         return prediction
+    return _corrected(
+        prediction,
+        cost_model,
+        profiled=profiled,
+        node_ms=node_ms,
+        runtime=runtime,
+        comm=models.models,
+        dp=dp,
+    )
+
+
+def _comm(
+    graph: IterationGraph, fits: Sequence[BackendFit], *, dp: int, bandwidth: str, backend: str
+) -> Any:
+    """The collectives' models over the data-parallel ranks, and where each came from."""
+    return comm_models(
+        fits,
+        world_size=dp,
+        bandwidth=bandwidth,
+        bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
+        ring=uses_ring(graph.strategy, backend),
+    )
+
+
+def _corrected(
+    prediction: Prediction,
+    cost_model: CostModel,
+    *,
+    profiled: IterationGraph,
+    node_ms: Mapping[int, float],
+    runtime: Any,
+    comm: Any,
+    dp: int,
+) -> Prediction:
+    """``prediction`` corrected by a learned cost model: the strategy head's correction of the
+    replay, and the fused-block head's time of each compiled block."""
+    graph, result, compute_scale = prediction.graph, prediction.result, prediction.compute_scale
     data_parallel = is_data_parallel(graph.strategy.parallel)
     summary = (
         DataParallelReplay(profiled, node_ms, runtime).summary(
-            graph.strategy, models.models, micro_batches=graph.strategy.parallel.micro_batches
+            graph.strategy, comm, micro_batches=graph.strategy.parallel.micro_batches
         )
         if data_parallel
         else ReplaySummary.of(result)
@@ -193,7 +220,7 @@ def predict(
         graph=features,
         strategy=graph.strategy,
         summary=summary,
-        comm=models.models,
+        comm=comm,
         dp=dp,
         compute_scale=compute_scale,
     )

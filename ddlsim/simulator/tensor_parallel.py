@@ -26,13 +26,14 @@ block's backward ends (the slices the other way are local and free); after backw
 carries as much.
 """
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import GraphNode, IterationGraph
 from ddlsim.data.tp_plans import TensorParallelPlan, block_of, block_paths, matches
-from ddlsim.simulator.replay import Event, ReplayResult
 from ddlsim.simulator.runtime import RuntimeCosts
+from ddlsim.simulator.timeline import Event, ReplayResult
 
 
 class Layouts:
@@ -158,94 +159,160 @@ def replay_tensor_parallel(
     def blocking_ms(model: AlphaBeta, nbytes: int) -> float:
         return (model.time_us(nbytes) + stretch * model.cpu_us(nbytes)) / 1e3
 
-    module_ms = costs.tp_us_per_module / 2 / 1e3
     layouts = Layouts(graph, plan, layers, vocab)
+    ends = _ModuleEnds.of(graph, plan, layouts)
+    after = _collectives_after(
+        graph, layouts, ends, all_reduce_ms=lambda n: blocking_ms(tp_all_reduce, n),
+        all_gather_ms=lambda n: blocking_ms(tp_all_gather, n),
+    )  # fmt: skip
+    module_ms = costs.tp_us_per_module / 2 / 1e3
+    line = _Line()
     sharded = sharded_nodes(graph, plan, layouts)
-    module_of: dict[int, tuple[str, str]] = {}
-    for node in graph.nodes:
-        if node.kind == "compute" and (found := _style(plan, node.module, layouts)) is not None:
-            module_of[node.id] = found
-    # Each split module's last forward node carries its output; its last backward node ends the
-    # computation of its input gradient.
-    last_forward: dict[str, GraphNode] = {}
-    last_backward: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.kind != "compute":
-            continue
-        if node.phase == "forward" and node.id in module_of:
-            last_forward[module_of[node.id][0]] = node
-        elif node.forward_id is not None and node.forward_id in module_of:
-            last_backward[module_of[node.forward_id][0]] = node.id
-    style_of = {path: style for path, style in module_of.values()}
-    hidden = max(
-        (_bytes(n) for path, n in last_forward.items() if style_of[path] == "rowwise"),
-        default=0,
-    )
-    after: dict[int, list[tuple[str, float]]] = {}  # node id -> collectives it is followed by
-    for path, node in last_forward.items():
-        style = style_of[path]
-        if style in ("rowwise", "vocab_embedding"):
-            after.setdefault(node.id, []).append(
-                (f"all_reduce {path}", blocking_ms(tp_all_reduce, _bytes(node)))
-            )
-        elif style == "vocab_head":
-            after.setdefault(node.id, []).append(
-                (f"all_gather {path}", blocking_ms(tp_all_gather, _bytes(node)))
-            )
-    for path, node_id in last_backward.items():
-        if style_of[path] in ("colwise", "vocab_head"):
-            after.setdefault(node_id, []).append(
-                (f"all_reduce grad {path}", blocking_ms(tp_all_reduce, hidden))
-            )
-    for label, node_id, nbytes in _boxing(graph, layouts):
-        after.setdefault(node_id, []).append((label, blocking_ms(tp_all_gather, nbytes)))
-    ends_module = {n.id for n in last_forward.values()} | set(last_backward.values())
-    events: list[Event] = []
-    clock = compute = comm = 0.0
     for _ in range(micro_batches):
+        line.micro_batch(
+            graph, node_ms, after=after, ends=ends, sharded=sharded, tp=tp, module_ms=module_ms
+        )
+    batch_bytes = sum(p.nbytes for p in graph.params if layouts.layout(p.module) == "batch")
+    if batch_bytes:
+        line.add(
+            "comm", "batch blocks' gradients all_reduce", blocking_ms(tp_all_reduce, batch_bytes)
+        )
+    # Each rank holds 1 / tp of the split modules' parameters and the whole of the others.
+    whole = sum(p.nbytes for p in graph.params if p.module not in ends.style_of)
+    share = (graph.grad_bytes - whole) / tp + whole
+    sync = blocking_ms(dp_all_reduce, int(share)) if dp > 1 else 0.0
+    clock = line.clock
+    if sync:
+        line.events.append(Event.span("comm", "data-parallel all_reduce", clock, clock + sync))
+    clock += sync
+    split_params = sum(1 for p in graph.params if p.module in ends.style_of)
+    step_ms = sum(float(node_ms.get(n.id, 0.0)) for n in graph.nodes if n.kind == "optimizer")
+    optimizer = (
+        step_ms * share / max(graph.grad_bytes, 1)
+        + costs.tp_step_us_per_param * split_params / 1e3
+    )
+    line.events.append(Event.span("compute", "optimizer (shard)", clock, clock + optimizer))
+    return ReplayResult(
+        iteration_time_ms=clock + optimizer,
+        compute_ms=line.compute + optimizer,
+        exposed_comm_ms=line.comm + sync,
+        comm_ms=line.comm + sync,
+        bubble_ms=0.0,
+        timeline=tuple(line.events),
+    )
+
+
+@dataclasses.dataclass
+class _Line:
+    """One rank's ops and blocking collectives one after the other: the events and the sums."""
+
+    events: list[Event] = dataclasses.field(default_factory=list)
+    clock: float = 0.0
+    compute: float = 0.0
+    comm: float = 0.0
+
+    def micro_batch(
+        self,
+        graph: IterationGraph,
+        node_ms: Mapping[int, float],
+        *,
+        after: dict[int, list[tuple[str, float]]],
+        ends: "_ModuleEnds",
+        sharded: set[int] | frozenset[int],
+        tp: int,
+        module_ms: float,
+    ) -> None:
+        """One micro-batch's compute nodes, each followed by its blocking collectives; a split
+        module's DTensor cost charged to the node that ends it."""
+        ends_module = {n.id for n in ends.last_forward.values()} | set(ends.last_backward.values())
         for node in graph.nodes:
             if node.kind != "compute":
                 continue
             ms = float(node_ms.get(node.id, 0.0)) / (tp if node.id in sharded else 1)
             if node.id in ends_module:
                 ms += module_ms
-            events.append(Event.span("compute", node.op, clock, clock + ms))
-            clock += ms
-            compute += ms
+            self.add("compute", node.op, ms)
             for label, comm_ms in after.get(node.id, []):
-                events.append(Event.span("comm", label, clock, clock + comm_ms))
-                clock += comm_ms
-                comm += comm_ms
-    batch_bytes = sum(p.nbytes for p in graph.params if layouts.layout(p.module) == "batch")
-    if batch_bytes:
-        summed = blocking_ms(tp_all_reduce, batch_bytes)
-        events.append(
-            Event.span("comm", "batch blocks' gradients all_reduce", clock, clock + summed)
-        )
-        clock += summed
-        comm += summed
-    # Each rank holds 1 / tp of the split modules' parameters and the whole of the others.
-    whole = sum(p.nbytes for p in graph.params if p.module not in style_of)
-    share = (graph.grad_bytes - whole) / tp + whole
-    sync = blocking_ms(dp_all_reduce, int(share)) if dp > 1 else 0.0
-    if sync:
-        events.append(Event.span("comm", "data-parallel all_reduce", clock, clock + sync))
-    clock += sync
-    split_params = sum(1 for p in graph.params if p.module in style_of)
-    step_ms = sum(float(node_ms.get(n.id, 0.0)) for n in graph.nodes if n.kind == "optimizer")
-    optimizer = (
-        step_ms * share / max(graph.grad_bytes, 1)
-        + costs.tp_step_us_per_param * split_params / 1e3
+                self.add("comm", label, comm_ms)
+
+    def add(self, lane: str, label: str, ms: float) -> None:
+        self.events.append(Event.span(lane, label, self.clock, self.clock + ms))
+        self.clock += ms
+        if lane == "compute":
+            self.compute += ms
+        else:
+            self.comm += ms
+
+
+@dataclasses.dataclass(frozen=True)
+class _ModuleEnds:
+    """Each split module's style, its last forward node (which carries its output) and its
+    last backward node (which ends the computation of its input gradient)."""
+
+    style_of: dict[str, str]
+    last_forward: dict[str, GraphNode]
+    last_backward: dict[str, int]
+
+    @classmethod
+    def of(
+        cls, graph: IterationGraph, plan: TensorParallelPlan, layouts: Layouts
+    ) -> "_ModuleEnds":
+        module_of: dict[int, tuple[str, str]] = {}
+        for node in graph.nodes:
+            if (
+                node.kind == "compute"
+                and (found := _style(plan, node.module, layouts)) is not None
+            ):
+                module_of[node.id] = found
+        last_forward: dict[str, GraphNode] = {}
+        last_backward: dict[str, int] = {}
+        for node in graph.nodes:
+            if node.kind != "compute":
+                continue
+            if node.phase == "forward" and node.id in module_of:
+                last_forward[module_of[node.id][0]] = node
+            elif node.forward_id is not None and node.forward_id in module_of:
+                last_backward[module_of[node.forward_id][0]] = node.id
+        style_of = {path: style for path, style in module_of.values()}
+        return cls(style_of, last_forward, last_backward)
+
+
+def _collectives_after(
+    graph: IterationGraph,
+    layouts: Layouts,
+    ends: _ModuleEnds,
+    *,
+    all_reduce_ms: Callable[[int], float],
+    all_gather_ms: Callable[[int], float],
+) -> dict[int, list[tuple[str, float]]]:
+    """The blocking collectives each node is followed by: a rowwise module's (and the split
+    embedding's) all-reduce of its output, the split head's all-gather; in backward, a
+    colwise module's all-reduce of its input gradient; the all-gathers where a run of batch
+    blocks ends."""
+    style_of = ends.style_of
+    hidden = max(
+        (_bytes(n) for path, n in ends.last_forward.items() if style_of[path] == "rowwise"),
+        default=0,
     )
-    events.append(Event.span("compute", "optimizer (shard)", clock, clock + optimizer))
-    return ReplayResult(
-        iteration_time_ms=clock + optimizer,
-        compute_ms=compute + optimizer,
-        exposed_comm_ms=comm + sync,
-        comm_ms=comm + sync,
-        bubble_ms=0.0,
-        timeline=tuple(events),
-    )
+    after: dict[int, list[tuple[str, float]]] = {}
+    for path, node in ends.last_forward.items():
+        style = style_of[path]
+        if style in ("rowwise", "vocab_embedding"):
+            after.setdefault(node.id, []).append(
+                (f"all_reduce {path}", all_reduce_ms(_bytes(node)))
+            )
+        elif style == "vocab_head":
+            after.setdefault(node.id, []).append(
+                (f"all_gather {path}", all_gather_ms(_bytes(node)))
+            )
+    for path, node_id in ends.last_backward.items():
+        if style_of[path] in ("colwise", "vocab_head"):
+            after.setdefault(node_id, []).append(
+                (f"all_reduce grad {path}", all_reduce_ms(hidden))
+            )
+    for label, node_id, nbytes in _boxing(graph, layouts):
+        after.setdefault(node_id, []).append((label, all_gather_ms(nbytes)))
+    return after
 
 
 def _boxing(graph: IterationGraph, layouts: Layouts) -> list[tuple[str, int, int]]:

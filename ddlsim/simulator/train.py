@@ -47,8 +47,9 @@ from ddlsim.simulator.features import (
 )
 from ddlsim.simulator.gnn import CostModelConfig, IterationCostModel, network_from_checkpoint
 from ddlsim.simulator.plans import is_data_parallel, replay_parallel_plan
-from ddlsim.simulator.replay import UnsupportedPlanError, transfer_durations
+from ddlsim.simulator.replay import transfer_durations
 from ddlsim.simulator.runtime import RuntimeCosts, runtime_costs_of
+from ddlsim.simulator.timeline import UnsupportedPlanError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,7 +12,7 @@ from ddlsim.data.errors import InvalidClusterError, InvalidOptionError
 from ddlsim.data.specs.gpu_cluster import PRESETS, GpuClusterSpec, preset
 from ddlsim.data.store import Store, add_collective_profile
 from ddlsim.executor.launchers import SlurmSettings, export_slurm_environment, submit_slurm
-from ddlsim.profiler.batch import collective_records
+from ddlsim.profiler.batch_jobs import collective_records
 from ddlsim.profiler.collective_fit import CollectiveProfile
 from ddlsim.profiler.collectives import profile_collectives_joined
 from ddlsim.simulator.gpu.nccl import fitted_cluster

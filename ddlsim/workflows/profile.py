@@ -15,17 +15,14 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.run import RunOptions, compare_training, run_training
-from ddlsim.profiler.batch import (
-    BatchOutcome,
-    Job,
-    JobRunner,
+from ddlsim.profiler.batch import BatchOutcome, Job, JobRunner, run_batch
+from ddlsim.profiler.batch_jobs import check_job as check_batch_job
+from ddlsim.profiler.batch_jobs import (
     of_their_types,
-    run_batch,
     run_collective_job,
     run_fusion_job,
     run_kernel_job,
 )
-from ddlsim.profiler.batch import check_job as check_batch_job
 from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.requests import Progress, no_progress
 
@@ -109,7 +106,7 @@ def run_compare_job(job: Job) -> Callable[[Any], None]:
 def check_job(job: Job, limits: SpecLimits | None = None) -> None:
     """Refuse, before it is queued, a job the worker would refuse or one over the service's
     limits (``limits``, else :meth:`SpecLimits.from_env`): its settings and work
-    (:func:`ddlsim.profiler.batch.check_job`), an executor job's strategies and run options,
+    (:func:`ddlsim.profiler.batch_jobs.check_job`), an executor job's strategies and run options,
     and its model at the job's inputs (:func:`ddlsim.data.limits.check_limits`).
 
     Raises:

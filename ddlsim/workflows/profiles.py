@@ -18,7 +18,7 @@ from ddlsim.data.store import (
     add_graph,
     add_kernel_profile,
 )
-from ddlsim.profiler.batch import collective_records, kernel_record
+from ddlsim.profiler.batch_jobs import collective_records, kernel_record
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.profiler.collectives import profile_collectives
 from ddlsim.profiler.kernels import profile_kernels

@@ -13,16 +13,10 @@ from ddlsim.data.models import build_model
 from ddlsim.data.stages import block_stack, tied_parameters
 from ddlsim.data.tp_plans import PLANS
 from ddlsim.data.zoo import resolve_model
-from ddlsim.simulator.pipeline import (
-    StageCosts,
-    TensorStage,
-    interleaved_order,
-    replay_pipeline,
-    schedule_order,
-    stage_costs,
-)
-from ddlsim.simulator.replay import UnsupportedPlanError
+from ddlsim.simulator.pipeline import StageCosts, TensorStage, replay_pipeline, stage_costs
+from ddlsim.simulator.pipeline_orders import interleaved_order, schedule_order
 from ddlsim.simulator.tensor_parallel import split_stage
+from ddlsim.simulator.timeline import UnsupportedPlanError
 
 GraphOf = Callable[[str], IterationGraph]
 NO_LINK = AlphaBeta(collective="sendrecv", world_size=1, alpha_us=0.0, busbw_gbps=1.0)

@@ -153,6 +153,185 @@ def check_layout(plan: ScalePlan, cluster: GpuClusterSpec, dims: ModelDims) -> N
         )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Stages:
+    """The blocks placed on the pipeline's stages: each (stage, chunk)'s forward and backward
+    per micro-batch (``forward``, ``backward``; FSDP's gathers in every one without
+    pipelining), the same with FSDP's once-an-iteration gathers (``once_f``, ``once_b``), the
+    blocks a part holds, and each stage's parameters and blocks."""
+
+    forward: list[list[float]]
+    backward: list[list[float]]
+    once_f: list[list[float]]
+    once_b: list[list[float]]
+    per_part: list[int]
+    params: list[int]
+    layers: list[int]
+
+    @property
+    def busiest(self) -> int:
+        return max(
+            range(len(self.forward)), key=lambda s: sum(self.forward[s]) + sum(self.backward[s])
+        )
+
+
+def _place_stages(
+    costs: ShardCosts, plan: ScalePlan, dims: ModelDims, one: Any, embed_ms: float
+) -> _Stages:
+    p, v = plan.pp, plan.virtual_stages
+    per_part = layer_parts(dims.layers, p * v)
+    first_f = costs.first.forward_ms + embed_ms
+    first_b = costs.first.backward_ms
+    last_f, last_b = costs.last.forward_ms, costs.last.backward_ms
+
+    def table(f_block: float, b_block: float) -> tuple[list[list[float]], list[list[float]]]:
+        forward = [[0.0] * v for _ in range(p)]
+        backward = [[0.0] * v for _ in range(p)]
+        for part, count in enumerate(per_part):
+            chunk, stage = divmod(part, p)
+            forward[stage][chunk] = count * f_block
+            backward[stage][chunk] = count * b_block
+        forward[0][0] += first_f
+        backward[0][0] += first_b
+        forward[(p * v - 1) % p][v - 1] += last_f
+        backward[(p * v - 1) % p][v - 1] += last_b
+        return forward, backward
+
+    # Without pipelining FSDP gathers every micro-batch; with it, once an iteration.
+    every = (one.sharded_forward, one.sharded_backward) if p == 1 else (one.forward, one.backward)
+    forward, backward = table(*every)
+    once_f, once_b = table(one.sharded_forward, one.sharded_backward)
+    params = [0] * p
+    layers = [0] * p
+    for part, count in enumerate(per_part):
+        params[part % p] += count * costs.block.params
+        layers[part % p] += count
+    params[0] += costs.first.params
+    params[(p * v - 1) % p] += costs.last.params
+    return _Stages(forward, backward, once_f, once_b, per_part, params, layers)
+
+
+def _pipeline_ms(
+    plan: ScalePlan,
+    stages: _Stages,
+    nccl: NcclModel,
+    groups: Any,
+    act_bytes: float,
+    *,
+    replay: bool,
+) -> float:
+    """The pipeline's span: the schedule replayed over the stages, or in closed form beyond
+    ``REPLAY_LIMIT_OPS``; activations sent between stages."""
+    p, v, m = plan.pp, plan.virtual_stages, plan.micro_batches
+    send_ms = 0.0
+    if p > 1:
+        send_group = Group(2, 1) if groups.pp_across_nodes else Group(2, 2)
+        send_ms = nccl.time_us("sendrecv", act_bytes / plan.tp, send_group) / 1e3
+        if plan.tp > 1 and not plan.sequence_parallel:
+            send_ms += nccl.time_us("all_gather", act_bytes, groups.tp) / 1e3
+    if replay and 2 * p * v * m <= REPLAY_LIMIT_OPS:
+        times = StageTimes(
+            forward_ms=stages.forward,
+            backward_ms=stages.backward,
+            first_forward_ms=stages.once_f,
+            last_backward_ms=stages.once_b,
+        )
+        return max(replay_pipeline(plan.schedule_kind, times, micro_batches=m, send_ms=send_ms))
+    stage_f = max(sum(row) for row in stages.forward)
+    stage_b = max(sum(row) for row in stages.backward)
+    pipeline_ms = analytic_pipeline_ms(
+        plan.schedule_kind,
+        stage_f,
+        stage_b,
+        stages=p,
+        chunks=v,
+        micro_batches=m,
+        send_ms=send_ms,
+    )
+    once_f = max(sum(r) for r in stages.once_f)
+    once_b = max(sum(r) for r in stages.once_b)
+    return pipeline_ms + (once_f - stage_f + once_b - stage_b)
+
+
+def _optimizer_ms(plan: ScalePlan, op_costs: GpuOpCosts, stage_params: int) -> float:
+    """The step over the busiest stage's parameters (sharded with FSDP, ZeRO or the
+    distributed optimizer)."""
+    shards = plan.dp * plan.cp
+    sharded_step = plan.fsdp or plan.distributed_optimizer or plan.zero
+    # Without FSDP the step also writes the 16-bit copy of the master weights (34 bytes a
+    # parameter: 4 read and 2 written on top of AdamW's 28).
+    optimizer_ms = op_costs.optimizer_ms(
+        -(-stage_params // shards) if sharded_step else stage_params,
+        bytes_per_param=28 if plan.fsdp else 34,
+    )
+    if plan.kernels == "transformer_engine" and plan.precision == "fp8":
+        # Transformer Engine keeps fp8 copies of the weights (and their transposes), cast once an
+        # iteration after the step: 2 bytes read for the scale, 2 read and 2 written to cast.
+        optimizer_ms += op_costs.memory_ms("copy", 6 * stage_params)
+    return optimizer_ms
+
+
+def _flops(costs: ShardCosts, dims: ModelDims, plan: ScalePlan) -> tuple[float, float]:
+    """The iteration's model FLOPs, and the FLOPs run (recomputation included). Model FLOPs as
+    Megatron-LM and MFU count them: attention's backward twice its forward (the flash kernels'
+    backward also recomputes the scores: 2.5 times, as captured), and a context-parallel
+    rank's attention over the whole sequence: cp times the captured shard's."""
+    block = costs.block
+    attention_units = 3.5 if dims.fused_attention else 3.0
+    attention_model = costs.attention_flops * 3.0 / attention_units
+    block_model_flops = (
+        block.forward_flops
+        + block.backward_flops
+        - costs.attention_flops
+        + plan.cp * attention_model
+    )
+    edge_flops = sum(
+        part.forward_flops + part.backward_flops for part in (costs.first, costs.last)
+    )
+    replicas = plan.dp * plan.cp * plan.micro_batches * plan.tp
+    model_flops = replicas * (dims.layers * block_model_flops + edge_flops)
+    flops = model_flops
+    if plan.recompute == "full":
+        forward_flops = block.forward_flops + (plan.cp - 1) * attention_model / 3
+        flops += replicas * dims.layers * forward_flops
+    return model_flops, flops
+
+
+def _breakdown(
+    costs: ShardCosts,
+    plan: ScalePlan,
+    stages: _Stages,
+    *,
+    one: Any,
+    groups: Any,
+    embed_ms: float,
+    pipeline_ms: float,
+) -> dict[str, float]:
+    """Where the pipeline's span goes: the busiest stage's blocks, micro-batch by micro-batch
+    (compute, recomputation, exposed communication in a node and across), then the rest
+    (bubble, sends, FSDP's once-an-iteration gathers)."""
+    p, v, m = plan.pp, plan.virtual_stages, plan.micro_batches
+    busiest = stages.busiest
+    layers_b = stages.layers[busiest]
+    block_parts = (one.sharded_exposed if p == 1 else one.exposed).scaled(layers_b * m)
+    edges = 0.0
+    if busiest == 0:
+        edges += costs.first.forward_ms + costs.first.backward_ms
+    if busiest == (p * v - 1) % p:
+        edges += costs.last.forward_ms + costs.last.backward_ms
+    compute_ms = m * (layers_b * one.compute + edges)
+    recompute_ms = m * layers_b * one.recompute
+    embed = Exposed.at(groups.tp.nodes > 1, m * embed_ms if busiest == 0 else 0.0)
+    comm = block_parts + embed
+    return {
+        "compute": compute_ms,
+        "recompute": recompute_ms,
+        "node": comm.node,
+        "network": comm.network,
+        "bubble": max(0.0, pipeline_ms - compute_ms - recompute_ms - comm.total),
+    }
+
+
 def predict_scale(
     costs: ShardCosts,
     dims: ModelDims,
@@ -181,95 +360,21 @@ def predict_scale(
     act_bytes = tokens * dims.hidden * dtype_bytes
     kv_bytes = 2 * tokens * dims.kv_hidden * dtype_bytes / plan.tp
     one = block_time(costs, plan, nccl, groups, act_bytes=act_bytes, kv_bytes=kv_bytes)
-
-    p, v, m = plan.pp, plan.virtual_stages, plan.micro_batches
-    per_part = layer_parts(dims.layers, p * v)
     embed_ms = nccl.time_us("all_reduce", act_bytes, groups.tp) / 1e3 if plan.tp > 1 else 0.0
-    first_f = costs.first.forward_ms + embed_ms
-    first_b = costs.first.backward_ms
-    last_f, last_b = costs.last.forward_ms, costs.last.backward_ms
-
-    def table(f_block: float, b_block: float) -> tuple[list[list[float]], list[list[float]]]:
-        forward = [[0.0] * v for _ in range(p)]
-        backward = [[0.0] * v for _ in range(p)]
-        for part, count in enumerate(per_part):
-            chunk, stage = divmod(part, p)
-            forward[stage][chunk] = count * f_block
-            backward[stage][chunk] = count * b_block
-        forward[0][0] += first_f
-        backward[0][0] += first_b
-        forward[(p * v - 1) % p][v - 1] += last_f
-        backward[(p * v - 1) % p][v - 1] += last_b
-        return forward, backward
-
-    # Without pipelining FSDP gathers every micro-batch; with it, once an iteration.
-    every = (one.sharded_forward, one.sharded_backward) if p == 1 else (one.forward, one.backward)
-    forward, backward = table(*every)
-    once_f, once_b = table(one.sharded_forward, one.sharded_backward)
-    times = StageTimes(
-        forward_ms=forward,
-        backward_ms=backward,
-        first_forward_ms=once_f,
-        last_backward_ms=once_b,
-    )
-    send_ms = 0.0
-    if p > 1:
-        send_group = Group(2, 1) if groups.pp_across_nodes else Group(2, 2)
-        send_ms = nccl.time_us("sendrecv", act_bytes / plan.tp, send_group) / 1e3
-        if plan.tp > 1 and not plan.sequence_parallel:
-            send_ms += nccl.time_us("all_gather", act_bytes, groups.tp) / 1e3
-    ops = 2 * p * v * m
-    if replay and ops <= REPLAY_LIMIT_OPS:
-        pipeline_ms = max(
-            replay_pipeline(plan.schedule_kind, times, micro_batches=m, send_ms=send_ms)
-        )
-    else:
-        stage_f = max(sum(row) for row in forward)
-        stage_b = max(sum(row) for row in backward)
-        pipeline_ms = analytic_pipeline_ms(
-            plan.schedule_kind,
-            stage_f,
-            stage_b,
-            stages=p,
-            chunks=v,
-            micro_batches=m,
-            send_ms=send_ms,
-        )
-        pipeline_ms += (
-            max(sum(r) for r in once_f) - stage_f + max(sum(r) for r in once_b) - stage_b
-        )
-
-    stage_params = [0] * p
-    stage_layers = [0] * p
-    for part, count in enumerate(per_part):
-        stage_params[part % p] += count * costs.block.params
-        stage_layers[part % p] += count
-    stage_params[0] += costs.first.params
-    stage_params[(p * v - 1) % p] += costs.last.params
-    busiest = max(range(p), key=lambda s: sum(forward[s]) + sum(backward[s]))
+    stages = _place_stages(costs, plan, dims, one, embed_ms)
+    pipeline_ms = _pipeline_ms(plan, stages, nccl, groups, act_bytes, replay=replay)
+    busiest = stages.busiest
     dp_exposed = _gradient_sync(
         plan,
         nccl,
         groups.grads,
-        params=max(stage_params),
+        params=max(stages.params),
         dtype_bytes=dtype_bytes,
-        last_backward_ms=sum(backward[busiest]),
-        first_forward_ms=sum(forward[busiest]),
+        last_backward_ms=sum(stages.backward[busiest]),
+        first_forward_ms=sum(stages.forward[busiest]),
     )
-    shards = plan.dp * plan.cp
-    sharded_step = plan.fsdp or plan.distributed_optimizer or plan.zero
-    # Without FSDP the step also writes the 16-bit copy of the master weights (34 bytes a
-    # parameter: 4 read and 2 written on top of AdamW's 28).
-    optimizer_ms = op_costs.optimizer_ms(
-        -(-max(stage_params) // shards) if sharded_step else max(stage_params),
-        bytes_per_param=28 if plan.fsdp else 34,
-    )
-    if plan.kernels == "transformer_engine" and plan.precision == "fp8":
-        # Transformer Engine keeps fp8 copies of the weights (and their transposes), cast once an
-        # iteration after the step: 2 bytes read for the scale, 2 read and 2 written to cast.
-        optimizer_ms += op_costs.memory_ms("copy", 6 * max(stage_params))
+    optimizer_ms = _optimizer_ms(plan, op_costs, max(stages.params))
     iteration_ms = pipeline_ms + dp_exposed.total + optimizer_ms
-
     memory = estimate_memory(
         costs,
         plan,
@@ -280,46 +385,14 @@ def predict_scale(
         fused_attention=dims.fused_attention,
         mbs=mbs,
         seq_len=seq_len,
-        stage_params=stage_params,
+        stage_params=stages.params,
     )
-    block = costs.block
-    # Model FLOPs as Megatron-LM and MFU count them: attention's backward twice its forward
-    # (the flash kernels' backward also recomputes the scores: 2.5 times, as captured), and
-    # a context-parallel rank's attention over the whole sequence: cp times the captured
-    # shard's.
-    attention_units = 3.5 if dims.fused_attention else 3.0
-    attention_model = costs.attention_flops * 3.0 / attention_units
-    block_model_flops = (
-        block.forward_flops
-        + block.backward_flops
-        - costs.attention_flops
-        + plan.cp * attention_model
-    )
-    edge_flops = sum(
-        part.forward_flops + part.backward_flops for part in (costs.first, costs.last)
-    )
-    model_flops = plan.dp * plan.cp * m * plan.tp * (dims.layers * block_model_flops + edge_flops)
-    flops = model_flops
-    if plan.recompute == "full":
-        forward_flops = block.forward_flops + (plan.cp - 1) * attention_model / 3
-        flops += plan.dp * plan.cp * m * plan.tp * dims.layers * forward_flops
+    model_flops, flops = _flops(costs, dims, plan)
     iteration_s = iteration_ms / 1e3
     world = cluster.world_size
-
-    # Where the time goes: the busiest stage's blocks, micro-batch by micro-batch, then the
-    # rest of the pipeline's span (bubble, sends, FSDP's once-an-iteration gathers).
-    layers_b = stage_layers[busiest]
-    block_parts = (one.sharded_exposed if p == 1 else one.exposed).scaled(layers_b * m)
-    edges = 0.0
-    if busiest == 0:
-        edges += costs.first.forward_ms + costs.first.backward_ms
-    if busiest == (p * v - 1) % p:
-        edges += last_f + last_b
-    compute_ms = m * (layers_b * one.compute + edges)
-    recompute_ms = m * layers_b * one.recompute
-    embed = Exposed.at(groups.tp.nodes > 1, m * embed_ms if busiest == 0 else 0.0)
-    comm = block_parts + embed
-    bubble_ms = max(0.0, pipeline_ms - compute_ms - recompute_ms - comm.total)
+    parts = _breakdown(
+        costs, plan, stages, one=one, groups=groups, embed_ms=embed_ms, pipeline_ms=pipeline_ms
+    )
     return ScalePrediction(
         iteration_s=iteration_s,
         tokens_per_s_per_gpu=global_batch * seq_len / iteration_s / world,
@@ -329,11 +402,11 @@ def predict_scale(
         memory=memory,
         fits=memory.total <= cluster.gpu.memory_gib * GIB,
         breakdown_ms={
-            "compute": compute_ms,
-            "recompute": recompute_ms,
-            "exposed_comm_node": comm.node + dp_exposed.node,
-            "exposed_comm_network": comm.network + dp_exposed.network,
-            "pipeline_bubble": bubble_ms,
+            "compute": parts["compute"],
+            "recompute": parts["recompute"],
+            "exposed_comm_node": parts["node"] + dp_exposed.node,
+            "exposed_comm_network": parts["network"] + dp_exposed.network,
+            "pipeline_bubble": parts["bubble"],
             "optimizer": optimizer_ms,
         },
         micro_batch_size=mbs,
