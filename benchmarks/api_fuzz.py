@@ -129,6 +129,8 @@ def fuzz_operation(operation: Any, cases: int, url: str) -> dict[str, Any]:
 
 
 def main() -> None:
+    """Long: the benchmark's steps in the order they run (server, worker, the fuzzing, the
+    report)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cases", type=int, default=200, help="cases per operation")
     parser.add_argument("--task-deadline", type=float, default=5.0)

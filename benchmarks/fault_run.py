@@ -185,6 +185,8 @@ def check_rows(store: Store, tasks: dict[int, Any], kinds: dict[int, str]) -> di
 
 
 def main() -> None:
+    """Long: the benchmark's run in the order it happens (server, workers, kills, checks, report),
+    read top to bottom."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=20, help="jobs of each kind")
     parser.add_argument("--kills", type=int, default=30)

@@ -45,6 +45,7 @@ def _json(command: list[str], env: dict[str, str], timeout_s: float) -> dict[str
 
 
 def main() -> None:
+    """Long: the benchmark's steps in the order they run on the lent GPU, read top to bottom."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["gpt2-small", "llama-160m", "bert-base"])
     parser.add_argument("--iters", type=int, default=10)

@@ -140,92 +140,36 @@ def _run_payload(db: str, strategy: dict[str, Any]) -> Any:
     return {"losses": [round(x, 5) for x in payload["losses"]], "applied": payload.get("applied")}
 
 
+def _cmd(text: str, *extra: str) -> Any:
+    """``ddlsim`` with the words of ``text`` and ``extra``, its JSON cleaned of what varies."""
+    return _clean(_cli([*text.split(), *extra]))
+
+
 def dump(db: str, *, runs: bool) -> dict[str, Any]:
     """Every payload of the fixed requests, against ``db``."""
     out: dict[str, Any] = {"predict": [], "cluster": []}
     for model, world, batch, strategy in CPU_STRATEGIES:
-        sized = [] if batch is None else ["--batch-size", str(batch)]
-        request = ["predict", model, "--world-size", str(world), "--bandwidth", "1gbit"]
-        request += [*sized, "--strategy", json.dumps(strategy), "--db", db]
-        out["predict"].append(_clean(_cli(request)))
-    out["search"] = _clean(
-        _cli(
-            [
-                "search",
-                "gpt2-tiny",
-                "--world-size",
-                "2",
-                "--bandwidth",
-                "1gbit",
-                "--budget",
-                "300",
-                "--db",
-                db,
-            ]
-        )
+        sized = "" if batch is None else f" --batch-size {batch}"
+        request = f"predict {model} --world-size {world} --bandwidth 1gbit{sized} --db {db}"
+        out["predict"].append(_cmd(request, "--strategy", json.dumps(strategy)))
+    out["search"] = _cmd(
+        f"search gpt2-tiny --world-size 2 --bandwidth 1gbit --budget 300 --db {db}"
     )
-    out["search_tpe"] = _clean(
-        _cli(
-            [
-                "search",
-                "llama-tiny",
-                "--world-size",
-                "2",
-                "--bandwidth",
-                "1gbit",
-                "--budget",
-                "60",
-                "--algo",
-                "tpe",
-                "--space",
-                "fusion",
-                "--db",
-                db,
-            ]
-        )
+    out["search_tpe"] = _cmd(
+        "search llama-tiny --world-size 2 --bandwidth 1gbit --budget 60 --algo tpe "
+        f"--space fusion --db {db}"
     )
     for plan in GPU_PLANS:
-        out["cluster"].append(
-            _clean(
-                _cli(
-                    [
-                        "predict",
-                        "mistral-7b",
-                        "--cluster",
-                        "dgx-h100:2",
-                        "--plan",
-                        json.dumps(plan),
-                        "--batch-size",
-                        "16",
-                        "--seq-len",
-                        "4096",
-                        "--db",
-                        db,
-                    ]
-                )
-            )
+        request = (
+            f"predict mistral-7b --cluster dgx-h100:2 --batch-size 16 --seq-len 4096 --db {db}"
         )
-    out["cluster_search"] = _clean(
-        _cli(
-            [
-                "search",
-                "mistral-7b",
-                "--cluster",
-                "dgx-h100:4",
-                "--batch-size",
-                "64",
-                "--seq-len",
-                "4096",
-            ]
-        )
+        out["cluster"].append(_cmd(request, "--plan", json.dumps(plan)))
+    out["cluster_search"] = _cmd(
+        "search mistral-7b --cluster dgx-h100:4 --batch-size 64 --seq-len 4096"
     )
+    rows = "ddlsim/data/published/megatron_lm_h100.json"
     published = subprocess.run(
-        [
-            sys.executable,
-            str(HERE / "benchmarks/published.py"),
-            "ddlsim/data/published/megatron_lm_h100.json",
-            "--json",
-        ],
+        [sys.executable, str(HERE / "benchmarks/published.py"), rows, "--json"],
         capture_output=True,
         text=True,
         check=False,

@@ -75,6 +75,7 @@ def _cells(m: Accuracy) -> str:
 
 
 def main() -> None:
+    """Long: the benchmark's steps in the order they run (folds, predictors, the report)."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dataset", type=Path, default=shipped_dataset())
     parser.add_argument("--epochs", type=int, default=TrainOptions().epochs)

@@ -228,6 +228,9 @@ def fit_latency_bandwidth(
     Raises:
         InvalidOptionError: with no samples, samples of several collectives, fewer than two
             distinct sizes, or a non-positive time.
+
+    Long: each step of the fit (slope, latency, burst, the CPU's share) takes the previous one's
+    result; they read in order.
     """
     if not samples:
         raise InvalidOptionError("fit_latency_bandwidth needs samples, got none")

@@ -189,6 +189,9 @@ def profile_collectives(
             (``InvalidSizesError`` for sizes), before any process starts.
         InvalidClusterError: ``bandwidth`` is not a rate.
         ClusterRunError: a rank failed or the run passed ``timeout_s``.
+
+    Long: it holds the emulated cluster for the measurement's whole life (namespaces, ranks,
+    their cleanup on every way out), which its steps share.
     """
     size_list = list(default_sizes() if sizes is None else sizes)
     collective_list = list(collectives)
@@ -316,6 +319,9 @@ def profile_collectives_joined(
     Raises:
         InvalidOptionError: no launcher environment, NCCL without a GPU, or bad options, before
             the group is joined.
+
+    Long: every rank runs the same collectives per fabric level in lockstep; the order of its
+    steps is the protocol.
     """
     from ddlsim.profiler.cluster.external import ExternalRank
     from ddlsim.profiler.collective_rank import GROUP_COLLECTIVES, close_comm_threads, measure

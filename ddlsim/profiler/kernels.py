@@ -192,6 +192,8 @@ def _profile(
     trace_dir: Path | None,
     progress: Callable[[str], None] | None,
 ) -> tuple[IterationGraph, KernelProfile]:
+    """Long: the three passes (timing, mapping, measured) share one model, batch and optimizer and
+    read in the order they run."""
     say = progress or (lambda message: None)
     # The ranks' allocator: the steps timed here must reuse their large tensors as a rank does.
     use_rank_allocator()

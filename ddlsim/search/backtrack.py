@@ -145,6 +145,9 @@ def backtrack_all(
 
     Raises:
         InvalidOptionError: a model without gradients.
+
+    Long: one backtracking loop over plans, partitions and blocks whose memo, bounds and pruning
+    counts every step reads and updates.
     """
     options = options or BacktrackOptions()
     begun = begin(evaluator, order)

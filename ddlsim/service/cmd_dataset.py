@@ -210,6 +210,7 @@ def cmd_add_session(args: argparse.Namespace) -> int:
 
 
 def register(commands: Any) -> None:
+    """Long: the declaration of every option of ``ddlsim simulator dataset``, one after another."""
     dataset = commands.add_parser("dataset", help="plan and export the simulator's dataset")
     kinds = dataset.add_subparsers(dest="dataset_command", required=True)
     plan = kinds.add_parser("plan", help="write the batch file that measures the dataset")

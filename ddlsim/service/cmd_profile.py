@@ -251,6 +251,7 @@ def _collectives_launched(args: argparse.Namespace, sizes: list[int] | None) -> 
 
 
 def register(sub: Any) -> None:
+    """Long: the declaration of every option of ``ddlsim profile``, one after another."""
     profile = sub.add_parser("profile", help="measure kernels and collectives, store them")
     kinds = profile.add_subparsers(dest="profile_command", required=True, metavar="KIND")
 

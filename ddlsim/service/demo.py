@@ -93,7 +93,10 @@ def run_demo(
     measure_budget_s: float = 20.0,
 ) -> dict[str, Any]:
     """Profile, predict, search and verify ``model`` through the service; the verifying runs
-    take ``measure_budget_s`` seconds a strategy beyond their minimum steps."""
+    take ``measure_budget_s`` seconds a strategy beyond their minimum steps.
+
+    Long: the demo's requests in the order a user makes them, each printed as it ends.
+    """
     spec = ZOO[model]
     micro = rank_spec(spec, Strategy(), world_size).inputs.batch_size
     print(f"1. profiling {model} at batch {micro} and the {bandwidth} link", file=sys.stderr)

@@ -224,7 +224,11 @@ class DataParallelReplay:
         timings: tuple[BucketTiming, ...],
     ) -> ReplaySummary:
         """DeAR's steady state, scheduled bucket by bucket as :func:`simulator.replay.replay`
-        schedules it node by node (see the module's docstring)."""
+        schedules it node by node (see the module's docstring).
+
+        Long: one list-scheduling loop whose streams and pending all-gathers every step reads
+        and writes.
+        """
         # the buckets as _timings launched them; launch order is also the order in which they
         # are assigned (their indices)
         launched = assigned = [

@@ -258,7 +258,11 @@ def strategy_sample(
     label_noise: float | None = None,
     reference: bool = False,
 ) -> StrategySample:
-    """The tokens and global features of ``strategy`` replayed as ``summary``."""
+    """The tokens and global features of ``strategy`` replayed as ``summary``.
+
+    Long: the bucket tokens and the global features are written field by field in
+    ``GLOBAL_FEATURES``' order.
+    """
     iteration = max(summary.iteration_time_ms, 1e-6)
     rows = []
     bucket_rows = []

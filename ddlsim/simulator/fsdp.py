@@ -74,7 +74,11 @@ def replay_fsdp(
 ) -> ReplayResult:
     """One FSDP iteration of ``graph`` (the rank's micro-batch) on ``dp`` ranks; ``runtime``'s
     FSDP costs (per group and per byte of its parameters) are charged half as each group
-    starts its forward, half as it starts its backward, and per parameter to the optimizer."""
+    starts its forward, half as it starts its backward, and per parameter to the optimizer.
+
+    Long: one list-scheduling loop over the groups' gathers, compute and reduce-scatters whose
+    streams every step shares.
+    """
     costs = runtime or RuntimeCosts()
     member = group_of_nodes(graph, groups)
     nbytes = _group_bytes(graph, groups)

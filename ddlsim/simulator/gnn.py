@@ -123,6 +123,9 @@ class IterationCostModel(nn.Module):
 
         Shapes:
             h: ``[num_nodes, hidden]``; returns ``[num_samples]``.
+
+        Long: the batch's token, row and sample indices are gathered in one pass so that each
+        head runs once over one tensor.
         """
         offsets = graphs.ptr.tolist()
         pooled_graph = scatter(h, graphs.batch, dim=0, dim_size=graphs.num_graphs, reduce="mean")

@@ -133,6 +133,8 @@ class GridCosts:
         *,
         overlap: bool,
     ) -> "GridCosts":
+        """Long: one pass over the grid layers that places each one's collectives and sums the
+        gradient bytes."""
         rows, cols, depth = axes["rows"], axes["cols"], axes["depth"]
         by_path = {layer.path: layer for layer in layers}
         layouts = Layouts(graph, plan, (), "replicate")
@@ -235,7 +237,11 @@ def replay_grid(
     micro_batches: int = 1,
     compute_scale: float = 1.0,
 ) -> ReplayResult:
-    """One iteration of ``graph`` (the data-parallel rank's micro-batch) on the grid."""
+    """One iteration of ``graph`` (the data-parallel rank's micro-batch) on the grid.
+
+    Long: one list-scheduling loop over the layers' compute and the grid's collectives on two
+    streams, whose clocks every step shares.
+    """
     stretch = max(0.0, compute_scale - 1.0)
     ends_forward = {v: k for k, v in costs.last_forward.items()}
     starts_forward = {v: k for k, v in costs.first_forward.items()}

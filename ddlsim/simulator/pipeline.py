@@ -102,6 +102,9 @@ def stage_costs(
 
     Raises:
         UnsupportedPlanError: fewer blocks than stages, or a block without forward nodes.
+
+    Long: the cut, the stages' sums and the tied parameters' shares come from one pass over the
+    graph's nodes.
     """
     tensor = tensor or {}
     spans = stage_spans(graph, blocks, stages)
@@ -256,6 +259,9 @@ def replay_pipeline(
         tied_all_reduce: the pipeline group's all-reduce, which sums the gradients of
             parameters used on several ranks (tied embeddings) once every rank's backward is
             done, before the data-parallel all-reduce; ``None``: those are not priced.
+
+    Long: one list-scheduling loop over the ranks' orders whose stage clocks and transfers every
+    step shares.
     """
     stages = len(costs)
     ranks = ranks or stages

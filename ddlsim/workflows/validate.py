@@ -73,6 +73,9 @@ def validate(
 
     Raises:
         InvalidOptionError: no candidate strategy fits the batch and the world size.
+
+    Long: the workflow's steps in the order they run (profiles, predictions, the side-by-side
+    launch, the errors).
     """
     spec = request.model
     bandwidth = normalized_bandwidth(request.bandwidth)

@@ -66,6 +66,9 @@ def verify(
     strategy whose predicted peak memory is over the capacity is not run (it would exhaust this
     machine's memory, every rank being here): ``not_run`` says why. A strategy listed twice
     runs once.
+
+    Long: settling by measurement in the order it happens (candidates, one launch, the
+    intervals, the rule).
     """
     options = verify_options(request)
     named = _verified_candidates(payload, min(request.verify_top, request.top))

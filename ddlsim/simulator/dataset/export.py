@@ -52,6 +52,9 @@ def export_dataset(
 
     Raises:
         InvalidOptionError: profiles of several hosts and no ``host``, or a ``host`` with none.
+
+    Long: one pass over each kind of record the store holds (kernel, fusion and collective
+    profiles, runs), a few lines each, in the file's order.
     """
     specs = None if models is None else {spec_key(m) for m in models}
     labels = None if models is None else {m.label for m in models}

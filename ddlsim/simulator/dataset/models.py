@@ -25,7 +25,10 @@ def _variant(base: str, name: str, config: Mapping[str, Any], **inputs: int) -> 
 
 
 def dataset_models() -> list[ModelSpec]:
-    """The models of the dataset: two sizes of each of eight families."""
+    """The models of the dataset: two sizes of each of eight families.
+
+    Long: a table of data, one entry a model.
+    """
     return [
         ZOO["gpt2-tiny"].with_inputs(**_SMALL_TEXT),
         _variant("gpt2-tiny", "gpt2-mini", {"n_layer": 4, "n_embd": 256}, **_SMALL_TEXT),

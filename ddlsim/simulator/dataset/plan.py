@@ -97,6 +97,9 @@ def plan_jobs(
     Group ``(model, setting)`` runs DDP's defaults and ``per_group`` strategies of the model's
     pool, taken in turn so that a model's groups together use as much of its pool as they can;
     odd groups run DDP's defaults once more with another seed (the repeat measures noise).
+
+    Long: groups take the pools' strategies in turn against counters every group updates
+    (positions in the pools, the kinds each setting lacks).
     """
     options = options or PlanOptions()
     jobs: list[dict[str, Any]] = []

@@ -57,6 +57,8 @@ def shard_costs(
 
     Shapes:
         graph: one shard with exactly one block matched by ``block``.
+
+    Long: one pass over the shard's nodes that prices, fuses and sums them per part as it goes.
     """
     nodes = graph.nodes
     part_of: dict[int, str] = {}
