@@ -93,7 +93,7 @@ RUNS: list[dict[str, Any]] = [
     {"parallel": {"pp": 2, "micro_batches": 2}},
     {"parallel": {"fsdp": True}},
 ]
-VOLATILE = {"elapsed_s", "id", "db", "created_at", "wall_s", "profiled_now"}
+VOLATILE = {"elapsed_s", "seconds", "id", "db", "created_at", "wall_s", "profiled_now"}
 
 
 def _clean(value: Any) -> Any:
