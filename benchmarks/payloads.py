@@ -15,12 +15,11 @@ whether every payload was equal, and if not the first keys that differ.
     git worktree add /tmp/before COMMIT
     python benchmarks/payloads.py compare --before /tmp/before --out payloads.json
 
-Time: about 4 minutes a dump on the 2-core VM (the runs take 2 of them).
+Time: about 4 minutes a dump on the 2-core VM (the runs take 2 of them; each request is a
+``ddlsim`` process of its own, as a user runs it).
 """
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -105,15 +104,17 @@ def _clean(value: Any) -> Any:
 
 
 def _cli(args: list[str]) -> Any:
-    """``ddlsim ARGS --json`` in this process; its JSON output."""
-    from ddlsim.service.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-        code = main([*args, "--json"])
-    if code != 0:
-        return {"exit": code}
-    return json.loads(out.getvalue())
+    """``ddlsim ARGS --json`` (the tree ``PYTHONPATH`` names); its JSON output, or its exit
+    status where it refused."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ddlsim", *args, "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        return {"exit": done.returncode}
+    return json.loads(done.stdout)
 
 
 def _run_payload(db: str, strategy: dict[str, Any]) -> Any:
