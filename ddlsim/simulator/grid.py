@@ -133,8 +133,12 @@ class GridCosts:
         *,
         overlap: bool,
     ) -> "GridCosts":
-        """Long: one pass over the grid layers that places each one's collectives and sums the
-        gradient bytes."""
+        """The grid's costs of ``graph``: each layer's forward and backward nodes, its
+        collectives on the grid's axes, and the gradient bytes averaged after backward.
+
+        Long: one pass over the grid layers that places each one's collectives and sums the
+        gradient bytes.
+        """
         rows, cols, depth = axes["rows"], axes["cols"], axes["depth"]
         by_path = {layer.path: layer for layer in layers}
         layouts = Layouts(graph, plan, (), "replicate")
