@@ -165,12 +165,18 @@ def replay_tensor_parallel(
         graph, layouts, ends, all_reduce_ms=lambda n: blocking_ms(tp_all_reduce, n),
         all_gather_ms=lambda n: blocking_ms(tp_all_gather, n),
     )  # fmt: skip
-    module_ms = costs.tp_us_per_module / 2 / 1e3
     line = _Line()
     sharded = sharded_nodes(graph, plan, layouts)
+    ends_module = {n.id for n in ends.last_forward.values()} | set(ends.last_backward.values())
     for _ in range(micro_batches):
         line.micro_batch(
-            graph, node_ms, after=after, ends=ends, sharded=sharded, tp=tp, module_ms=module_ms
+            graph,
+            node_ms,
+            after=after,
+            ends=ends_module,
+            sharded=sharded,
+            tp=tp,
+            module_ms=costs.tp_us_per_module / 2 / 1e3,
         )
     batch_bytes = sum(p.nbytes for p in graph.params if layouts.layout(p.module) == "batch")
     if batch_bytes:
@@ -217,19 +223,18 @@ class _Line:
         node_ms: Mapping[int, float],
         *,
         after: dict[int, list[tuple[str, float]]],
-        ends: "_ModuleEnds",
+        ends: set[int],
         sharded: set[int] | frozenset[int],
         tp: int,
         module_ms: float,
     ) -> None:
         """One micro-batch's compute nodes, each followed by its blocking collectives; a split
-        module's DTensor cost charged to the node that ends it."""
-        ends_module = {n.id for n in ends.last_forward.values()} | set(ends.last_backward.values())
+        module's DTensor cost (``module_ms``) charged to the node that ends it (``ends``)."""
         for node in graph.nodes:
             if node.kind != "compute":
                 continue
             ms = float(node_ms.get(node.id, 0.0)) / (tp if node.id in sharded else 1)
-            if node.id in ends_module:
+            if node.id in ends:
                 ms += module_ms
             self.add("compute", node.op, ms)
             for label, comm_ms in after.get(node.id, []):
