@@ -23,6 +23,22 @@ from ddlsim.executor.rank_main import rank_context
 
 RankFn = Callable[[RankContext], Any]
 STEPS = 5  # iterations a trainer test runs and compares with single-process training
+# Ranks fork from a server that has imported these once per test process: a spawned rank
+# spends some 6 s importing torch, transformers' models and the executor, and 1 s training.
+PRELOAD = (
+    "tests.executor.harness",
+    "ddlsim.executor.data_parallel",
+    "ddlsim.executor.fsdp",
+    "ddlsim.executor.grid",
+    "ddlsim.executor.pipeline",
+    "ddlsim.executor.tensor_parallel",
+    "torch.distributed.fsdp",
+    "torch.distributed.pipelining",
+    *(
+        f"transformers.models.{name}.modeling_{name}"
+        for name in ("bert", "gpt2", "llama", "mistral", "qwen3", "t5", "vit")
+    ),
+)
 
 
 def _rank_main(  # noqa: PLR0917 (multiprocessing passes positional arguments)
@@ -76,7 +92,8 @@ def run_ranks(
 
     A rank that fails ends the wait at once (its traceback is on stderr); every rank is stopped.
     """
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
     results = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         store_path = os.path.join(tmp, "store")
