@@ -1,5 +1,6 @@
 """``ddlsim run MODEL --strategy S --world-size N``: train for real, measure, store
-(:mod:`ddlsim.workflows.execute`)."""
+(:mod:`ddlsim.workflows.execute`); with ``--strategy`` given more than once, the strategies run
+side by side in one launch."""
 
 import argparse
 import sys
@@ -7,12 +8,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ddlsim.data.errors import InvalidOptionError, one_line
+from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import mask_url
-from ddlsim.executor.launchers import ExternalRank
+from ddlsim.executor.launchers import ExternalRank, SlurmSettings
 from ddlsim.executor.run import RunOptions, RunResult
 from ddlsim.profiler.cluster import ClusterRunError
 from ddlsim.service import output
-from ddlsim.workflows.execute import execute, execute_launched
+from ddlsim.workflows.execute import Executed, execute, execute_launched, execute_side_by_side
 from ddlsim.workflows.requests import ExecuteRequest, MeasureSettings, defaults
 
 EXIT_RUN_FAILED = 1
@@ -45,10 +47,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         collective_timeout_s=min(args.timeout, args.collective_timeout),
         **given,
     )
-    request = output.request_from(
-        args, ExecuteRequest, strategy=output.strategy_argument(args), options=options
-    )
+    strategies = output.strategy_arguments(args)
+    request = output.request_from(args, ExecuteRequest, strategy=strategies[0], options=options)
+    for strategy in strategies[1:]:
+        ExecuteRequest(model=request.model, strategy=strategy, options=options)  # checks it
     extra: dict[str, Any] = {}
+    if len(strategies) > 1:
+        return _side_by_side(args, request, strategies, slurm, extra)
     try:
         if launcher == "local":
             done = output.run_on_store(args, execute, request)
@@ -67,20 +72,56 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ClusterRunError as exc:
         print(f"ddlsim: error: run failed: {one_line(exc, limit=2000)}", file=sys.stderr)
         return EXIT_RUN_FAILED
-    result = done.result
-    db = mask_url(done.store_url)
-    payload: dict[str, Any] = {
-        **result.to_json(),
-        "id": done.measurement_id,
-        "db": db,
+    if args.json:
+        output.emit_json(_payload(done, launcher, extra))
+    else:
+        _print_summary(done.result, done.measurement_id, mask_url(done.store_url))
+    return 0
+
+
+def _side_by_side(
+    args: argparse.Namespace,
+    request: ExecuteRequest,
+    strategies: list[Strategy],
+    slurm: SlurmSettings | None,
+    extra: dict[str, Any],
+) -> int:
+    """``run`` with several strategies: one launch, every strategy's result stored and shown
+    (``--json``: a list, one object a strategy, in the order given)."""
+    try:
+        done = execute_side_by_side(
+            request,
+            strategies,
+            rounds=args.rounds,
+            launcher=args.launcher,
+            db=args.db,
+            slurm=slurm,
+            progress=output.stderr_progress,
+            on_submit=output.slurm_job_printer(extra),
+        )
+    except ClusterRunError as exc:
+        print(f"ddlsim: error: run failed: {one_line(exc, limit=2000)}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    if done is None:
+        return 0  # a rank other than 0: rank 0 reports and stores
+    if args.json:
+        output.emit_json([_payload(executed, args.launcher, extra) for executed in done])
+        return 0
+    fastest = min(executed.result.median_ms for executed in done)
+    for executed in done:
+        _print_summary(executed.result, executed.measurement_id, mask_url(executed.store_url))
+        print(f"  side by side {executed.result.median_ms / fastest:.3f}x the fastest's median")
+    return 0
+
+
+def _payload(executed: Executed, launcher: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **executed.result.to_json(),
+        "id": executed.measurement_id,
+        "db": mask_url(executed.store_url),
         "launcher": launcher,
         **extra,
     }
-    if args.json:
-        output.emit_json(payload)
-    else:
-        _print_summary(result, done.measurement_id, db)
-    return 0
 
 
 def _print_summary(result: RunResult, measurement_id: int, url: str) -> None:
@@ -134,6 +175,14 @@ def register(sub: Any) -> None:
         DEFAULTS,
         "run on an emulated cluster with this link rate per host (1gbit, 100mbit, 10gbit, none); "
         "without it the ranks share loopback",
+        side_by_side=True,
+    )
+    run.add_argument(
+        "--rounds",
+        type=output.positive_int,
+        default=3,
+        help="with several --strategy: each takes a turn of --iters steps at least this many "
+        "times, in an order shuffled every round (default 3)",
     )
     run.add_argument(
         "--device",

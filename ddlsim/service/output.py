@@ -107,14 +107,27 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_launch_arguments(
-    parser: argparse.ArgumentParser, defaults: Mapping[str, Any], bandwidth_help: str
+    parser: argparse.ArgumentParser,
+    defaults: Mapping[str, Any],
+    bandwidth_help: str,
+    *,
+    side_by_side: bool = False,
 ) -> None:
     """``--strategy``, ``--world-size`` and ``--bandwidth`` (:func:`strategy_argument` reads the
     strategy), with the use case's ``defaults`` (``world_size``, ``bandwidth``);
-    ``bandwidth_help`` says what the link is for."""
-    parser.add_argument(
-        "--strategy", help="strategy JSON or file (default: PyTorch DDP's defaults)"
-    )
+    ``bandwidth_help`` says what the link is for. With ``side_by_side`` ``--strategy`` may be
+    given more than once (:func:`strategy_arguments` reads them)."""
+    if side_by_side:
+        parser.add_argument(
+            "--strategy",
+            action="append",
+            help="strategy JSON or file (default: PyTorch DDP's defaults); given more than "
+            "once, the strategies run side by side in one launch, taking turns",
+        )
+    else:
+        parser.add_argument(
+            "--strategy", help="strategy JSON or file (default: PyTorch DDP's defaults)"
+        )
     parser.add_argument("--world-size", type=positive_int, default=defaults["world_size"])
     parser.add_argument("--bandwidth", default=defaults["bandwidth"], help=bandwidth_help)
 
@@ -122,6 +135,17 @@ def add_launch_arguments(
 def strategy_argument(args: argparse.Namespace) -> Strategy:
     """The ``--strategy`` option (inline JSON or a file), else DDP's defaults."""
     return Strategy.parse(args.strategy) if args.strategy else Strategy()
+
+
+def strategy_arguments(args: argparse.Namespace) -> list[Strategy]:
+    """Every ``--strategy`` given (inline JSON or a file), each once, in the order given; DDP's
+    defaults when none is."""
+    strategies: list[Strategy] = []
+    for raw in args.strategy or [None]:
+        strategy = Strategy.parse(raw) if raw else Strategy()
+        if strategy not in strategies:
+            strategies.append(strategy)
+    return strategies
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:

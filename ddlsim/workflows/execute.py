@@ -7,6 +7,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import (
     MeasurementRecord,
     Store,
@@ -15,8 +16,14 @@ from ddlsim.data.store import (
     add_strategy,
     strategy_hash,
 )
-from ddlsim.executor.launchers import SlurmSettings, run_env, run_slurm
-from ddlsim.executor.run import RunResult, run_training
+from ddlsim.executor.launchers import (
+    SlurmSettings,
+    compare_env,
+    compare_slurm,
+    run_env,
+    run_slurm,
+)
+from ddlsim.executor.run import RunResult, compare_training, run_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.simulator.predict import Prediction
 from ddlsim.workflows.predict import add_predicted, predict_request
@@ -152,3 +159,60 @@ def execute_launched(
         measurement_id = add_result(session, result)
         url = store.url
     return Executed(result=result, measurement_id=measurement_id, store_url=url)
+
+
+def execute_side_by_side(
+    request: ExecuteRequest,
+    strategies: list[Strategy],
+    *,
+    rounds: int,
+    launcher: str,
+    db: str | None,
+    slurm: SlurmSettings | None = None,
+    progress: Progress = no_progress,
+    on_submit: Callable[[str], None] | None = None,
+) -> list[Executed] | None:
+    """Run ``strategies`` on ``request.model`` side by side in one launch (the measurement
+    protocol's comparison: each takes ``rounds`` turns or more, in a shuffled order), on this
+    machine's emulated cluster (``local``), as this process's rank of an external group
+    (``env``) or as a Slurm job (``slurm``); store every result in the store ``db``, in one
+    transaction. One ``Executed`` a strategy, in the order given; ``None`` on the ranks of
+    ``env`` other than 0, which store nothing. ``request.strategy`` is not used.
+
+    Raises:
+        InvalidOptionError: as :func:`execute_launched`, or no strategies, too many, or
+            ``rounds`` < 1.
+        ClusterRunError: a rank failed or hung, or the Slurm job failed (nothing is stored).
+    """
+    say = lambda message: progress(None, message)  # noqa: E731
+    model, options = request.model, request.options
+    progress(
+        0.0, f"running {len(strategies)} strategies side by side on {options.world_size} ranks"
+    )
+    results: list[RunResult] | None
+    if launcher == "local":
+        remove_stale_namespaces()
+        results = compare_training(model, strategies, options, rounds=rounds, progress=say)
+    elif launcher == "env":
+        results = compare_env(model, strategies, options, rounds=rounds, progress=say)
+    elif launcher == "slurm":
+        results = compare_slurm(
+            model,
+            strategies,
+            options,
+            slurm or SlurmSettings(),
+            rounds=rounds,
+            progress=say,
+            on_submit=on_submit,
+        )
+    else:
+        raise InvalidOptionError(f"launcher {launcher!r} is unknown; allowed: local, env, slurm")
+    if results is None:
+        return None
+    with Store.open(db) as store, store.transaction() as session:
+        ids = [add_result(session, result) for result in results]
+        url = store.url
+    return [
+        Executed(result=result, measurement_id=measurement_id, store_url=url)
+        for result, measurement_id in zip(results, ids, strict=True)
+    ]

@@ -33,12 +33,20 @@ RUN_ARGS = ["--iters", "5", "--seed", "0", "--json", "--measure-budget", "0"]
 
 
 def torchrun_nodes(
-    tmp_path: Path, strategy: dict[str, Any], *, nproc: int, nodes: int = 2, timeout_s: int = 600
+    tmp_path: Path,
+    strategies: list[dict[str, Any]],
+    *,
+    nproc: int,
+    nodes: int = 2,
+    timeout_s: int = 600,
+    extra: tuple[str, ...] = (),
 ) -> list[str]:
-    """``ddlsim run gpt2-tiny --launcher env`` on ``nodes`` torchrun agents of ``nproc``
-    ranks each, all on this machine; every agent's stdout."""
+    """``ddlsim run gpt2-tiny --launcher env`` with ``strategies`` (side by side when more than
+    one) on ``nodes`` torchrun agents of ``nproc`` ranks each, all on this machine; every
+    agent's stdout."""
+    chosen = [arg for raw in strategies for arg in ("--strategy", json.dumps(raw))]
     return torchrun_agents(
-        ["run", "gpt2-tiny", "--launcher", "env", "--strategy", json.dumps(strategy), *RUN_ARGS],
+        ["run", "gpt2-tiny", "--launcher", "env", *chosen, *RUN_ARGS, *extra],
         nodes=nodes,
         nproc=nproc,
         env={"DDLSIM_DB": f"sqlite:///{tmp_path / 'store.db'}"},
@@ -51,13 +59,13 @@ def stored_runs(db: Path) -> list[tuple[Any, ...]]:
     engine = create_engine(f"sqlite:///{db}")
     with engine.connect() as connection:
         rows = connection.execute(
-            text("SELECT model, world_size, network FROM ddlsim_measurements")
+            text("SELECT model, world_size, network FROM ddlsim_measurements ORDER BY id")
         ).all()
     engine.dispose()
     return [tuple(row) for row in rows]
 
 
-def _report(outputs: list[str]) -> dict[str, Any]:
+def _report(outputs: list[str]) -> Any:
     """Rank 0's JSON: exactly one agent printed one (c10d decides which node holds rank 0)."""
     printed = [out for out in outputs if out.strip()]
     assert len(printed) == 1, outputs
@@ -65,20 +73,28 @@ def _report(outputs: list[str]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-@pytest.mark.parametrize("name", sorted(STRATEGIES))
-def test_torchrun_nodes_match_a_single_process(tmp_path: Path, name: str, nproc: int) -> None:
-    raw = STRATEGIES[name]
-    report = _report(torchrun_nodes(tmp_path, raw, nproc=nproc))
-    strategy = Strategy.from_dict(raw)
-    assert report["world_size"] == 2 * nproc
-    assert report["launcher"] == "env"
-    assert report["network"].startswith(f"env: 2 node(s) x {nproc} rank(s), gloo")
-    assert Strategy.from_dict(report["strategy"]) == strategy
-    want = single_losses(GPT2, Strategy(precision=strategy.precision), len(report["losses"]))
-    assert_losses_match(report["losses"], want, rtol=RTOL[strategy.precision])
+def test_torchrun_nodes_match_a_single_process(tmp_path: Path, nproc: int) -> None:
+    """Every strategy of ``STRATEGIES``, side by side in one launch on two torchrun "nodes":
+    each trains as a single process of its precision does, and each run is stored once."""
+    names = sorted(STRATEGIES)
+    reports = _report(
+        torchrun_nodes(
+            tmp_path, [STRATEGIES[name] for name in names], nproc=nproc, extra=("--rounds", "1")
+        )
+    )
+    assert len(reports) == len(names)
     runs = stored_runs(tmp_path / "store.db")
-    assert runs == [("gpt2-tiny", 2 * nproc, report["network"])]
-    assert report["id"] == 1
+    assert runs == [("gpt2-tiny", 2 * nproc, reports[0]["network"])] * len(names)
+    for number, (name, report) in enumerate(zip(names, reports, strict=True), start=1):
+        strategy = Strategy.from_dict(STRATEGIES[name])
+        assert report["world_size"] == 2 * nproc
+        assert report["launcher"] == "env"
+        assert report["network"].startswith(f"env: 2 node(s) x {nproc} rank(s), gloo")
+        assert report["env"]["side_by_side"] == len(names)
+        assert Strategy.from_dict(report["strategy"]) == strategy, name
+        want = single_losses(GPT2, Strategy(precision=strategy.precision), len(report["losses"]))
+        assert_losses_match(report["losses"], want, rtol=RTOL[strategy.precision])
+        assert report["id"] == number
 
 
 def _on_local_slurm(tmp_path: Path, args: list[str]) -> dict[str, Any]:
@@ -135,7 +151,7 @@ def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> No
     ranks = picked.parallel.resolve_dp(8) * picked.parallel.tp * picked.parallel.pp
     assert ranks == 8
     strategy["precision"] = "bf16"
-    report = _report(torchrun_nodes(tmp_path, strategy, nproc=4, timeout_s=900))
+    report = _report(torchrun_nodes(tmp_path, [strategy], nproc=4, timeout_s=900))
     assert Strategy.from_dict(report["strategy"]) == Strategy.from_dict(strategy)
     assert report["world_size"] == 8
     want = single_losses(GPT2, Strategy(precision="bf16"), len(report["losses"]))

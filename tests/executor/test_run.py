@@ -234,30 +234,48 @@ def test_batch_compare_job_stores_each_strategy_beside_its_reference(
     assert hooks.extra["probe_ms"] > 0 and hooks.extra["probe_ms"] == reference.extra["probe_ms"]
 
 
-def test_side_by_side_strategies_train_apart_and_take_turns() -> None:
+def test_side_by_side_strategies_train_apart_and_take_turns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ddlsim run --strategy A --strategy B ...``: one launch, every strategy stored."""
     strategies = [
         Strategy(),
         Strategy.from_dict({"tensor_fusion": {"bucket_cap_mb": 0.1, "dear": True}}),
         Strategy.from_dict({"parallel": {"pp": 2, "micro_batches": 2}}),
     ]
     rounds, iters, warmup = 2, 2, 1
-    results = compare_training(
-        MLP,
-        strategies,
-        RunOptions(world_size=2, iters=iters, warmup=warmup, budget_s=0),
-        rounds=rounds,
+    chosen = [arg for s in strategies for arg in ("--strategy", json.dumps(s.to_dict()))]
+    db = f"sqlite:///{tmp_path / 'sbs.db'}"
+    code = main(
+        [
+            "run",
+            MLP_JSON,
+            "--world-size",
+            "2",
+            *chosen,
+            *("--iters", str(iters), "--warmup", str(warmup), "--measure-budget", "0"),
+            *("--rounds", str(rounds), "--db", db, "--json"),
+        ]
     )
-    assert [r.strategy for r in results] == strategies
-    assert [r.applied["plan"] for r in results] == ["ddp", "ddp", "pipeline"]
-    assert [r.applied["fusion"] for r in results[:2]] == ["ddp", "hooks"]
+    assert code == 0
+    results = json.loads(capsys.readouterr().out)
+    assert [Strategy.from_dict(r["strategy"]) for r in results] == strategies
+    assert [r["applied"]["plan"] for r in results] == ["ddp", "ddp", "pipeline"]
+    assert [r["applied"]["fusion"] for r in results[:2]] == ["ddp", "hooks"]
     # Each model trains on its own: every step it ran (warm-up, the one settling step of each
     # turn, the kept ones) matches single-process training, as if it had run alone.
     steps = warmup + rounds * (1 + iters)
     want = reference_losses(MLP, steps)
     for result in results:
-        assert len(result.samples_ms) == rounds * iters and len(result.warmup_ms) == warmup
-        assert (result.side_by_side, result.rounds) == (3, rounds)
-        assert_losses_match(result.losses, want, rtol=1e-4)
+        env = result["env"]
+        assert len(result["iteration_time_ms"]["samples"]) == rounds * iters
+        assert len(env["warmup_ms"]) == warmup
+        assert (env["side_by_side"], env["rounds"]) == (3, rounds)
+        assert_losses_match(result["losses"], want, rtol=1e-4)
+    with Store.open(db) as store:
+        stored = store.measurements()
+    assert [m.id for m in stored] == [r["id"] for r in results] == [1, 2, 3]
+    assert len({m.env["launch_id"] for m in stored}) == 1
     assert _ddlsim_ranks() == []
 
 

@@ -1,13 +1,15 @@
 """The dataset's file: one gzip JSON document, written atomically and read back.
 
-The document holds ``format`` (``DATASET_FORMAT``), ``meta``, lists of ``kernels`` (graph,
-per-node ms), ``links``, ``fusion`` and ``runs`` (a run's fields beside what its measurement
-recorded with it), and ``sessions``: by name, documents of the same shape without runs.
+The document holds ``format`` (``DATASET_FORMAT``), ``meta``, lists of ``links``, ``kernels``
+(graph, per-node ms), ``fusion`` and ``runs`` (a run's fields beside what its measurement
+recorded with it), and ``sessions``: by name, documents of the same shape without runs. The
+small parts come first, so :func:`read_part` reads ``links`` without parsing the rest.
 """
 
 import dataclasses
 import gzip
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ def _payload(dataset: Dataset) -> dict[str, Any]:
     return {
         "format": DATASET_FORMAT,
         "meta": dataset.meta,
+        "links": [dataclasses.asdict(link) for link in dataset.links],
         "kernels": [
             {
                 "graph": entry.graph.to_dict(),
@@ -50,7 +53,6 @@ def _payload(dataset: Dataset) -> dict[str, Any]:
             }
             for entry in dataset.kernels.values()
         ],
-        "links": [dataclasses.asdict(link) for link in dataset.links],
         "fusion": [
             {"model": entry.model, "batch_size": entry.batch_size, "blocks": list(entry.blocks)}
             for entry in dataset.fusion.values()
@@ -75,6 +77,66 @@ def _payload(dataset: Dataset) -> dict[str, Any]:
 _RUN_KEYS = frozenset(
     {"model", "strategy", "world_size", "bandwidth", "samples_ms", "seed", "created_at"}
 )
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def read_part(path: Path, key: str) -> Any:
+    """The top-level ``key`` of a dataset file, reading and parsing only as far as its value
+    (a whole file takes seconds to parse; its ``links`` end within a few kilobytes).
+
+    Raises:
+        InvalidOptionError: the file cannot be read, is not a JSON object, or lacks ``key``.
+    """
+    text = ""
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            while True:
+                chunk = f.read(max(1 << 16, len(text)))
+                text += chunk
+                try:
+                    found, value = _top_level(text, key)
+                except json.JSONDecodeError:
+                    if chunk:
+                        continue  # a value runs past what was read: read more
+                    raise
+                if found:
+                    return value
+                if not chunk:
+                    break
+    except (OSError, json.JSONDecodeError, EOFError) as exc:
+        raise InvalidOptionError(f"dataset {path} cannot be read: {exc}") from None
+    raise InvalidOptionError(f"dataset {path} has no {key!r}")
+
+
+def _top_level(text: str, key: str) -> tuple[bool, Any]:
+    """``(True, value)`` of ``key`` in the JSON object that ``text`` begins, parsing the values
+    before it; ``(False, None)`` when ``text`` ends first."""
+    decoder = json.JSONDecoder()
+
+    def skip(at: int) -> int:
+        return _SPACE.match(text, at).end()  # type: ignore[union-attr]
+
+    at = skip(0)
+    if text[at : at + 1] != "{":
+        raise json.JSONDecodeError("not a JSON object", text, at)
+    at = skip(at + 1)
+    while text[at : at + 1] == '"':
+        name, at = decoder.raw_decode(text, at)
+        at = skip(at)
+        if text[at : at + 1] != ":":
+            raise json.JSONDecodeError("expected ':'", text, at)
+        value, at = decoder.raw_decode(text, skip(at + 1))
+        at = skip(at)
+        if not text[at : at + 1]:
+            break  # a number may go on past the text's end
+        if name == key:
+            return True, value
+        if text[at] != ",":
+            break
+        at = skip(at + 1)
+    return False, None
 
 
 def load_dataset(path: Path) -> Dataset:
