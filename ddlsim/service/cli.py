@@ -5,46 +5,48 @@ bad spec or strategy) ends with one ``ddlsim: error: ...`` line on stderr and ex
 """
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 
 from ddlsim.data.errors import DdlsimError, one_line
-from ddlsim.service import (
-    cmd_graph,
-    cmd_predict,
-    cmd_profile,
-    cmd_run,
-    cmd_search,
-    cmd_serve,
-    cmd_simulator,
-    cmd_specs,
-    demo,
-)
 
 EXIT_BAD_INPUT = 2
+# The module of ``ddlsim.service`` that registers each command, in the order help lists them.
+# A command imports its own module only: ``ddlsim run`` (every rank under torchrun is one)
+# starts without the simulator's GNN, the REST API or Optuna.
+COMMANDS: dict[str, str] = {
+    "models": "cmd_specs",
+    "spec": "cmd_specs",
+    "graph": "cmd_graph",
+    "profile": "cmd_profile",
+    "run": "cmd_run",
+    "predict": "cmd_predict",
+    "simulator": "cmd_simulator",
+    "search": "cmd_search",
+    "serve": "cmd_serve",
+    "worker": "cmd_serve",
+    "demo": "demo",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``command``'s module only when it is one."""
     parser = argparse.ArgumentParser(
         prog="ddlsim",
         description="Predict and search distributed training strategies before spending GPU time.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    cmd_specs.register(sub)
-    cmd_graph.register(sub)
-    cmd_profile.register(sub)
-    cmd_run.register(sub)
-    cmd_predict.register(sub)
-    cmd_simulator.register(sub)
-    cmd_search.register(sub)
-    cmd_serve.register(sub)
-    demo.register(sub)
+    chosen = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in chosen:
+        importlib.import_module(f"ddlsim.service.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(given[0] if given else None)
+    args = parser.parse_args(given)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -2,7 +2,7 @@
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
@@ -25,9 +25,10 @@ from ddlsim.executor.launchers import (
 )
 from ddlsim.executor.run import RunResult, compare_training, run_training
 from ddlsim.profiler.cluster import remove_stale_namespaces
-from ddlsim.simulator.predict import Prediction
-from ddlsim.workflows.predict import add_predicted, predict_request
 from ddlsim.workflows.requests import ExecuteRequest, PredictRequest, Progress, no_progress
+
+if TYPE_CHECKING:
+    from ddlsim.simulator.predict import Prediction
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,7 +39,7 @@ class Executed:
     result: RunResult
     measurement_id: int
     store_url: str
-    prediction: Prediction | None = None
+    prediction: "Prediction | None" = None
     prediction_id: int | None = None
 
 
@@ -66,6 +67,10 @@ def execute(
     )
     prediction: Prediction | None = None
     if request.predict and options.world_size > 1:
+        # Imported here: a rank under torchrun (``ddlsim run``) never predicts, and the
+        # simulator's GNN takes seconds to import.
+        from ddlsim.workflows.predict import add_predicted, predict_request
+
         progress(0.9, "predicting the same strategy")
         asked = PredictRequest(
             model=request.model,
@@ -76,16 +81,16 @@ def execute(
         )
         prediction, _, _ = predict_request(asked, store, progress)
     with store.transaction() as session:
+        measurement_id = add_result(session, result)
+        prediction_id = None
+        if prediction is not None:
+            prediction_id = add_predicted(session, prediction, request.strategy)
         executed = Executed(
             result=result,
-            measurement_id=add_result(session, result),
+            measurement_id=measurement_id,
             store_url=store.url,
             prediction=prediction,
-            prediction_id=(
-                None
-                if prediction is None
-                else add_predicted(session, prediction, request.strategy)
-            ),
+            prediction_id=prediction_id,
         )
         if commit is not None:
             commit(session, executed)

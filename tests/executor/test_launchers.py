@@ -125,10 +125,11 @@ def test_slurm_on_submitits_local_executor(tmp_path: Path) -> None:
 
 
 def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
-    """What ``search --cluster dgx-h100:1 --json`` prints is a strategy ``run`` takes as it is
-    (its precision set to bf16), within the search space this executor runs (no context
-    parallelism, no distributed optimizer beside tensor parallelism); with fp8 it is refused
-    before any rank starts."""
+    """What ``search --cluster CLUSTER --json`` prints (two DGX H100 nodes of two GPUs each)
+    is a strategy ``run`` takes as it is on two torchrun nodes of two ranks (its precision set
+    to bf16), within the search space this executor runs (no context parallelism, no
+    distributed optimizer beside tensor parallelism); with fp8 it is refused before any rank
+    starts."""
     runnable = json.dumps({"sharding": ["none", "fsdp"], "cp": [1]})
     searched = subprocess.run(
         [
@@ -136,7 +137,7 @@ def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> No
             "search",
             "gpt2-tiny",
             "--cluster",
-            "dgx-h100:1",
+            json.dumps({"preset": "dgx-h100", "nodes": 2, "gpus_per_node": 2}),
             "--search-space",
             runnable,
             "--json",
@@ -148,12 +149,12 @@ def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> No
     )
     strategy = json.loads(searched.stdout)["best"]["strategy"]
     picked = Strategy.from_dict(strategy)
-    ranks = picked.parallel.resolve_dp(8) * picked.parallel.tp * picked.parallel.pp
-    assert ranks == 8
+    ranks = picked.parallel.resolve_dp(4) * picked.parallel.tp * picked.parallel.pp
+    assert ranks == 4
     strategy["precision"] = "bf16"
-    report = _report(torchrun_nodes(tmp_path, [strategy], nproc=4, timeout_s=900))
+    report = _report(torchrun_nodes(tmp_path, [strategy], nproc=2, timeout_s=900))
     assert Strategy.from_dict(report["strategy"]) == Strategy.from_dict(strategy)
-    assert report["world_size"] == 8
+    assert report["world_size"] == 4
     want = single_losses(GPT2, Strategy(precision="bf16"), len(report["losses"]))
     assert_losses_match(report["losses"], want, rtol=RTOL["bf16"])
     strategy["precision"] = "fp8"
@@ -165,7 +166,7 @@ def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> No
             "--strategy",
             json.dumps(strategy),
             "--world-size",
-            "8",
+            "4",
             *RUN_ARGS,
         ],
         capture_output=True,
