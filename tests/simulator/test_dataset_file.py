@@ -35,14 +35,20 @@ def test_a_part_after_a_long_value_is_read_whole(tmp_path: Path, indent: int | N
         assert read_part(path, key) == value
 
 
-def test_the_shipped_links_are_the_files_links() -> None:
+def test_the_shipped_links_lie_in_the_files_first_64_kib(tmp_path: Path) -> None:
+    """The shipped dataset keeps its small parts first: the link fits are read from its first
+    64 KiB alone (a copy cut there still yields them)."""
     with gzip.open(shipped_dataset(), "rt", encoding="utf-8") as f:
-        whole = json.load(f)
-    assert list(whole)[:3] == ["format", "meta", "links"]  # the small parts first
-    assert [fit.collective for fit in shipped_link_fits()] == [
-        entry["collective"] for entry in whole["links"]
-    ]
-    assert read_part(shipped_dataset(), "links") == whole["links"]
+        head = f.read(1 << 16)
+    cut = tmp_path / "head.json.gz"
+    with gzip.open(cut, "wt", encoding="utf-8") as f:
+        f.write(head)
+    links = read_part(cut, "links")
+    assert links and links == read_part(shipped_dataset(), "links")
+    assert read_part(cut, "format") == 1
+    assert [fit.collective for fit in shipped_link_fits()] == [e["collective"] for e in links]
+    with pytest.raises(InvalidOptionError, match="cannot be read"):
+        read_part(cut, "runs")  # cut off: an error, never a part of a part
 
 
 @pytest.mark.parametrize(

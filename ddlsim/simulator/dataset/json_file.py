@@ -93,7 +93,8 @@ def read_part(path: Path, key: str) -> Any:
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             while True:
-                chunk = f.read(max(1 << 16, len(text)))
+                # the first 64 KiB hold the small parts; past them, the whole rest at once
+                chunk = f.read(1 << 16) if not text else f.read()
                 text += chunk
                 try:
                     found, value = _top_level(text, key)
