@@ -93,6 +93,19 @@ def test_run_prints_and_stores_a_measurement(capsys: pytest.CaptureFixture[str])
     assert len(out["losses"]) == 4
     assert len(out["peak_memory_bytes"]) == 2 and min(out["peak_memory_bytes"]) > 0
     assert out["applied"]["collectives"] == ["reduce_scatter:ring", "all_gather:ring"]
+    # the median carries its interval, and the protocol says why it stopped
+    low, high = times["ci95_ms"]
+    assert low <= times["median"] <= high
+    assert times["stopped_by"] == "minimum"
+    # each rank pinned to a core of its own, recorded with the run
+    cores = sorted(os.sched_getaffinity(0))
+    env = out["env"]
+    placed = [env["rank_cores"][str(rank)] for rank in (0, 1)]
+    assert all(len(c) == 1 for c in placed)
+    if len(cores) >= 2:
+        assert placed[0] != placed[1]
+    assert env["pinned"] is True
+    assert sorted(r for ranks in env["ranks_per_core"].values() for r in ranks) == [0, 1]
     with Store.open() as store:
         (stored,) = store.measurements()
     assert stored.losses == out["losses"]
@@ -332,18 +345,6 @@ def test_the_protocol_stops_on_its_budget_when_the_interval_is_out_of_reach() ->
     assert result.env()["probe_ms"] == statistics.median(result.probe_ms)
 
 
-def test_ranks_are_pinned_to_distinct_cores_and_recorded() -> None:
-    cores = sorted(os.sched_getaffinity(0))
-    result = run_training(MLP, Strategy(), RunOptions(world_size=2, iters=2, budget_s=0))
-    placed = [result.rank_cores[rank] for rank in (0, 1)]
-    assert all(len(c) == 1 for c in placed)
-    if len(cores) >= 2:
-        assert placed[0] != placed[1]
-    env = result.env()
-    assert env["pinned"] is True
-    assert sorted(r for ranks in env["ranks_per_core"].values() for r in ranks) == [0, 1]
-
-
 def test_four_ranks_share_the_cores_the_same_way_every_run() -> None:
     cores = sorted(os.sched_getaffinity(0))
     options = RunOptions(world_size=4, iters=1, warmup=0, budget_s=0)
@@ -353,16 +354,11 @@ def test_four_ranks_share_the_cores_the_same_way_every_run() -> None:
         assert first.rank_cores[rank] == [cores[rank % len(cores)]]
 
 
-def test_run_json_carries_the_interval_of_its_median(capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_prints_its_median_interval_and_placement(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["run", MLP_JSON, "--world-size", "2", "--iters", "6", "--measure-budget", "0"]
-    assert main([*args, "--json"]) == 0
-    times = json.loads(capsys.readouterr().out)["iteration_time_ms"]
-    low, high = times["ci95_ms"]
-    assert low <= times["median"] <= high
-    assert times["stopped_by"] == "minimum"
     assert main(args) == 0
     text = capsys.readouterr().out
-    assert "95 % interval" in text and "rank 0 on core" in text
+    assert "95 % interval" in text and "rank 0 on core" in text and "stopped by minimum" in text
 
 
 def _side_by_side_like_one_process(
