@@ -1,8 +1,6 @@
 """``python -m ddlsim``: the command line, as launchers start it (``torchrun -m ddlsim run``)."""
 
-import sys
-
-from ddlsim.service.cli import main
+from ddlsim.service.cli import run_command_line
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command_line()

@@ -1,4 +1,4 @@
-"""One rank of an executor run; started under torchrun by ``executor.run``.
+"""One rank of an executor run; started on each emulated host by ``executor.run``.
 
 Reads the run's JSON config (model spec, the strategies with their bucket partitions,
 iterations), trains, and on rank 0 writes the result JSON to ``--output``. Iteration ``i``'s

@@ -1,4 +1,4 @@
-"""One rank of the collective microbenchmark; run under torchrun by ``profiler.collectives``.
+"""One rank of the collective microbenchmark; started on each host by ``profiler.collectives``.
 
 Every repeat is timed on every rank between a barrier and the collective's completion; the
 repeat's time is the maximum over ranks (one all-reduce MAX per message size), so stragglers
@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddlsim.data.shutdown import freeze_for_exit
 from ddlsim.profiler.cluster.placement import report_placement
 from ddlsim.profiler.cluster.processes import die_with_parent
 from ddlsim.profiler.ring import CommThread, ring_all_gather, ring_reduce_scatter
@@ -307,7 +308,7 @@ def measure(
 def main(argv: list[str] | None = None) -> int:
     """Run this rank's benchmark (``argv``: the options, default ``sys.argv``); the exit code."""
     args = _parse_args(argv)
-    # torchrun starts this process in a session of its own: follow it if it is killed.
+    # This process runs in a session of its own: follow its launcher if it is killed.
     die_with_parent()
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
@@ -357,4 +358,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    freeze_for_exit()
+    sys.exit(code)

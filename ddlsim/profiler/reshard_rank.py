@@ -1,4 +1,4 @@
-"""One rank of the resharding microbenchmark; run under torchrun by ``profiler.resharding``.
+"""One rank of the resharding microbenchmark; started on each host by ``profiler.resharding``.
 
 Ranks ``0 .. S-1`` are the source mesh, ``S .. S+D-1`` the destination mesh. Every rank keeps a
 float32 buffer of the whole tensor and moves slices of it by their place in the whole, as
@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ddlsim.data.resharding import RESHARD_METHODS, MeshLayout, plan_transfers
+from ddlsim.data.shutdown import freeze_for_exit
 from ddlsim.profiler.cluster.processes import die_with_parent
 
 _ELEMENT_BYTES = 4
@@ -190,4 +191,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    freeze_for_exit()
+    sys.exit(code)

@@ -8,8 +8,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from ddlsim.data.errors import DdlsimError, one_line
+from ddlsim.data.shutdown import freeze_for_exit
 
 EXIT_BAD_INPUT = 2
 # The module of ``ddlsim.service`` that registers each command, in the order help lists them.
@@ -58,5 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run_command_line() -> NoReturn:
+    """The console script and ``python -m ddlsim``: :func:`main` on ``sys.argv``, then exit
+    without the interpreter's last collection (:mod:`ddlsim.data.shutdown`)."""
+    code = main()
+    freeze_for_exit()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command_line()

@@ -1,9 +1,9 @@
 """An emulated cluster on one machine: one network namespace per rank, links shaped with ``tbf``.
 
 ``EmulatedCluster`` (:mod:`.launch`) is a context manager that makes the network
-(:mod:`.namespaces`), starts one ``torchrun`` per host in it and waits for every rank; it stops
-every process it started (:mod:`.processes`) on any exit, tells from the ranks' logs which rank
-caused a failure (:mod:`.diagnosis`), and reports where each rank ran (:mod:`.placement`).
+(:mod:`.namespaces`), starts one rank per host in it (:mod:`.host`) and waits for every rank; it
+stops every process it started (:mod:`.processes`) on any exit, tells from the ranks' logs which
+rank caused a failure (:mod:`.rank_logs`), and reports where each rank ran (:mod:`.placement`).
 
 >>> with EmulatedCluster(2, "1gbit") as cluster:
 ...     result = cluster.launch("ddlsim.profiler.collective_rank", args, timeout_s=120)

@@ -1,6 +1,6 @@
-"""Launching ranks on an emulated cluster: one ``torchrun`` per host, under its namespace.
+"""Launching ranks on an emulated cluster: one rank per host, under its namespace.
 
-Ranks start as one ``torchrun`` per host (``--nnodes N --node-rank i``, :mod:`.torchrun`) under
+Ranks start one per host with the variables torchrun gives its workers (:mod:`.host`) under
 ``ip netns exec``, each in its own session so it can be stopped as a process group; gloo and
 NCCL are bound to the host's interface and the rendezvous is rank 0's address.
 
@@ -35,6 +35,7 @@ from typing import Any, Literal
 from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.profiler import interrupt
+from ddlsim.profiler.cluster.host import start_rank
 from ddlsim.profiler.cluster.namespaces import (
     HOST_INTERFACE,
     NAMESPACE_PREFIX,
@@ -53,7 +54,6 @@ from ddlsim.profiler.cluster.rank_logs import (
     rank_log,
     timeout_message,
 )
-from ddlsim.profiler.cluster.torchrun import start_rank
 
 Network = Literal["netns", "loopback"]
 
@@ -275,12 +275,13 @@ class EmulatedCluster:
         output_paths: Sequence[str | Path] = (),
         stdout_callback: Callable[[str], None] | None = None,
     ) -> LaunchResult:
-        """Run ``python -m module *args`` as one rank per host under torchrun and wait for all.
+        """Run ``python -m module *args`` as one rank per host and wait for all.
 
-        Each host runs ``torchrun --nnodes N --node-rank i --nproc-per-node 1`` with the
-        rendezvous on rank 0, in its own session, with ``GLOO_SOCKET_IFNAME`` and
-        ``NCCL_SOCKET_IFNAME`` set to the host's interface, ``OMP_NUM_THREADS=1`` and
-        ``DDLSIM_PLACEMENT_PATH`` for ``report_placement``. ``env`` is added on top.
+        Each host runs its rank with torchrun's worker variables (``RANK``, ``WORLD_SIZE``,
+        ``MASTER_ADDR``, ...; :mod:`.host`) and the rendezvous on rank 0, in its own session,
+        with ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` set to the host's interface,
+        ``OMP_NUM_THREADS=1`` and ``DDLSIM_PLACEMENT_PATH`` for ``report_placement``. ``env``
+        is added on top.
 
         Args:
             output_paths: files the ranks write; removed before the start, required after.
@@ -361,7 +362,7 @@ class EmulatedCluster:
             codes = [proc.poll() for proc in procs]
             failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
             if failed:
-                # The ranks a crash leaves behind fail soon after it, each torchrun in its own
+                # The ranks a crash leaves behind fail soon after it, each in its own
                 # time: let them, so that every failure is known before the cause is named.
                 settle = time.monotonic() + _SETTLE_S
                 while any(code is None for code in codes) and time.monotonic() < settle:

@@ -1,8 +1,9 @@
 """The processes of a launch: stopping a process tree, and a parent-death signal for ranks.
 
-torchrun starts its worker in a session of its own, so stopping a rank signals every
-descendant's process group, not only torchrun's. Ranks also get a parent-death signal: if the
-launcher is killed with SIGKILL (no teardown possible) they still exit.
+A rank's own children (``torch.compile``'s workers, a launcher's agent and its workers) may
+run in sessions of their own, so stopping a rank signals every descendant's process group, not
+only the rank's. Ranks also get a parent-death signal: if the launcher is killed with SIGKILL
+(no teardown possible) they still exit.
 """
 
 import contextlib
@@ -41,7 +42,7 @@ def process_alive(pid: int) -> bool:
 
 
 def _descendants(root_pids: Sequence[int]) -> list[int]:
-    """Every live descendant of ``root_pids`` (torchrun starts its workers in new sessions)."""
+    """Every live descendant of ``root_pids`` (some start in sessions of their own)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

@@ -3,11 +3,9 @@
 Each rank's stdout and stderr go to ``rank{i}.stdout`` and ``rank{i}.stderr`` in the launch's
 folder; :class:`LineFollower` hands rank 0's lines to a callback while it runs. When ranks fail,
 the one whose peer vanished under it failed because of another: the message names the cause
-first, with the worker's own exit code from torchrun's summary, and shows the cause's last
-stderr lines without torchrun's framing.
+first and shows its last stderr lines.
 """
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -20,8 +18,6 @@ _PEER_LOST_MARKERS = (
     "remote process exited",
 )
 _STDERR_TAIL_LINES = 15
-_WORKER_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
-_FRAME = re.compile(r"=+")
 
 
 def rank_log(launch_dir: Path, rank: int, stream: Literal["stdout", "stderr"]) -> Path:
@@ -30,29 +26,12 @@ def rank_log(launch_dir: Path, rank: int, stream: Literal["stdout", "stderr"]) -
 
 
 def stderr_tail(path: Path, lines: int = _STDERR_TAIL_LINES) -> str:
-    """The last ``lines`` lines the rank wrote, without torchrun's failure summary (a framed
-    block that only repeats the exit code, which the message states already)."""
+    """The last ``lines`` lines the rank wrote to ``path``."""
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-    kept = text.splitlines()
-    frames = [i for i, line in enumerate(kept) if _FRAME.fullmatch(line)]
-    if len(frames) >= 2 and any("FAILED" in line for line in kept[frames[-2] : frames[-1]]):
-        kept = kept[: frames[-2]]
-    # torchrun's own traceback (ending in ChildFailedError) says nothing about the cause either.
-    failed_at = [i for i, line in enumerate(kept) if "ChildFailedError" in line]
-    if failed_at:
-        starts = [i for i in range(failed_at[-1]) if kept[i].startswith("Traceback")]
-        if starts:
-            kept = kept[: starts[-1]]
-    return "\n".join(kept[-lines:])
-
-
-def worker_exit_code(stderr: str) -> int | None:
-    """The worker's own exit code from torchrun's failure summary, when it printed one."""
-    codes = _WORKER_EXIT.findall(stderr)
-    return int(codes[-1]) if codes else None
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def failure_message(
@@ -72,11 +51,7 @@ def failure_message(
         stderrs[rank] = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
     # The cause first: a rank whose peer vanished under it failed because of another.
     failed = sorted(failed, key=lambda r: (any(m in stderrs[r] for m in _PEER_LOST_MARKERS), r))
-    parts = []
-    for rank in failed:
-        worker = worker_exit_code(stderrs[rank])
-        detail = f" (worker exit code {worker})" if worker is not None else ""
-        parts.append(f"rank {rank} exited with code {codes[rank]}{detail}")
+    parts = [f"rank {rank} exited with code {codes[rank]}" for rank in failed]
     first = failed[0]
     return (
         f"{'; '.join(parts)}; the other ranks of {world_size} were stopped "

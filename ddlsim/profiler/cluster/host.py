@@ -1,9 +1,15 @@
-"""One host of a launch: its ``torchrun`` command line, environment and process.
+"""One emulated host of a launch: its rank's command line, environment and process.
 
-Each host runs ``torchrun --nnodes N --node-rank i --nproc-per-node 1`` with the rendezvous on
-rank 0, under ``ip netns exec`` in its namespace (on loopback, directly), in its own session so
-that it can be stopped as a process group. gloo and NCCL are bound to the host's interface; its
-stdout and stderr go to the launch's rank logs.
+Each host runs its one rank directly (``python -m MODULE``) with the variables torchrun gives a
+worker (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``), so a rank joins its group the same way here as under
+torchrun, srun or a PyTorchJob (``--launcher env``); rank 0 hosts the rendezvous store at its
+address. No torchrun agent stands between the launcher and the rank: with one rank a host and no
+restarts it has nothing to do, and each agent cost a host about 2 s of CPU to start and end and
+woke every 0.1 s on the core its rank is pinned to. The rank runs under ``ip netns exec`` in its
+namespace (on loopback, directly), in its own session so that it can be stopped as a process
+group; gloo and NCCL are bound to the host's interface; its stdout and stderr go to the launch's
+rank logs.
 """
 
 import functools
@@ -34,21 +40,18 @@ def start_rank(
     launch_dir: Path,
     core: int | None,
 ) -> subprocess.Popen[bytes]:
-    """Start host ``rank``'s torchrun running ``python -m module *args``; do not wait.
+    """Start host ``rank``'s rank, ``python -m module *args``; do not wait.
 
     Args:
         env: added on top of this process's environment as ranks get it (no secrets:
             :func:`~.environment.rank_environment`), under the variables the launch sets
             (``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` = ``interface``,
-            ``OMP_NUM_THREADS=1``, ``DDLSIM_PLACEMENT_PATH``).
+            ``OMP_NUM_THREADS=1``, ``DDLSIM_PLACEMENT_PATH`` and torchrun's worker variables).
+        master_address, master_port: rank 0's address and the port of its store.
         namespace: the host's network namespace, or ``None`` on loopback.
         core: the core to pin the host to, or ``None`` to leave it free.
     """
-    cmd = [sys.executable, "-m", "torch.distributed.run"]
-    cmd += ["--nnodes", str(world_size), "--node-rank", str(rank)]
-    cmd += ["--nproc-per-node", "1", "--max-restarts", "0"]
-    cmd += ["--master-addr", master_address, "--master-port", str(master_port)]
-    cmd += ["-m", module, *args]
+    cmd = [sys.executable, "-m", module, *args]
     if namespace is not None:
         cmd = ["ip", "netns", "exec", namespace, *cmd]
     rank_env = rank_environment(env)
@@ -59,6 +62,15 @@ def start_rank(
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
             PLACEMENT_ENV: str(placement_path(launch_dir, rank)),
+            # What torchrun sets for a worker of ``--nnodes N --node-rank i
+            # --nproc-per-node 1``.
+            "RANK": str(rank),
+            "GROUP_RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": master_address,
+            "MASTER_PORT": str(master_port),
         }
     )
     if namespace is not None:
