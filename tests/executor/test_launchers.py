@@ -13,6 +13,7 @@ from sqlalchemy import create_engine, text
 
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.data.store import Store
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.launchers import ExternalRank, SlurmSettings
 from tests.executor.harness import assert_losses_match
@@ -72,29 +73,33 @@ def _report(outputs: list[str]) -> Any:
     return json.loads(printed[0])
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_torchrun_nodes_match_a_single_process(tmp_path: Path, nproc: int) -> None:
-    """Every strategy of ``STRATEGIES``, side by side in one launch on two torchrun "nodes":
-    each trains as a single process of its precision does, and each run is stored once."""
-    names = sorted(STRATEGIES)
-    reports = _report(
-        torchrun_nodes(
-            tmp_path, [STRATEGIES[name] for name in names], nproc=nproc, extra=("--rounds", "1")
-        )
-    )
-    assert len(reports) == len(names)
+def check_side_by_side_parity(
+    tmp_path: Path, strategies: list[dict[str, Any]], *, nproc: int
+) -> list[dict[str, Any]]:
+    """``strategies`` side by side in one launch on two torchrun "nodes" of ``nproc`` ranks:
+    each trains as a single process of its precision does, and each run is stored once; the
+    reports, in the order given."""
+    reports = _report(torchrun_nodes(tmp_path, strategies, nproc=nproc, extra=("--rounds", "1")))
+    assert len(reports) == len(strategies)
     runs = stored_runs(tmp_path / "store.db")
-    assert runs == [("gpt2-tiny", 2 * nproc, reports[0]["network"])] * len(names)
-    for number, (name, report) in enumerate(zip(names, reports, strict=True), start=1):
-        strategy = Strategy.from_dict(STRATEGIES[name])
+    assert runs == [("gpt2-tiny", 2 * nproc, reports[0]["network"])] * len(strategies)
+    for number, (raw, report) in enumerate(zip(strategies, reports, strict=True), start=1):
+        strategy = Strategy.from_dict(raw)
         assert report["world_size"] == 2 * nproc
         assert report["launcher"] == "env"
         assert report["network"].startswith(f"env: 2 node(s) x {nproc} rank(s), gloo")
-        assert report["env"]["side_by_side"] == len(names)
-        assert Strategy.from_dict(report["strategy"]) == strategy, name
+        assert report["env"]["side_by_side"] == len(strategies)
+        assert Strategy.from_dict(report["strategy"]) == strategy, raw
         want = single_losses(GPT2, Strategy(precision=strategy.precision), len(report["losses"]))
         assert_losses_match(report["losses"], want, rtol=RTOL[strategy.precision])
         assert report["id"] == number
+    return reports
+
+
+def test_torchrun_nodes_of_one_rank_match_a_single_process(tmp_path: Path) -> None:
+    """Every strategy of ``STRATEGIES`` on two torchrun "nodes" of one rank each (two ranks a
+    node: the GPU search pick's test below)."""
+    check_side_by_side_parity(tmp_path, [STRATEGIES[n] for n in sorted(STRATEGIES)], nproc=1)
 
 
 def _on_local_slurm(tmp_path: Path, args: list[str]) -> dict[str, Any]:
@@ -115,21 +120,12 @@ def _on_local_slurm(tmp_path: Path, args: list[str]) -> dict[str, Any]:
     return report
 
 
-def test_slurm_on_submitits_local_executor(tmp_path: Path) -> None:
-    report = _on_local_slurm(tmp_path, ["run", "gpt2-tiny", "--time", "10", *RUN_ARGS])
-    assert report["launcher"] == "slurm"
-    assert report["world_size"] == 2
-    want = single_losses(GPT2, Strategy(), len(report["losses"]))
-    assert_losses_match(report["losses"], want)
-    assert stored_runs(tmp_path / "store.db") == [("gpt2-tiny", 2, report["network"])]
-
-
 def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
     """What ``search --cluster CLUSTER --json`` prints (two DGX H100 nodes of two GPUs each)
     is a strategy ``run`` takes as it is on two torchrun nodes of two ranks (its precision set
-    to bf16), within the search space this executor runs (no context parallelism, no
-    distributed optimizer beside tensor parallelism); with fp8 it is refused before any rank
-    starts."""
+    to bf16; side by side with ``STRATEGIES``, each matching a single process), within the
+    search space this executor runs (no context parallelism, no distributed optimizer beside
+    tensor parallelism); with fp8 it is refused before any rank starts."""
     runnable = json.dumps({"sharding": ["none", "fsdp"], "cp": [1]})
     searched = subprocess.run(
         [
@@ -152,11 +148,10 @@ def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> No
     ranks = picked.parallel.resolve_dp(4) * picked.parallel.tp * picked.parallel.pp
     assert ranks == 4
     strategy["precision"] = "bf16"
-    report = _report(torchrun_nodes(tmp_path, [strategy], nproc=2, timeout_s=900))
-    assert Strategy.from_dict(report["strategy"]) == Strategy.from_dict(strategy)
-    assert report["world_size"] == 4
-    want = single_losses(GPT2, Strategy(precision="bf16"), len(report["losses"]))
-    assert_losses_match(report["losses"], want, rtol=RTOL["bf16"])
+    # ... side by side with every strategy of ``STRATEGIES``, on two nodes of two ranks each
+    others = [STRATEGIES[name] for name in sorted(STRATEGIES)]
+    others = [raw for raw in others if Strategy.from_dict(raw) != Strategy.from_dict(strategy)]
+    check_side_by_side_parity(tmp_path, [strategy, *others], nproc=2)
     strategy["precision"] = "fp8"
     refused = subprocess.run(
         [
@@ -266,6 +261,17 @@ def test_search_verify_runs_on_a_torchrun_group(tmp_path: Path) -> None:
 
 
 def test_search_verify_runs_as_a_slurm_job(tmp_path: Path) -> None:
+    """``search --verify --launcher slurm`` on submitit's local executor: the verifying runs
+    are one Slurm job of two ranks, each stored; DDP's defaults among them train as a single
+    process does."""
     report = _on_local_slurm(tmp_path, ["search", "gpt2-tiny", *SEARCH_ARGS])
     _check_verified(report)
-    assert {row[2].split(":")[0] for row in stored_runs(tmp_path / "store.db")} == {"slurm"}
+    runs = stored_runs(tmp_path / "store.db")
+    assert {(model, world) for model, world, _ in runs} == {("gpt2-tiny", 2)}
+    assert {network.split(":")[0] for _, _, network in runs} == {"slurm"}
+    baseline = [r for r in report["verified"] if r["strategy"] == Strategy().to_dict()]
+    assert len(baseline) == 1, report["verified"]
+    with Store.open(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        losses = {m.id: m.losses for m in store.measurements()}[baseline[0]["measurement_id"]]
+    assert losses
+    assert_losses_match(losses, single_losses(GPT2, Strategy(), len(losses)))

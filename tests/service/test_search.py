@@ -2,11 +2,13 @@
 verifies with the executor, and refuses bad input in one line."""
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import optuna
 import pytest
+from filelock import FileLock
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 
 from ddlsim.data.specs.strategy import Strategy
@@ -30,16 +32,23 @@ def _profile_every_micro_batch(capsys: pytest.CaptureFixture[str]) -> None:
     capsys.readouterr()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def link_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store holding one profile of BASE's link (every collective a search may price), taken
-    once for the module: ``--verify`` profiles a link the store has no fit of."""
-    path = tmp_path_factory.mktemp("link") / "link.db"
-    args = ["profile", "collectives", "--world-size", "2", "--bandwidth", "1gbit"]
-    args += ["--sizes", "4KiB:1MiB", "--repeats", "2", "--warmup", "1", "--collectives"]
-    args += ["all_reduce", "sendrecv", "all_gather", "reduce_scatter"]
-    args += ["ring_reduce_scatter", "ring_all_gather"]
-    assert main([*args, "--db", f"sqlite:///{path}"]) == 0
+    once for the test session, by whichever test worker comes first (the others wait for it and
+    read the same file; ``scripts/test.sh`` sends every test that uses it to one worker):
+    ``--verify`` profiles a link the store has no fit of."""
+    shared = tmp_path_factory.getbasetemp().parent  # one folder for every xdist worker
+    path = shared / "search-link.db"
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            taking = shared / f"search-link-{os.getpid()}.db"
+            args = ["profile", "collectives", "--world-size", "2", "--bandwidth", "1gbit"]
+            args += ["--sizes", "4KiB:1MiB", "--repeats", "2", "--warmup", "1", "--collectives"]
+            args += ["all_reduce", "sendrecv", "all_gather", "reduce_scatter"]
+            args += ["ring_reduce_scatter", "ring_all_gather"]
+            assert main([*args, "--db", f"sqlite:///{taking}"]) == 0
+            taking.rename(path)
     return path
 
 
@@ -71,23 +80,7 @@ def test_search_finds_no_worse_than_the_baseline(
 
 
 @pytest.mark.usefixtures("linked")
-def test_verify_runs_the_best_and_the_baseline(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _search(capsys, "--budget", "20", *VERIFY, "--verify-rounds", "2")
-    assert out["measured_best_ms"] > 0 and out["measured_baseline_ms"] > 0
-    assert out["speedup"] == pytest.approx(out["measured_baseline_ms"] / out["measured_best_ms"])
-    # Every measured median carries its interval; the speed-up its interval and verdict.
-    for name in ("best", "baseline"):
-        low, high = out[f"measured_{name}_ci95_ms"]
-        assert low <= out[f"measured_{name}_ms"] <= high
-    if not out.get("kept_baseline"):
-        low, high = out["speedup_interval"]
-        assert low <= out["speedup"] <= high
-        assert out["significant"] == (not low <= 1.0 <= high)
-        assert out["verdict"] in ("faster", "slower", "no measurable difference")
-    assert out["measurement"]["stopped_by"] == "minimum"
-
-
-@pytest.mark.usefixtures("linked")
+@pytest.mark.xdist_group("search-link")
 def test_verify_settles_the_answer_by_measurement(capsys: pytest.CaptureFixture[str]) -> None:
     out = _search(capsys, "--budget", "20", *VERIFY, "--verify-top", "3", "--verify-rounds", "2")
     assert out["picked_by"] == "measurement"
@@ -134,6 +127,18 @@ def test_verify_settles_the_answer_by_measurement(capsys: pytest.CaptureFixture[
     # every run stored beside a prediction of its strategy, named on its row
     for row in rows:
         assert isinstance(row["measurement_id"], int) and isinstance(row["prediction_id"], int)
+    # Every measured median carries its interval; the speed-up its interval and verdict.
+    assert out["measured_best_ms"] > 0 and out["measured_baseline_ms"] > 0
+    assert out["speedup"] == pytest.approx(out["measured_baseline_ms"] / out["measured_best_ms"])
+    for name in ("best", "baseline"):
+        low, high = out[f"measured_{name}_ci95_ms"]
+        assert low <= out[f"measured_{name}_ms"] <= high
+    if not out.get("kept_baseline"):
+        low, high = out["speedup_interval"]
+        assert low <= out["speedup"] <= high
+        assert out["significant"] == (not low <= 1.0 <= high)
+        assert out["verdict"] in ("faster", "slower", "no measurable difference")
+    assert out["measurement"]["stopped_by"] == "minimum"
 
 
 def test_verify_top_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,6 +148,7 @@ def test_verify_top_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.usefixtures("linked")
+@pytest.mark.xdist_group("search-link")
 def test_verify_runs_a_kept_baseline_once(capsys: pytest.CaptureFixture[str]) -> None:
     # a budget of one prices DDP's defaults only: they are the pick and the only candidate
     out = _search(capsys, "--budget", "1", *VERIFY)
@@ -216,6 +222,7 @@ def test_plans_over_the_memory_capacity_are_pruned(capsys: pytest.CaptureFixture
 
 
 @pytest.mark.usefixtures("linked")
+@pytest.mark.xdist_group("search-link")
 def test_verify_does_not_run_what_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
     ddp_gib = _search(capsys, "--budget", "10")["baseline"]["peak_memory_gib"]
     out = _search(
