@@ -19,7 +19,6 @@ fi
 # The manual (docs/, MkDocs): a broken link or a page left out of the nav fails here; a stale
 # generated reference page fails tests/service/test_reference.py.
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$(mktemp -d)"
-# Two workers for everything else (the tests of one xdist_group on one worker, where they share
-# an expensive fixture); timing tests then run alone, on a quiet machine.
-.venv/bin/pytest -n 2 --dist loadgroup -m "not timing" "$@"
+# Two workers for everything else; timing tests then run alone, on a quiet machine.
+.venv/bin/pytest -n 2 -m "not timing" "$@"
 .venv/bin/pytest -m timing "$@"

@@ -34,4 +34,4 @@ def test_the_wheel_holds_ddlsim_only(tmp_path: Path) -> None:
     ):
         assert data in names, f"{data} is not in the wheel"
     assert not any(n.startswith(("ddlsim/tests", "tests/", "benchmarks/")) for n in names)
-    assert b"ddlsim = ddlsim.service.cli:main" in entry_points
+    assert b"ddlsim = ddlsim.service.cli:run_command_line" in entry_points

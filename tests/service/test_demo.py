@@ -33,9 +33,13 @@ def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path) -> None:
     verified = search["verified"]
     assert 2 <= len(verified) <= 4
     assert search["baseline"]["strategy"] in [row["strategy"] for row in verified]
-    fastest = search.get("fastest_candidate")
-    if fastest is not None and fastest["speedup_interval"][0] > 1:
-        assert search["best"]["strategy"] == fastest["strategy"]
+    # Of the candidates measured faster beyond the noise (interval above 1), the fastest
+    # median; the fastest median overall may be a candidate whose interval still holds 1.
+    others = [row for row in verified if row["strategy"] != search["baseline"]["strategy"]]
+    winners = [row for row in others if row["speedup_interval"][0] > 1]
+    if winners:
+        chosen = min(winners, key=lambda row: row["measured_ms"])
+        assert search["best"]["strategy"] == chosen["strategy"] and not search.get("kept_baseline")
     else:
         assert search["kept_baseline"] and search["best"] == search["baseline"]
     lines = verification_lines(search)

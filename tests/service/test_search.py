@@ -36,15 +36,16 @@ def _profile_every_micro_batch(capsys: pytest.CaptureFixture[str]) -> None:
 def link_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store holding one profile of BASE's link (every collective a search may price), taken
     once for the test session, by whichever test worker comes first (the others wait for it and
-    read the same file; ``scripts/test.sh`` sends every test that uses it to one worker):
-    ``--verify`` profiles a link the store has no fit of."""
+    read the same file): ``--verify`` profiles a link the store has no fit of. One timing of
+    the compute each collective takes a size is enough for these tests' prices."""
     shared = tmp_path_factory.getbasetemp().parent  # one folder for every xdist worker
     path = shared / "search-link.db"
     with FileLock(f"{path}.lock"):
         if not path.exists():
             taking = shared / f"search-link-{os.getpid()}.db"
             args = ["profile", "collectives", "--world-size", "2", "--bandwidth", "1gbit"]
-            args += ["--sizes", "4KiB:1MiB", "--repeats", "2", "--warmup", "1", "--collectives"]
+            args += ["--sizes", "4KiB:1MiB", "--repeats", "2", "--warmup", "1"]
+            args += ["--cpu-repeats", "1", "--collectives"]
             args += ["all_reduce", "sendrecv", "all_gather", "reduce_scatter"]
             args += ["ring_reduce_scatter", "ring_all_gather"]
             assert main([*args, "--db", f"sqlite:///{taking}"]) == 0
@@ -80,7 +81,6 @@ def test_search_finds_no_worse_than_the_baseline(
 
 
 @pytest.mark.usefixtures("linked")
-@pytest.mark.xdist_group("search-link")
 def test_verify_settles_the_answer_by_measurement(capsys: pytest.CaptureFixture[str]) -> None:
     out = _search(capsys, "--budget", "20", *VERIFY, "--verify-top", "3", "--verify-rounds", "2")
     assert out["picked_by"] == "measurement"
@@ -148,7 +148,6 @@ def test_verify_top_is_checked(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.usefixtures("linked")
-@pytest.mark.xdist_group("search-link")
 def test_verify_runs_a_kept_baseline_once(capsys: pytest.CaptureFixture[str]) -> None:
     # a budget of one prices DDP's defaults only: they are the pick and the only candidate
     out = _search(capsys, "--budget", "1", *VERIFY)
@@ -222,7 +221,6 @@ def test_plans_over_the_memory_capacity_are_pruned(capsys: pytest.CaptureFixture
 
 
 @pytest.mark.usefixtures("linked")
-@pytest.mark.xdist_group("search-link")
 def test_verify_does_not_run_what_does_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
     ddp_gib = _search(capsys, "--budget", "10")["baseline"]["peak_memory_gib"]
     out = _search(

@@ -277,11 +277,10 @@ class EmulatedCluster:
     ) -> LaunchResult:
         """Run ``python -m module *args`` as one rank per host and wait for all.
 
-        Each host runs its rank with torchrun's worker variables (``RANK``, ``WORLD_SIZE``,
-        ``MASTER_ADDR``, ...; :mod:`.host`) and the rendezvous on rank 0, in its own session,
-        with ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` set to the host's interface,
-        ``OMP_NUM_THREADS=1`` and ``DDLSIM_PLACEMENT_PATH`` for ``report_placement``. ``env``
-        is added on top.
+        Each host runs its rank with torchrun's worker variables (:mod:`.host`), the rendezvous
+        on rank 0, in its own session, ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME`` set to
+        the host's interface, ``OMP_NUM_THREADS=1`` and ``DDLSIM_PLACEMENT_PATH`` for
+        ``report_placement``; ``env`` is added on top.
 
         Args:
             output_paths: files the ranks write; removed before the start, required after.
