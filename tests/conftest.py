@@ -32,7 +32,9 @@ def private_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` run only where CUDA is available."""
+    """Tests marked ``long`` start first (the test workers then end together, not one waiting
+    for the other's last long test); tests marked ``gpu`` run only where CUDA is available."""
+    items.sort(key=lambda item: "long" not in item.keywords)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

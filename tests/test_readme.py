@@ -39,6 +39,7 @@ def test_runnable_marks_find_blocks() -> None:
     assert all("ddlsim " in block for block in blocks)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("index", range(len(runnable_blocks(README.read_text("utf-8")))))
 def test_readme_example_runs_as_written(index: int, tmp_path: Path) -> None:
     block = runnable_blocks(README.read_text("utf-8"))[index]

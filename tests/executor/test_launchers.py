@@ -96,6 +96,7 @@ def check_side_by_side_parity(
     return reports
 
 
+@pytest.mark.long
 def test_torchrun_nodes_of_one_rank_match_a_single_process(tmp_path: Path) -> None:
     """Every strategy of ``STRATEGIES`` on two torchrun "nodes" of one rank each (two ranks a
     node: the GPU search pick's test below)."""
@@ -120,6 +121,7 @@ def _on_local_slurm(tmp_path: Path, args: list[str]) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.long
 def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
     """What ``search --cluster CLUSTER --json`` prints (two DGX H100 nodes of two GPUs each)
     is a strategy ``run`` takes as it is on two torchrun nodes of two ranks (its precision set
@@ -244,6 +246,7 @@ def _check_verified(report: dict[str, Any]) -> None:
     assert report["verified"], "the verifying runs are reported"
 
 
+@pytest.mark.long
 def test_search_verify_runs_on_a_torchrun_group(tmp_path: Path) -> None:
     outputs = torchrun_agents(
         ["search", "gpt2-tiny", "--launcher", "env", *SEARCH_ARGS],
@@ -260,6 +263,7 @@ def test_search_verify_runs_on_a_torchrun_group(tmp_path: Path) -> None:
     assert report["measurement"]["side_by_side"] == len(stored_runs(tmp_path / "store.db"))
 
 
+@pytest.mark.long
 def test_search_verify_runs_as_a_slurm_job(tmp_path: Path) -> None:
     """``search --verify --launcher slurm`` on submitit's local executor: the verifying runs
     are one Slurm job of two ranks, each stored; DDP's defaults among them train as a single

@@ -5,6 +5,8 @@ the dashboard."""
 import os
 from pathlib import Path
 
+import pytest
+
 from ddlsim.data.store import Store
 from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.service.dashboard import dashboard_data
@@ -14,6 +16,7 @@ from tests.service.browser import CHROMIUM, DRIVER, chromium
 from tests.service.serving import serving
 
 
+@pytest.mark.long
 def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'demo.db'}"
     with serving("--db", db, token="demo", stop_timeout_s=60) as url:
