@@ -91,21 +91,33 @@ def run_demo(
     world_size: int,
     bandwidth: str,
     measure_budget_s: float = 20.0,
+    profile_repeats: int | None = None,
 ) -> dict[str, Any]:
     """Profile, predict, search and verify ``model`` through the service; the verifying runs
-    take ``measure_budget_s`` seconds a strategy beyond their minimum steps.
+    take ``measure_budget_s`` seconds a strategy beyond their minimum steps. The profiling
+    jobs time 10 kernel iterations and each collective as the collectives job does by default,
+    or each of them ``profile_repeats`` times.
 
     Long: the demo's requests in the order a user makes them, each printed as it ends.
     """
     spec = ZOO[model]
     micro = rank_spec(spec, Strategy(), world_size).inputs.batch_size
     print(f"1. profiling {model} at batch {micro} and the {bandwidth} link", file=sys.stderr)
+    repeats: dict[str, int] = {}
+    if profile_repeats is not None:
+        repeats = {"repeats": profile_repeats, "cpu_repeats": profile_repeats}
     run = client.post(
         "/v1/profiling-runs",
         {
             "jobs": [
-                {"kind": "kernels", "model": model, "batch_size": micro, "iters": 10},
                 {
+                    "kind": "kernels",
+                    "model": model,
+                    "batch_size": micro,
+                    "iters": profile_repeats or 10,
+                },
+                {
+                    **repeats,
                     "kind": "collectives",
                     "world_size": world_size,
                     "bandwidth": bandwidth,

@@ -234,7 +234,7 @@ def test_the_cli_refuses_env_outside_a_launcher(tmp_path: Path) -> None:
 
 SEARCH_ARGS = [
     "--world-size", "2", "--verify", "--iters", "3", "--measure-budget", "0", "--budget",
-    "20", "--verify-rounds", "1", "--json",
+    "20", "--verify-rounds", "1", "--profile-iters", "2", "--json",
 ]  # fmt: skip
 
 

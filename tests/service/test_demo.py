@@ -26,6 +26,7 @@ def test_the_demo_pipeline_runs_end_to_end(tmp_path: Path) -> None:
             world_size=2,
             bandwidth="1gbit",
             measure_budget_s=0,
+            profile_repeats=2,
         )
         shown = _page_after_the_demo(url)
     assert all(ms > 0 for ms in out["predicted"].values())
