@@ -85,7 +85,12 @@ def test_bad_arguments_raise_before_anything_starts() -> None:
 
 
 @needs_netns
-def test_successful_run_leaves_no_namespace_or_link(tmp_path: Path) -> None:
+def test_successful_run_leaves_no_namespace_or_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A launcher that runs under torchrun itself: its agent's variables reach no rank (with
+    # this one, rank 0 would wait for a store that no agent hosts).
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     links_before = _root_links()
     output = tmp_path / "out.json"
     with EmulatedCluster(2, "1gbit") as cluster:

@@ -55,6 +55,10 @@ def start_rank(
     if namespace is not None:
         cmd = ["ip", "netns", "exec", namespace, *cmd]
     rank_env = rank_environment(env)
+    # A launcher that itself runs under torchrun passes its agent's variables down; this rank
+    # has no agent (TORCHELASTIC_USE_AGENT_STORE would send rank 0 to a store nobody hosts).
+    for name in [name for name in rank_env if name.startswith("TORCHELASTIC_")]:
+        del rank_env[name]
     rank_env.update(
         {
             "GLOO_SOCKET_IFNAME": interface,
