@@ -90,7 +90,9 @@ def check_side_by_side_parity(
         assert report["network"].startswith(f"env: 2 node(s) x {nproc} rank(s), gloo")
         assert report["env"]["side_by_side"] == len(strategies)
         assert Strategy.from_dict(report["strategy"]) == strategy, raw
-        want = single_losses(GPT2, Strategy(precision=strategy.precision), len(report["losses"]))
+        want = single_losses(
+            GPT2, Strategy(precision=strategy.precision), len(report["losses"])
+        ).losses
         assert_losses_match(report["losses"], want, rtol=RTOL[strategy.precision])
         assert report["id"] == number
     return reports
@@ -278,4 +280,4 @@ def test_search_verify_runs_as_a_slurm_job(tmp_path: Path) -> None:
     with Store.open(f"sqlite:///{tmp_path / 'store.db'}") as store:
         losses = {m.id: m.losses for m in store.measurements()}[baseline[0]["measurement_id"]]
     assert losses
-    assert_losses_match(losses, single_losses(GPT2, Strategy(), len(losses)))
+    assert_losses_match(losses, single_losses(GPT2, Strategy(), len(losses)).losses)
