@@ -190,7 +190,7 @@ def cmd_add_session(args: argparse.Namespace) -> int:
     def replaces(run: RunEntry) -> bool:
         return any(uses(run.strategy) for uses in replaced)
 
-    combined = add_session(base, later, args.name, replaces=replaces)
+    combined = add_session(base, later, args.name, replaces=replaces, retires=args.retire)
     save_dataset(combined, Path(args.to))
     payload = {
         "out": args.to,
@@ -198,6 +198,7 @@ def cmd_add_session(args: argparse.Namespace) -> int:
         "runs_added": len(later.runs),
         "runs_replaced": len(base.runs) + len(later.runs) - len(combined.runs),
         "runs": len(combined.runs),
+        "sessions_retired": list(args.retire),
     }
     if args.json:
         emit_json(payload)
@@ -289,6 +290,13 @@ def register(commands: Any) -> None:
         default=[],
         choices=sorted(FEATURES),
         help="drop --to's runs of strategies that use these (measured again by the session)",
+    )
+    session.add_argument(
+        "--retire",
+        nargs="*",
+        default=[],
+        metavar="SESSION",
+        help="drop these sessions of --to and their runs (measured again by this one)",
     )
     session.add_argument("--json", action="store_true", help="print JSON")
     session.set_defaults(handler=cmd_add_session)

@@ -430,6 +430,12 @@ def test_a_later_session_replays_from_its_own_profiles(tmp_path: Path, zoo_graph
     assert by_group[slow][0] > 1.3 * by_group[fast][0]
     with pytest.raises(InvalidOptionError, match="session name 'slow' must be new"):
         add_session(combined, later, "slow", replaces=lambda run: False)
+    # A session measured again retires the old one: its runs and profiles leave together.
+    again = add_session(combined, later, "slow-2", replaces=lambda run: False, retires=["slow"])
+    assert sorted(again.sessions) == ["slow-2"]
+    assert [r.extra.get("session") for r in again.runs] == [None, "slow-2", "slow-2"]
+    with pytest.raises(InvalidOptionError, match="cannot retire session gone: not in the"):
+        add_session(combined, later, "x", replaces=lambda run: False, retires=["gone"])
     stray = dataclasses.replace(base.runs[0], extra={"session": "gone"})
     with pytest.raises(InvalidOptionError, match="names session 'gone'; the dataset holds: none"):
         base.source_of(stray)

@@ -219,27 +219,41 @@ def merge_datasets(older: Dataset, newer: Dataset) -> Dataset:
 
 
 def add_session(
-    base: Dataset, later: Dataset, name: str, *, replaces: Callable[[RunEntry], bool]
+    base: Dataset,
+    later: Dataset,
+    name: str,
+    *,
+    replaces: Callable[[RunEntry], bool],
+    retires: Sequence[str] = (),
 ) -> Dataset:
     """``base`` with ``later``'s runs, which replay from ``later``'s own profiles, fits and
     runtime costs (session ``name``), and without ``base``'s runs that ``replaces`` picks
-    (runs of code the later session measured again).
+    (runs of code the later session measured again), nor the sessions ``retires`` names with
+    their runs (sessions the later one measured again, whose profiles are known wrong).
 
     :func:`merge_datasets` pools profiles, which is right within one session; across sessions
     the machine may have run at another speed, and a run replayed from another session's
     profiles would be priced at that speed.
 
     Raises:
-        InvalidOptionError: ``name`` is empty or already a session of ``base``.
+        InvalidOptionError: ``name`` is empty or already a session of ``base`` (and not
+            retired), or ``retires`` names a session ``base`` does not have.
     """
-    if not name or name in base.sessions:
+    unknown = sorted(set(retires) - set(base.sessions))
+    if unknown:
         raise InvalidOptionError(
-            f"session name {name!r} must be new and not empty; taken: "
+            f"cannot retire session {', '.join(unknown)}: not in the dataset; it has "
             f"{', '.join(sorted(base.sessions)) or 'none'}"
         )
-    kept = tuple(r for r in base.runs if not replaces(r))
+    sessions = {key: value for key, value in base.sessions.items() if key not in retires}
+    if not name or name in sessions:
+        raise InvalidOptionError(
+            f"session name {name!r} must be new and not empty; taken: "
+            f"{', '.join(sorted(sessions)) or 'none'}"
+        )
+    kept = tuple(r for r in base.runs if not replaces(r) and r.extra.get("session") not in retires)
     added = tuple(
         dataclasses.replace(run, extra={**run.extra, "session": name}) for run in later.runs
     )
     session = dataclasses.replace(later, runs=(), sessions={})
-    return dataclasses.replace(base, runs=kept + added, sessions={**base.sessions, name: session})
+    return dataclasses.replace(base, runs=kept + added, sessions={**sessions, name: session})
