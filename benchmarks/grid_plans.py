@@ -73,6 +73,9 @@ def strategies_of(model: str, batch_size: int) -> list[Strategy]:
 def run_model(model: str, args: argparse.Namespace, store: Store) -> list[dict[str, Any]]:
     spec = resolve_model(model).with_inputs(batch_size=args.batch_size)
     plans = strategies_of(model, args.batch_size)
+    if args.grids:
+        wanted = set(args.grids)
+        plans = [s for s in plans if s.parallel.grid in wanted and s.parallel.grid_overlap]
     strategies = [*plans, Strategy()]
     predicted: dict[str, list[float]] = {}
     for name in PREDICTORS:
@@ -288,6 +291,16 @@ def table(rows: list[dict[str, Any]]) -> None:
         )
 
 
+def grid_argument(text: str) -> tuple[int, int, int]:
+    parts = text.split("x")
+    if len(parts) != 3 or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"a grid is rows x cols x depth, e.g. 2x1x2; got {text!r}"
+        )
+    rows, cols, depth = (int(part) for part in parts)
+    return rows, cols, depth
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--db")
@@ -304,6 +317,13 @@ def main() -> None:
     )
     parser.add_argument("--iters", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument(
+        "--grids",
+        nargs="*",
+        type=grid_argument,
+        metavar="RxCxD",
+        help="only these grids (overlap on), e.g. 2x1x2; default: every grid of the model",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--table", type=Path, help="print the tables of a finished --out file")
     args = parser.parse_args()

@@ -185,8 +185,10 @@ def test_compiled_blocks_match_and_report_compile_time() -> None:
     assert compiled.applied["compiled"] == ["body.0", "head"]
     assert compiled.applied["compiled_graphs"] >= 2
     assert compiled.compile_time_s is not None and compiled.compile_time_s > 0
+    # Inductor's kernels vectorise to the host's width (AVX2 or AVX-512) and reassociate sums:
+    # the losses agree to the last few bits, which bits depends on the CPU.
     for got, want in zip(compiled.losses, eager.losses, strict=True):
-        assert abs(got - want) <= 1e-5 * abs(want)
+        assert abs(got - want) <= 1e-4 * abs(want)
 
 
 def test_batch_runs_executor_jobs(profile_batch: BatchRun) -> None:
