@@ -39,13 +39,19 @@ SIXTEEN_BITS = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torc
 
 
 class _Observed:
-    """A trainer whose ``applied()`` also names the dtypes its projections' outputs had."""
+    """A trainer whose ``applied()`` also names the dtypes its projections' outputs had during
+    its training steps (not while it was built: a pipeline stage runs a forward of its own then,
+    to learn the shapes it sends, outside any step)."""
 
-    def __init__(self, trainer: Any, dtypes: set[str]) -> None:
-        self.trainer, self.dtypes = trainer, dtypes
+    def __init__(self, trainer: Any, dtypes: set[str], stepping: list[bool]) -> None:
+        self.trainer, self.dtypes, self.stepping = trainer, dtypes, stepping
 
     def step(self) -> torch.Tensor:
-        return self.trainer.step()
+        self.stepping[0] = True
+        try:
+            return self.trainer.step()
+        finally:
+            self.stepping[0] = False
 
     def finish(self) -> None:
         self.trainer.finish()
@@ -57,17 +63,22 @@ class _Observed:
 def build_observed(ctx: RankContext, buckets: list[Any]) -> _Observed:
     """:func:`build_trainer`, with a forward hook on every projection of the model it builds."""
     dtypes: set[str] = set()
+    stepping = [False]
     build_model = ctx.build_model
+
+    def record(module: nn.Module, inputs: Any, out: torch.Tensor) -> None:
+        if stepping[0]:
+            dtypes.add(str(out.dtype))
 
     def observed_model() -> nn.Module:
         model = build_model()
         for module in model.modules():
             if isinstance(module, PROJECTIONS):
-                module.register_forward_hook(lambda m, i, out: dtypes.add(str(out.dtype)))
+                module.register_forward_hook(record)
         return model
 
     ctx.build_model = observed_model  # type: ignore[method-assign]
-    return _Observed(build_trainer(ctx, buckets), dtypes)
+    return _Observed(build_trainer(ctx, buckets), dtypes, stepping)
 
 
 def single_losses(spec: Any, strategy: Strategy, steps: int = STEPS) -> Losses:

@@ -286,7 +286,9 @@ def test_side_by_side_strategies_train_apart_and_take_turns(
         assert len(result["iteration_time_ms"]["samples"]) == rounds * iters
         assert len(env["warmup_ms"]) == warmup
         assert (env["side_by_side"], env["rounds"]) == (3, rounds)
-        assert_losses_match(result["losses"], want, rtol=1e-4)
+        # The mlp's loss falls to 1e-4 of its first within these steps: compare its tail
+        # against the first step's scale (an AVX2-only host differs by 3e-4 relative there).
+        assert_losses_match(result["losses"], want, rtol=1e-4, atol=1e-6 * want[0])
     with Store.open(db) as store:
         stored = store.measurements()
     assert [m.id for m in stored] == [r["id"] for r in results] == [1, 2, 3]
