@@ -17,6 +17,16 @@ from ddlsim.data.errors import InvalidClusterError
 from ddlsim.data.specs._serde import check_keys, expect_int, expect_number, load_json_or_file
 
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
+# Fields of a cluster spec a JSON spec may leave out (their defaults apply).
+_OPTIONAL_FABRIC: tuple[str, ...] = (
+    "nvlink_latency_us",
+    "net_latency_us",
+    "nvls_gbps",
+    "collective_base_us",
+    "tree_level_latency_us",
+    "nodes_per_leaf",
+    "oversubscription",
+)
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
@@ -90,7 +100,14 @@ class GpuClusterSpec:
     NIC reaches every other node at its full rate), NCCL as the backend.
 
     ``nvlink_gbps`` is one GPU's NVLink bandwidth per direction (GB/s). The latencies are one
-    step of a collective over the fabric (``nvlink_latency_us``, ``net_latency_us``).
+    step of a collective over the fabric (``nvlink_latency_us``, ``net_latency_us``), what
+    launching one costs whatever its size (``collective_base_us``) and one level of NCCL's
+    tree across nodes, each way (``tree_level_latency_us``).
+
+    The fabric: ``nodes_per_leaf`` nodes share the leaf switches of their rails (a DGX
+    SuperPOD's scalable unit: 32); a group spanning more nodes than that crosses the spine,
+    whose bandwidth is the leaves' divided by ``oversubscription`` (1: a non-blocking fat
+    tree, as the SuperPOD reference designs are).
     ``nvls_gbps`` is the bus bandwidth NCCL's NVLink SHARP all-reduce reaches inside a node
     whose NVSwitches reduce in the switch (0: none, rings and trees only).
 
@@ -108,6 +125,10 @@ class GpuClusterSpec:
     nvlink_latency_us: float = 1.0
     net_latency_us: float = 5.0
     nvls_gbps: float = 0.0
+    collective_base_us: float = 0.0
+    tree_level_latency_us: float = 0.0
+    nodes_per_leaf: int = 32
+    oversubscription: float = 1.0
 
     def __post_init__(self) -> None:
         expect_int(self.nodes, "nodes", InvalidClusterError)
@@ -117,9 +138,15 @@ class GpuClusterSpec:
         expect_number(self.nic_gbits, "nic_gbits", InvalidClusterError)
         expect_number(self.nvlink_latency_us, "nvlink_latency_us", InvalidClusterError)
         expect_number(self.net_latency_us, "net_latency_us", InvalidClusterError)
-        if not isinstance(self.nvls_gbps, (int, float)) or self.nvls_gbps < 0:
+        for name in ("nvls_gbps", "collective_base_us", "tree_level_latency_us"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise InvalidClusterError(f"{name} must be a number >= 0, got {value!r}")
+        expect_int(self.nodes_per_leaf, "nodes_per_leaf", InvalidClusterError)
+        over = self.oversubscription
+        if isinstance(over, bool) or not isinstance(over, (int, float)) or over < 1:
             raise InvalidClusterError(
-                f"nvls_gbps must be a number >= 0 (0: no NVLink SHARP), got {self.nvls_gbps!r}"
+                f"oversubscription must be a number >= 1 (1: non-blocking), got {over!r}"
             )
 
     @property
@@ -157,6 +184,10 @@ class GpuClusterSpec:
             "nvlink_latency_us": self.nvlink_latency_us,
             "net_latency_us": self.net_latency_us,
             **({"nvls_gbps": self.nvls_gbps} if self.nvls_gbps else {}),
+            "collective_base_us": self.collective_base_us,
+            "tree_level_latency_us": self.tree_level_latency_us,
+            "nodes_per_leaf": self.nodes_per_leaf,
+            "oversubscription": self.oversubscription,
         }
 
     def to_json(self) -> str:
@@ -176,9 +207,7 @@ class GpuClusterSpec:
         if "preset" in values:
             base = preset(str(values.pop("preset")), nodes=1).to_dict()
             values = {**base, **values}
-        missing = sorted(
-            fields - {"nvlink_latency_us", "net_latency_us", "nvls_gbps"} - set(values)
-        )
+        missing = sorted(fields - set(_OPTIONAL_FABRIC) - set(values))
         if missing:
             raise InvalidClusterError(
                 f"gpu cluster spec misses {', '.join(missing)} (or give 'preset')"
@@ -268,6 +297,34 @@ H100_HBM2E_500W = dataclasses.replace(
 # NVLink SHARP all-reduce of 8 H100s on NVSwitch, nccl-tests' bus bandwidth at 8 GiB
 # (NVIDIA/dgxc-benchmarking nccl/README.md, the default algorithm NVLS: 480.16 GB/s).
 NVLS_H100_GBPS = 480.0
+# NCCL's own latency model (src/graph/tuning.cc, NVIDIA/nccl 5067397c, v2.30.7) for its
+# bandwidth-bound protocol (Simple): 8.4 us to launch a ring or tree, 3.4 us a ring step over
+# NVLink, 14 us one across the network.
+NCCL_BASE_US = 8.4
+NCCL_NVLINK_STEP_US = 3.4
+NCCL_NET_STEP_US = 14.0
+# One level of the tree across nodes, each way, as nccl-tests' all-reduce bus bandwidth falls
+# with the node count on H100 clusters of 4 to 1,024 nodes (NVIDIA GTC24 S62129, NVLSTree from
+# 32 to 8,192 GPUs; Meta, arXiv 2411.13055, 4 to 512 nodes): the latency the 16 MB to 1 GB
+# points imply grows by about 80 us a doubling of the nodes (benchmarks/nccl_busbw.py
+# --scaling fits it: 40 us a level, each way; median error of the 13 points 5 %).
+TREE_LEVEL_US = 40.0
+# The SuperPOD reference design's scalable unit (32 DGX nodes on one set of rail leaves) and its
+# non-blocking fat tree above it.
+SUPERPOD_NODES_PER_LEAF = 32
+
+
+def _nccl_fabric() -> dict[str, Any]:
+    """A DGX SuperPOD's fabric as NCCL sees it: its tuning model's latencies, the tree's level
+    from the scaling figures, 32 nodes a leaf, non-blocking above."""
+    return {
+        "nvlink_latency_us": NCCL_NVLINK_STEP_US,
+        "net_latency_us": NCCL_NET_STEP_US,
+        "collective_base_us": NCCL_BASE_US,
+        "tree_level_latency_us": TREE_LEVEL_US,
+        "nodes_per_leaf": SUPERPOD_NODES_PER_LEAF,
+        "oversubscription": 1.0,
+    }
 
 
 def dgx_a100_80g(*, nodes: int = 1) -> GpuClusterSpec:
@@ -279,6 +336,7 @@ def dgx_a100_80g(*, nodes: int = 1) -> GpuClusterSpec:
         nvlink_gbps=300.0,
         nics_per_node=8,
         nic_gbits=200.0,
+        **_nccl_fabric(),
     )
 
 
@@ -292,6 +350,7 @@ def dgx_h100(*, nodes: int = 1) -> GpuClusterSpec:
         nics_per_node=8,
         nic_gbits=400.0,
         nvls_gbps=NVLS_H100_GBPS,
+        **_nccl_fabric(),
     )
 
 

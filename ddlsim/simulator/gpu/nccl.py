@@ -11,9 +11,17 @@ nccl-tests' definitions:
     sendrecv        S / (link rate)           all_to_all                   (n-1)/n * S / busbw
 
 (``S`` the buffer size as nccl-tests counts it: the whole buffer of all-reduce, all-gather's
-output, reduce-scatter's input), plus a latency term: ring algorithms take ``2 (n-1)`` (or
-``n-1``) steps, the tree NCCL uses across nodes takes ``2 log2(nodes)`` network steps and a ring
-inside each node; NCCL picks the faster, and so does the model.
+output, reduce-scatter's input), plus a latency term as NCCL's tuning model counts it
+(``src/graph/tuning.cc``): a launch cost, then ring algorithms take ``2 (n-1)`` (or ``n-1``)
+steps, ``2 (nodes-1)`` (or ``nodes-1``) of them across the network, so their latency grows
+linearly with the ranks; the tree NCCL uses for all-reduce across nodes climbs ``log2(nodes)``
+levels and back after a ring inside each node. All-gather and reduce-scatter have no tree. NCCL
+picks the faster, and so does the model. The tree's level is what the published all-reduce
+scaling figures of H100 clusters imply (4 to 1,024 nodes: ``benchmarks/nccl_busbw.py
+--scaling``), far above a switch hop's: it holds the chunks' pipeline through the levels.
+
+A group spanning more nodes than a leaf's (``nodes_per_leaf``) crosses the spine, whose rate is
+the leaves' over the fabric's ``oversubscription``.
 
 Inside a node whose NVSwitches reduce in the switch (H100's NVLink SHARP, ``nvls_gbps`` of the
 cluster), NCCL's default all-reduce of large buffers is NVLS: each GPU sends its buffer to the
@@ -96,6 +104,9 @@ class NcclModel:
                 return max(nvlink, nvlink + share * (self.cluster.nvls_gbps - nvlink))
             return nvlink
         net = self.cluster.nic_gbps_per_gpu * NET_EFFICIENCY
+        if group.nodes > self.cluster.nodes_per_leaf:
+            # Beyond one leaf the traffic crosses the spine, oversubscribed or not.
+            net /= self.cluster.oversubscription
         if collective == "sendrecv":
             return net
         if collective == "all_to_all":
@@ -107,20 +118,30 @@ class NcclModel:
         return min(nvlink, net * group.per_node)
 
     def latency_us(self, collective: str, group: Group) -> float:
-        """The size-independent time: ring steps or the tree's, whichever NCCL would pick."""
+        """The size-independent time: NCCL's ring or tree, whichever it would pick.
+
+        The ring takes ``2 (n - 1)`` steps for an all-reduce (``n - 1`` otherwise), ``2 (nodes -
+        1)`` (or ``nodes - 1``) of them across the network; the tree (all-reduce across nodes
+        only) climbs ``log2(nodes)`` levels and comes back down, after a ring inside each node;
+        both after the launch's own ``collective_base_us``, as NCCL's tuning model counts them.
+        """
         n = group.size
         if n == 1:
             return 0.0
-        a_nvl = self.cluster.nvlink_latency_us
-        a_net = self.cluster.net_latency_us
+        cluster = self.cluster
+        a_nvl = cluster.nvlink_latency_us
+        a_net = cluster.net_latency_us
         if collective == "sendrecv":
             return a_net if group.nodes > 1 else a_nvl
-        steps = 2 * (n - 1) if collective == "all_reduce" else n - 1
-        inter_steps = steps * (group.nodes - 1) / n if group.nodes > 1 else 0
-        ring = (steps - inter_steps) * a_nvl + inter_steps * a_net
+        base = cluster.collective_base_us
+        twice = 2 if collective == "all_reduce" else 1
+        steps = twice * (n - 1)
+        inter_steps = twice * (group.nodes - 1)
+        ring = base + (steps - inter_steps) * a_nvl + inter_steps * a_net
         if collective != "all_reduce" or group.nodes == 1:
             return ring
-        tree = 2 * math.log2(group.nodes) * a_net + 2 * (group.per_node - 1) * a_nvl
+        level = cluster.tree_level_latency_us or a_net
+        tree = base + 2 * (group.per_node - 1) * a_nvl + 2 * math.log2(group.nodes) * level
         return min(ring, tree)
 
     def time_us(self, collective: str, nbytes: float, group: Group) -> float:
@@ -163,7 +184,7 @@ def fitted_cluster(
     nics = base.nics_per_node
     if nodes > 1:
         n = nodes * gpus_per_node
-        inter_steps = 2 * (n - 1) * (nodes - 1) / n
+        inter_steps = 2 * (nodes - 1)
         intra_steps = 2 * (n - 1) - inter_steps
         # NCCL takes the faster of ring and tree (latency_us): solve each for the network's
         # step latency and keep the larger, so that the faster of the two is the measured.
@@ -186,6 +207,9 @@ def fitted_cluster(
         nics_per_node=nics,
         nic_gbits=nic_gbits,
         net_latency_us=net_latency,
-        # The measured all-reduce is whatever algorithm NCCL picked there (NVLS included).
+        # The measured all-reduce is whatever algorithm NCCL picked there (NVLS included), its
+        # latency all of it: no launch cost or tree level of the preset's on top.
         nvls_gbps=0.0,
+        collective_base_us=0.0,
+        tree_level_latency_us=0.0,
     )

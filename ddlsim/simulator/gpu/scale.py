@@ -38,6 +38,9 @@ from ddlsim.simulator.gpu.shard_costs import ShardCosts
 
 # Above this many ops the schedule is priced in closed form (equal stages make them agree).
 REPLAY_LIMIT_OPS = 200_000
+# Megatron-Core's gradient buckets (DistributedDataParallelConfig.bucket_size's default).
+BUCKET_PARAMS = 40_000_000
+BUCKET_PARAMS_PER_RANK = 1_000_000
 BREAKDOWN_KEYS: tuple[str, ...] = (
     "compute",
     "recompute",
@@ -429,14 +432,23 @@ def _gradient_sync(
     beside the next iteration's first forward. FSDP's are in the blocks' times."""
     if plan.fsdp or group.size == 1:
         return Exposed()
-    nbytes = params * dtype_bytes
+    buckets = gradient_buckets(params, group.size)
+    nbytes = params * dtype_bytes / buckets
     network = group.nodes > 1
     if plan.distributed_optimizer or plan.zero:
-        reduce_ms = nccl.time_us("reduce_scatter", nbytes, group) / 1e3
-        gather_ms = nccl.time_us("all_gather", nbytes, group) / 1e3
+        reduce_ms = buckets * nccl.time_us("reduce_scatter", nbytes, group) / 1e3
+        gather_ms = buckets * nccl.time_us("all_gather", nbytes, group) / 1e3
         return Exposed.at(
             network,
             exposed_ms(last_backward_ms, reduce_ms) + exposed_ms(first_forward_ms, gather_ms),
         )
-    reduce_ms = nccl.time_us("all_reduce", nbytes, group) / 1e3
+    reduce_ms = buckets * nccl.time_us("all_reduce", nbytes, group) / 1e3
     return Exposed.at(network, exposed_ms(last_backward_ms, reduce_ms))
+
+
+def gradient_buckets(params: int, ranks: int) -> int:
+    """How many buckets a stage's gradients are reduced in: Megatron-Core's default bucket of
+    ``max(40M, 1M x ranks)`` parameters (its DDP config), each bucket one collective that pays
+    NCCL's latency over the ``ranks``."""
+    bucket = max(BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK * ranks)
+    return max(1, -(-params // bucket))
