@@ -54,10 +54,12 @@ def test_a_held_out_file_is_predicted_with_what_the_other_files_fit() -> None:
     other = _published_at(_row("other", "dgx-h100:1"), 1500.0)
     report = hold_out_by_file({"a.json": [capped], "b.json": [other]})
     first, second = report["files"]
-    # a.json held out: no other row runs on the capped part, so its clock is the prior's and
-    # the row comes out faster than published; in sample it is fitted back.
+    # a.json held out: no other row runs on the capped part, so its clock is the prior's (500 W
+    # of 700: 1,307 MHz) and the row comes out slower than published at 1,500 MHz; in sample it
+    # is fitted back.
     assert first["held_out_calibration"] == PRIOR.to_json()
-    assert first["rows"][0]["held_out"] > capped[3] * 1.01
+    assert PRIOR.clocks_mhz[CAPPED] == pytest.approx(1830.0 * 500 / 700)
+    assert first["rows"][0]["held_out"] < capped[3] * 0.99
     assert first["in_sample_mape"] < 0.001
     assert first["held_out_mape"] > 0.01
     # b.json's rows do not depend on the clock: held out and in sample agree.

@@ -47,6 +47,15 @@ class Calibration:
 # The GPUs whose sustained clock is fitted: the power-capped parts of the presets.
 CAPPED_GPUS: tuple[str, ...] = (H100_HBM2E_500W.name,)
 SHIPPED = Calibration(clocks_mhz={H100_HBM2E_500W.name: HBM2E_500W_CLOCK_MHZ})
-# Without a row on the part, its clock is the one its peaks are stated at: the cap is taken to
-# cost nothing, which errs fast (the fitted clock is 27 % lower).
-PRIOR = Calibration(clocks_mhz={H100_HBM2E_500W.name: H100_PEAK_CLOCK_MHZ})
+# Without a row on the part, its clock is in proportion to its power limit over the power its
+# peaks are stated at (the SXM part's 700 W): a tensor-core-bound load holds the part at its
+# limit, and where the voltage sits at its floor the dynamic power a clock cycle costs is the
+# same at every clock, so power is linear in the clock. Stated, not fitted: nothing measured on
+# a 500 W part outside training runs was found to fit it on (the fit on them is 2 % lower).
+CAPPED_POWER_W = {H100_HBM2E_500W.name: (500.0, 700.0)}
+PRIOR = Calibration(
+    clocks_mhz={
+        name: H100_PEAK_CLOCK_MHZ * limit / stated
+        for name, (limit, stated) in CAPPED_POWER_W.items()
+    }
+)
