@@ -56,6 +56,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, with_plan: bool) -
             '"distributed_optimizer", "fsdp"], "cp": [1, 2, ...], "sequence_parallel": bool, '
             '"interleaved": bool}',
         )
+        parser.add_argument(
+            "--memory-margin-gib",
+            type=float,
+            default=0.0,
+            help="with --cluster: GiB a layout must leave free on each GPU to be offered "
+            "(predicted peak + margin <= the GPU's memory; default 0)",
+        )
 
 
 def _request_parts(args: argparse.Namespace) -> tuple[ModelSpec, GpuClusterSpec, int, int]:
@@ -133,6 +140,7 @@ def search_on_cluster(args: argparse.Namespace) -> int:
             if args.search_space
             else None
         ),
+        memory_margin_gib=args.memory_margin_gib,
     )
     top = [
         {

@@ -6,8 +6,9 @@ import dataclasses
 import functools
 import json
 from collections.abc import Callable
+from typing import Any
 
-from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
@@ -84,8 +85,29 @@ def _costs(  # noqa: PLR0917 (lru_cache keys on positional arguments)
         vocab=shard.vocab,
         fused_attention=fused,
         kv_heads=int(kv_heads),
+        dropout=drops_out(json.loads(spec_json)),
     )
     return costs, dims, op_costs
+
+
+# A transformers config's dropout on the blocks' outputs (the residual branches), by its name.
+_HIDDEN_DROPOUT_KEYS = ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout", "dropout")
+
+
+def drops_out(spec: dict[str, Any]) -> bool:
+    """Whether a model drops out on its blocks' outputs (their masks are kept for the
+    backward): its transformers config's own value or its class's default; a model of another
+    source is taken to."""
+    if spec.get("source") != "transformers":
+        return True
+    import transformers
+
+    model_class = getattr(transformers, str(spec.get("class")), None)
+    config_class = getattr(model_class, "config_class", None)
+    if config_class is None:
+        return True
+    config = config_class(**spec.get("config", {}))
+    return any(float(getattr(config, key, 0.0) or 0.0) > 0 for key in _HIDDEN_DROPOUT_KEYS)
 
 
 def shard_pricing(
@@ -155,6 +177,22 @@ def tp_options(model: ModelSpec, cluster: GpuClusterSpec) -> tuple[int, ...]:
     return tuple(options)
 
 
+def check_memory_margin(memory_margin_gib: float, cluster: GpuClusterSpec) -> None:
+    """Raises:
+    InvalidOptionError: a margin below 0 or not below the GPU's memory, naming both.
+    """
+    margin = memory_margin_gib
+    if (
+        isinstance(margin, bool)
+        or not isinstance(margin, (int, float))
+        or not 0 <= margin < cluster.gpu.memory_gib
+    ):
+        raise InvalidOptionError(
+            f"memory_margin_gib({margin!r}) must be a number from 0 to below the GPU's "
+            f"{cluster.gpu.memory_gib:g} GiB"
+        )
+
+
 def search_at_scale(
     model: ModelSpec,
     cluster: GpuClusterSpec,
@@ -167,14 +205,17 @@ def search_at_scale(
     allow_async_tp: bool = False,
     kernels: str = "pytorch",
     limits: SpaceLimits | None = None,
+    memory_margin_gib: float = 0.0,
     progress: Callable[[int], None] | None = None,
 ) -> ScaleSearchResult:
-    """The fastest layout of ``model`` on ``cluster`` that fits its GPUs' memory
-    (:mod:`ddlsim.search.scale_plans`).
+    """The fastest layout of ``model`` on ``cluster`` that fits its GPUs' memory with
+    ``memory_margin_gib`` to spare (:mod:`ddlsim.search.scale_plans`).
 
     Raises:
+        InvalidOptionError: a negative margin, or one as large as the GPU's memory.
         InvalidModelSpecError: when the model cannot be captured.
     """
+    check_memory_margin(memory_margin_gib, cluster)
     _, layers = layer_count(model)
     space = ScaleSpace(
         gpus=cluster.world_size,
@@ -196,6 +237,7 @@ def search_at_scale(
             model=model, cluster=cluster, plan=plan, global_batch=global_batch, seq_len=seq_len
         )
         prediction = predict_at_scale(request, replay=replay)
-        return prediction.iteration_s, prediction.memory.total_gib, prediction.fits
+        gib = prediction.memory.total_gib
+        return prediction.iteration_s, gib, gib + memory_margin_gib <= cluster.gpu.memory_gib
 
     return search_layouts(space, evaluate, progress=progress)

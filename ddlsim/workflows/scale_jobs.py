@@ -35,7 +35,12 @@ from ddlsim.simulator.gpu.scale import (
     micro_batch_size,
 )
 from ddlsim.workflows.requests import Progress, no_progress
-from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
+from ddlsim.workflows.scale import (
+    ScaleRequest,
+    check_memory_margin,
+    predict_at_scale,
+    search_at_scale,
+)
 
 SCALE_SIMULATOR_VERSION = "gpu-scale-1"
 """What stored cluster predictions were priced with (bump it when the GPU path's figures
@@ -163,6 +168,8 @@ class LayoutSearchRequest:
     top: int = DEFAULT_TOP
     # What the job's framework offers the search (SpaceLimits' keys), where less than all.
     search_space: Mapping[str, Any] | None = None
+    # GiB a layout must leave free on each GPU to be offered (beyond the model's reserve).
+    memory_margin_gib: float = 0.0
 
     def __post_init__(self) -> None:
         check_priceable(self.model)
@@ -183,6 +190,7 @@ class LayoutSearchRequest:
             )
         if not 1 <= self.top <= MAX_TOP:
             raise InvalidOptionError(f"top({self.top}) must be between 1 and {MAX_TOP}")
+        check_memory_margin(self.memory_margin_gib, self.cluster)
 
     def limits(self) -> SpaceLimits | None:
         """The search space's limits (:class:`SpaceLimits`), ``None`` for everything.
@@ -206,6 +214,7 @@ class LayoutSearchRequest:
             "kernels": self.kernels,
             "top": self.top,
             **({"search_space": dict(self.search_space)} if self.search_space else {}),
+            **({"memory_margin_gib": self.memory_margin_gib} if self.memory_margin_gib else {}),
         }
 
     @classmethod
@@ -259,6 +268,7 @@ def search_cluster(
         allow_async_tp=request.allow_async_tp,
         kernels=request.kernels,
         limits=request.limits(),
+        memory_margin_gib=request.memory_margin_gib,
         progress=priced,
     )
     top = result.ranked[: request.top]

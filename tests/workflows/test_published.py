@@ -78,3 +78,14 @@ def test_a_file_is_predicted_once_a_process(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(published, "predict_rows", fail)
     assert predict_published(name) is first
+
+
+@pytest.mark.long
+def test_every_published_layout_is_predicted_and_fits_its_gpus() -> None:
+    """The layouts the published runs trained with fit in the prediction: a planner that refuses
+    what people run is not trusted. No row is refused."""
+    for name in published_files():
+        answer = predict_published(name)
+        for row in answer["rows"]:
+            assert "error" not in row, (name, row)
+            assert row["fits"], (name, row["name"], row["memory_gib"])

@@ -7,7 +7,7 @@ from importlib import resources
 import pytest
 
 from benchmarks.published import RowError, parse_row
-from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
@@ -77,6 +77,23 @@ def test_search_finds_a_fitting_layout_fast() -> None:
     assert result.evaluated > 50
     published = predict_at_scale(_request(ScalePlan(dp=16, micro_batches=1), nodes=2))
     assert result.best.iteration_s <= published.iteration_s * 1.000001
+
+
+def test_the_search_keeps_the_memory_margin_it_is_given() -> None:
+    cluster = GpuClusterSpec.parse("dgx-h100:1")
+    free = search_at_scale(GPT, cluster, global_batch=32, seq_len=512)
+    assert free.best is not None
+    # A margin that leaves the fastest layout too little room: it is refused, and every layout
+    # offered leaves the margin free.
+    margin = cluster.gpu.memory_gib - free.best.memory_gib + 0.01
+    kept = search_at_scale(GPT, cluster, global_batch=32, seq_len=512, memory_margin_gib=margin)
+    assert kept.refused_memory > free.refused_memory
+    for ranked in kept.ranked:
+        assert ranked.memory_gib + margin <= cluster.gpu.memory_gib
+        assert ranked.plan != free.best.plan
+    for bad in (-1.0, 80.0, True):
+        with pytest.raises(InvalidOptionError, match=r"memory_margin_gib\(.*\) must be a number"):
+            search_at_scale(GPT, cluster, global_batch=32, seq_len=512, memory_margin_gib=bad)
 
 
 @pytest.mark.parametrize(

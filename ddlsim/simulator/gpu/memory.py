@@ -13,6 +13,11 @@ Transformer Models"), per block and micro-batch of ``s`` tokens, ``b`` sequences
     selective recomputation (or fused attention, which keeps no scores): the 5 a s / h term goes
     full recomputation: the block's input only, 2 s b h (/ t with sequence parallelism)
 
+Of the 10 s b h kept whole, 2 are the dropout masks of the attention's and the MLP's outputs
+(one byte an element), kept only by a model that drops out (GPT-2's configs do; Llama's and
+Nemotron's have no dropout); of the 24 split, 4 are the keys and values (2 s b h each), which
+grouped-query attention shrinks to the key-value heads' share ``g``: ``24 - 4 (1 - g)``.
+
 Transformer Engine's fp8 layers keep the fp8 copies of their GEMMs' inputs for the backward
 instead of the 16-bit ones: the QKV and first MLP projections' inputs (2 s b h each, kept
 whole without sequence parallelism) and the second MLP projection's (8 s b h) take half, so
@@ -81,14 +86,19 @@ def block_activation_bytes(
     recompute: str,
     fused_attention: bool,
     fp8_inputs: bool = False,
+    dropout: bool = True,
+    kv_share: float = 1.0,
 ) -> float:
     """Bytes one block keeps for its backward per micro-batch (the formulas above);
-    ``fp8_inputs``: the GEMMs' inputs are kept in fp8 (Transformer Engine's fp8 layers)."""
+    ``fp8_inputs``: the GEMMs' inputs are kept in fp8 (Transformer Engine's fp8 layers);
+    ``dropout``: the model drops out (masks kept); ``kv_share``: key-value heads over heads."""
     sbh = seq * batch * hidden
     if recompute == "full":
         return 2 * sbh / (tp if sequence_parallel else 1)
     scores = 0.0 if (recompute == "selective" or fused_attention) else 5 * heads * seq / hidden
     whole, split = (8.0, 20.0) if fp8_inputs else (10.0, 24.0)
+    whole -= 0.0 if dropout else 2.0
+    split -= 4.0 * (1.0 - kv_share)
     if sequence_parallel:
         return sbh / tp * (whole + split + scores)
     return sbh * (whole + split / tp + scores / tp)
@@ -138,6 +148,8 @@ def estimate_memory(
     mbs: int,
     seq_len: int,
     stage_params: list[int],
+    dropout: bool = True,
+    kv_share: float = 1.0,
 ) -> MemoryEstimate:
     """The busiest GPU's memory: the first stage's, or the last's where the logits outweigh
     it; ``seq_len`` is the whole sequence (a context-parallel rank holds ``1 / cp`` of it)."""
@@ -153,6 +165,8 @@ def estimate_memory(
         "sequence_parallel": plan.sequence_parallel,
         "fused_attention": fused_attention,
         "fp8_inputs": plan.kernels == "transformer_engine" and plan.precision == "fp8",
+        "dropout": dropout,
+        "kv_share": kv_share,
     }
     per_block = (
         costs.op_policy_saved_bytes

@@ -61,6 +61,7 @@ class ModelDims:
     vocab: int
     fused_attention: bool
     kv_heads: int = 0
+    dropout: bool = True
 
     @property
     def kv_hidden(self) -> int:
@@ -386,6 +387,8 @@ def predict_scale(
         heads=dims.heads,
         vocab=dims.vocab,
         fused_attention=dims.fused_attention,
+        dropout=dims.dropout,
+        kv_share=(dims.kv_heads or dims.heads) / dims.heads,
         mbs=mbs,
         seq_len=seq_len,
         stage_params=stages.params,

@@ -122,6 +122,7 @@ def cluster_search(
             search_space=(
                 body.search_space.model_dump(exclude_none=True) if body.search_space else None
             ),
+            memory_margin_gib=body.memory_margin_gib,
         ),
         field="body",
     )

@@ -264,3 +264,9 @@ class ClusterSearchRequest(Body):
     search_space: SearchSpace | None = Field(
         None, description="what the job's framework offers the search, where less than all"
     )
+    memory_margin_gib: float = Field(
+        0.0,
+        ge=0,
+        description="GiB a layout must leave free on each GPU to be offered (predicted peak "
+        "+ margin <= the GPU's memory)",
+    )
