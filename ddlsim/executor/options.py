@@ -52,6 +52,9 @@ class RunOptions:
     collective_timeout_s: float = 300.0
     # One more step after the measured ones, profiled on rank 0: RunResult.trace.
     trace: bool = False
+    # On the CPU, each rank's peak memory as its allocator reports it (profiling the build and
+    # the first steps: executor.memory_profile) instead of the process's resident set.
+    memory_profile: bool = False
 
     def __post_init__(self) -> None:
         for name, low in (("world_size", 1), ("iters", 1), ("warmup", 0), ("seed", 0)):

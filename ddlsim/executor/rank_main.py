@@ -39,6 +39,7 @@ from ddlsim.data.models import build_model, make_batch
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Bucket, Strategy
 from ddlsim.executor.context import RankContext
+from ddlsim.executor.memory_profile import MEMORY_STEPS, AllocatorPeak
 from ddlsim.executor.plan import build_trainer
 from ddlsim.executor.protocol import StoppingRule, relative_half_width, turn_steps
 from ddlsim.executor.trace import synchronize, traced_step
@@ -272,9 +273,11 @@ def _report_round(round_index: int, samples: list[list[float]], sampling_s: floa
     )
 
 
-def _gather(launch: _Launch) -> tuple[list[float], list[float], list[Any]]:
+def _gather(
+    launch: _Launch, allocator: "AllocatorPeak | None" = None
+) -> tuple[list[float], list[float], list[Any]]:
     """Every step's time (the slowest rank's) and loss (the ranks' shares summed), and what
-    each rank applied, its peak memory and its cores."""
+    each rank applied, its peak memory (the allocator's where it was watched) and its cores."""
     device, world_size = launch.device, launch.world_size
     # NCCL reduces device tensors only; gloo takes either.
     losses = torch.stack(
@@ -283,7 +286,9 @@ def _gather(launch: _Launch) -> tuple[list[float], list[float], list[Any]]:
     times = torch.tensor([step[2] for step in launch.steps], dtype=torch.float64, device=device)
     gathered: list[Any] = [None] * world_size
     mine = {
-        "peak_memory_bytes": _peak_memory_bytes(device),
+        "peak_memory_bytes": (
+            _peak_memory_bytes(device) if allocator is None else allocator.peak_bytes
+        ),
         "applied": [trainer.applied() for trainer in launch.trainers],
         "cores": sorted(os.sched_getaffinity(0)),
     }
@@ -335,7 +340,18 @@ def _variant_results(
 
 def run_rank(config: dict[str, Any], output: Path) -> None:
     rank, world_size, device = _join(config)
-    launch = _Launch(config, rank, world_size, device)
+    allocator: AllocatorPeak | None = None
+    if config.get("memory_profile") and device.type == "cpu":
+        # The allocator's reports from before the model is built through the first steps.
+        allocator = AllocatorPeak()
+        with allocator.watch():
+            launch = _Launch(config, rank, world_size, device)
+            for trainer in launch.trainers:
+                for _ in range(MEMORY_STEPS):
+                    trainer.step()
+                trainer.drain()
+    else:
+        launch = _Launch(config, rank, world_size, device)
     if rank == config.get("test_crash_rank", -1):
         print(f"rank {rank}: crashing on purpose (test)", file=sys.stderr, flush=True)
         sys.exit(3)
@@ -355,11 +371,12 @@ def run_rank(config: dict[str, Any], output: Path) -> None:
     )
     for trainer in launch.trainers:
         trainer.finish()
-    step_ms, step_loss, gathered = _gather(launch)
+    step_ms, step_loss, gathered = _gather(launch, allocator)
     if rank == 0:
         result = {
             "variants": _variant_results(launch, step_ms, step_loss, gathered),
             "peak_memory_bytes": [int(g["peak_memory_bytes"]) for g in gathered],
+            "peak_memory_source": "resident_set" if allocator is None else "allocator",
             "trace": trace,
             "rounds": rounds,
             "stopped_by": stopped_by,

@@ -67,6 +67,9 @@ class RunResult:
     stopped_by: str = "minimum"
     # Shared by every result of one launch: which measurements were taken side by side.
     launch_id: str = ""
+    # Where peak_memory_bytes comes from: each process's resident set, or (RunOptions.
+    # memory_profile, CPU) the allocator's peak of live tensors (executor.memory_profile).
+    peak_memory_source: str = "resident_set"
     # The machine's speed probe after each round (profiler.speed), rank 0's, in ms.
     probe_ms: list[float] = dataclasses.field(default_factory=list)
 
@@ -142,6 +145,11 @@ class RunResult:
             },
             "losses": self.losses,
             "peak_memory_bytes": self.peak_memory_bytes,
+            **(
+                {"peak_memory_source": self.peak_memory_source}
+                if self.peak_memory_source != "resident_set"
+                else {}
+            ),
             "applied": self.applied,
             "compile_time_s": self.compile_time_s,
             "env": self.env(),
@@ -275,6 +283,7 @@ def prepare_launch(
         "device": options.device,
         "backend": options.resolved_backend,
         "trace": options.trace,
+        "memory_profile": options.memory_profile,
     }
     return graph, config
 
@@ -302,6 +311,7 @@ def results_of(
             warmup_ms=[float(x) for x in mine["warmup_ms"]],
             losses=[float(x) for x in mine["losses"]],
             peak_memory_bytes=[int(x) for x in raw["peak_memory_bytes"]],
+            peak_memory_source=str(raw.get("peak_memory_source", "resident_set")),
             applied=mine["applied"],
             network=network,
             rank_cores=rank_cores,
