@@ -23,6 +23,7 @@ from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.stages import block_stack, default_groups
+from ddlsim.data.tp_plans import activation_split_paths
 from ddlsim.search.fusion_evaluator import FusionEvaluator
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, RISK_KINDS, Calibration, risk_kind
 from ddlsim.simulator.cost_model import AnalyticCostModel, CostModel, ReplayCostModel
@@ -34,6 +35,8 @@ from ddlsim.simulator.predict import predict
 Profiles = Callable[[ModelSpec], tuple[IterationGraph, Mapping[int, float]]]
 """The rank's micro-batch graph of a model spec and its profiled node times (ms)."""
 Capture = Callable[[ModelSpec, Strategy], IterationGraph]
+# What a rank's micro-batch keeps for backward, by module path (profiler.saved.saved_bytes).
+Saved = Callable[[ModelSpec], Mapping[str, int]]
 """The graph of a model (at a rank's micro-batch) captured under a strategy (the profiler's)."""
 
 
@@ -80,8 +83,10 @@ class StrategyEvaluator:
         optimizer: str = "adamw",
         calibration: Calibration | None = None,
         confidence: float = DEFAULT_CONFIDENCE,
+        saved: Saved | None = None,
     ) -> None:
         self.spec = spec
+        self.saved = saved
         self.cluster = cluster
         self.profiles = profiles
         self.capture = capture
@@ -155,6 +160,7 @@ class StrategyEvaluator:
         if plan not in self._memory:
             rank = rank_spec(self.spec, strategy, self.cluster.world_size)
             graph, _ = self.profiles(rank)
+            split = activation_split_paths(self.spec) if self.saved is not None else frozenset()
             self._memory[plan] = peak_memory(
                 graph,
                 strategy,
@@ -162,6 +168,8 @@ class StrategyEvaluator:
                 blocks=self.blocks,
                 fsdp_groups=self.fsdp_groups,
                 optimizer=self.optimizer,
+                saved=self.saved(rank) if self.saved is not None else None,
+                split=split.__contains__,
             )
         return self._memory[plan]
 

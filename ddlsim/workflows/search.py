@@ -32,6 +32,7 @@ from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunOptions, RunResult, run_training
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.profiler.cluster import remove_stale_namespaces
+from ddlsim.profiler.saved import saved_bytes
 from ddlsim.search import (
     STUDY_ALGORITHMS,
     ParetoPoint,
@@ -165,6 +166,7 @@ def build_evaluator(
         # ``confidence`` None: ranked by the prediction alone.
         calibration=cost_model.calibration if request.confidence is not None else None,
         confidence=request.confidence or DEFAULT_CONFIDENCE,
+        saved=saved_bytes,
     )
 
 

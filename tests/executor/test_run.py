@@ -1,5 +1,6 @@
 """``ddlsim run``: real ranks, stored results, clear failures, nothing left behind."""
 
+import dataclasses
 import json
 import os
 import statistics
@@ -413,3 +414,20 @@ def test_a_parameter_without_gradient_is_frozen_under_every_plan() -> None:
     results = _side_by_side_like_one_process(spec, strategies, rounds=1)
     launched = {p for b in results[1].applied["buckets"] for p in b["params"]}
     assert "dinov2.embeddings.mask_token" not in launched
+
+
+def test_memory_profile_reports_the_allocators_peak_of_live_tensors() -> None:
+    """On the CPU each rank's peak comes from its allocator's reports (from before the build
+    through two steps), not the resident set: at least the weights, gradients and AdamW's two
+    moments of the mlp, and below the process's resident set (the interpreter, libraries)."""
+    options = RunOptions(world_size=2, iters=1, warmup=1, max_warmup=1, budget_s=0)
+    profiled = run_training(MLP, Strategy(), dataclasses.replace(options, memory_profile=True))
+    plain = run_training(MLP, Strategy(), options)
+    assert profiled.peak_memory_source == "allocator"
+    assert plain.peak_memory_source == "resident_set"
+    assert profiled.to_json()["peak_memory_source"] == "allocator"
+    assert "peak_memory_source" not in plain.to_json()
+    graph = capture_graph(MLP)
+    weights = sum(p.nbytes for p in graph.params)
+    for peak in profiled.peak_memory_bytes:
+        assert 4 * weights <= peak < min(plain.peak_memory_bytes)
