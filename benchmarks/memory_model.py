@@ -49,14 +49,15 @@ KINDS = ["ddp", "fsdp", "tp", "pipeline", "layers", "grid"]
 
 def strategy_of(kind: str, blocks: int) -> Strategy:
     """The plan kind's strategy on ``WORLD_SIZE`` ranks (per-layer: every other block split)."""
-    parallel: dict[str, Any] = {
+    kinds: dict[str, dict[str, Any]] = {
         "ddp": {},
         "fsdp": {"fsdp": True},
         "tp": {"tp": 2},
         "pipeline": {"pp": 2, "micro_batches": 2},
         "layers": {"tp": 2, "layers": ["tp" if i % 2 == 0 else "batch" for i in range(blocks)]},
         "grid": {"tp": 2, "grid": [1, 2, 1]},
-    }[kind]
+    }
+    parallel = kinds[kind]
     return Strategy.from_dict({"parallel": parallel} if parallel else {})
 
 
