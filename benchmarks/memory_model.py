@@ -1,15 +1,15 @@
 """The peak-memory model against each rank's peak as its allocator reports it, every plan kind.
 
 For each model and plan kind (DDP, FSDP, tensor parallel, pipeline, per-layer placements,
-grid), one launch on 2 ranks runs the executor with ``RunOptions.memory_profile``: each rank's
-CPU allocator reports every allocation and free to ``torch.profiler`` from before the model is
-built through two training steps (AdamW), and the running sum's maximum is its peak of live
-tensors (:mod:`ddlsim.executor.memory_profile`; not a resident-set size). The model's estimate
-(:func:`ddlsim.simulator.memory.peak_memory` with what autograd saves, as the search prunes
-with it) is set beside the busiest rank's. The peak of a plan whose collectives run
-asynchronously (tensor parallelism's, on gloo's threads) differs from launch to launch by up to
-a fifth, so every case is launched ``--repeats`` times and compared with the median; the range is
-kept beside it. The issue's bar is within 10 % either way.
+grid on 2 ranks; FSDP beside a 2-stage pipeline on 4), a launch runs the executor with
+``RunOptions.memory_profile``: each rank's CPU allocator reports every allocation and free to
+``torch.profiler`` from before the model is built through two training steps (AdamW), and the
+running sum's maximum is its peak of live tensors (:mod:`ddlsim.executor.memory_profile`; not
+a resident-set size). The model's estimate (:func:`ddlsim.simulator.memory.peak_memory` with
+what autograd saves, as the search prunes with it) is set beside the busiest rank's. The peak
+of a plan whose collectives run asynchronously (tensor parallelism's, on gloo's threads)
+differs from launch to launch by up to a fifth, so every case is launched ``--repeats`` times
+and compared with the median; the range is kept beside it. The issue's bar is within 10 %.
 
     .venv/bin/python benchmarks/memory_model.py --out memory.jsonl
     .venv/bin/python benchmarks/memory_model.py --models gpt2-tiny --kinds ddp fsdp --repeats 1
@@ -20,7 +20,6 @@ Time: about 8 s a launch on the 2-core VM (6 kinds x 5 models x 3: some 12 minut
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -44,7 +43,9 @@ from ddlsim.simulator.memory import peak_memory
 MIB = 2**20
 WORLD_SIZE = 2
 MODELS = ["gpt2-tiny", "bert-tiny", "llama-tiny", "opt-tiny", "mistral-tiny"]
-KINDS = ["ddp", "fsdp", "tp", "pipeline", "layers", "grid"]
+KINDS = ["ddp", "fsdp", "tp", "pipeline", "layers", "grid", "pipeline_fsdp"]
+# Ranks a kind runs on: FSDP beside a 2-stage pipeline needs 2 data-parallel ranks a stage.
+RANKS = {"pipeline_fsdp": 4}
 
 
 def strategy_of(kind: str, blocks: int) -> Strategy:
@@ -56,6 +57,7 @@ def strategy_of(kind: str, blocks: int) -> Strategy:
         "pipeline": {"pp": 2, "micro_batches": 2},
         "layers": {"tp": 2, "layers": ["tp" if i % 2 == 0 else "batch" for i in range(blocks)]},
         "grid": {"tp": 2, "grid": [1, 2, 1]},
+        "pipeline_fsdp": {"pp": 2, "micro_batches": 2, "fsdp": True},
     }
     parallel = kinds[kind]
     return Strategy.from_dict({"parallel": parallel} if parallel else {})
@@ -68,13 +70,19 @@ def measure(model_name: str, kind: str, repeats: int) -> dict[str, Any]:
     stack = block_stack(model)
     blocks = stack.blocks if stack is not None else ()
     strategy = strategy_of(kind, len(blocks))
-    row: dict[str, Any] = {"model": model_name, "kind": kind, "strategy": strategy.to_dict()}
+    world_size = RANKS.get(kind, WORLD_SIZE)
+    row: dict[str, Any] = {
+        "model": model_name,
+        "kind": kind,
+        "world_size": world_size,
+        "strategy": strategy.to_dict(),
+    }
     try:
-        rank = rank_spec(spec, strategy, WORLD_SIZE)
+        rank = rank_spec(spec, strategy, world_size)
         estimate = peak_memory(
             capture_graph(rank),
             strategy,
-            world_size=WORLD_SIZE,
+            world_size=world_size,
             blocks=blocks,
             fsdp_groups=[tuple(g) for g in default_groups(model)],
             saved=saved_bytes(rank),
@@ -86,7 +94,7 @@ def measure(model_name: str, kind: str, repeats: int) -> dict[str, Any]:
                 spec,
                 strategy,
                 RunOptions(
-                    world_size=WORLD_SIZE,
+                    world_size=world_size,
                     memory_profile=True,
                     budget_s=0,
                     iters=1,
@@ -124,7 +132,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="append each row (JSON lines)")
     args = parser.parse_args()
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    print(f"# {WORLD_SIZE} ranks, AdamW; torch {torch.__version__}; {platform.machine()}")
+    print(f"# {WORLD_SIZE} ranks (4 for pipeline_fsdp), AdamW; torch {torch.__version__}")
     print(
         "| model | kind | measured peak MiB (busiest rank, median; range) | predicted MiB | "
         "predicted / measured |"

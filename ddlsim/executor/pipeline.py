@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -65,7 +66,7 @@ from ddlsim.executor.context import (
     average_over_group,
     split_batch,
 )
-from ddlsim.executor.pipeline_stage import StageModule, probe_blocks
+from ddlsim.executor.pipeline_stage import StageModule, inner_block, probe_blocks
 
 # Module classes known to pass more than the hidden state between blocks; refused.
 _UNSUPPORTED_MODEL_TYPES = {"t5": "its blocks pass the relative position bias along the stack"}
@@ -79,10 +80,17 @@ def check_pipeline(spec: ModelSpec, plan: ParallelPlan) -> None:
             stages, or passes more than the hidden state between blocks; or the plan combines
             pipeline with tensor parallelism or FSDP.
     """
-    if plan.tp > 1 or plan.fsdp:
+    if plan.tp > 1:
         raise InvalidStrategyError(
-            f"parallel.pp({plan.pp}) combines with data parallelism only; tp({plan.tp}) and "
-            f"fsdp({str(plan.fsdp).lower()}) with a pipeline are not supported"
+            f"parallel.pp({plan.pp}) combines with data parallelism and FSDP; tp({plan.tp}) "
+            "with a pipeline is not supported"
+        )
+    if plan.fsdp and (plan.chunks > 1 or "tp" in plan.stages):
+        raise InvalidStrategyError(
+            f"parallel.fsdp with a pipeline needs one stage a rank, each data-parallel: "
+            f"pp_schedule {plan.pp_schedule!r} with {plan.chunks} stages a rank and stages "
+            f"{list(plan.stages) or 'batch'} are not supported with it (use 1f1b, gpipe or "
+            "eager_1f1b without tp stages)"
         )
     with torch.device("meta"):
         model = build_model(spec)
@@ -181,6 +189,14 @@ class PipelineTrainer(SynchronousTrainer):
         ]
         if tensor_stage and self.layouts[indices[0] + 1] == "batch":
             self.modules[0].share = (self.dp_group, ctx.dp, ctx.mesh["dp"].get_local_rank())
+        # Blocks of other stages are dropped with the full stack (the model keeps this one).
+        parent, _, attribute = stack.path.rpartition(".")
+        setattr(
+            model.get_submodule(parent) if parent else model, attribute, self.modules[0].blocks
+        )
+        self.fsdp = plan.fsdp
+        if plan.fsdp:
+            self._shard_stage(model)
         self.stages: list[Any] = []
         for module in self.modules:
             start, end = module.span
@@ -215,11 +231,26 @@ class PipelineTrainer(SynchronousTrainer):
         self.optimizer = ctx.make_optimizer(self.params)
         self.tied: list[str] | None = None
         self.last_rank = any(m.last for m in self.modules)
-        # Blocks of other stages are dropped with the full stack (the model keeps this one).
-        parent, _, attribute = stack.path.rpartition(".")
-        setattr(
-            model.get_submodule(parent) if parent else model, attribute, self.modules[0].blocks
-        )
+
+    def _shard_stage(self, model: nn.Module) -> None:
+        """FSDP over the stage's data-parallel ranks, as the frameworks run it beside a pipeline
+        (ZeRO-2 style): each block a ``fully_shard`` group, the rest of the model the root's;
+        nothing resharded after a forward, so the weights stay gathered through every
+        micro-batch of the step, and the pipeline schedule reduce-scatters the gradients once,
+        after the last micro-batch's backward (``torch.distributed.pipelining`` runs FSDP's
+        post-backward then)."""
+        module = self.modules[0]
+        # The stage's forward runs the whole model: its parameters are the stage's to shard.
+        module.add_module("whole", model)
+        mesh = self.ctx.mesh["dp"]
+        policy = self.ctx.precision.fsdp_policy()
+        for block in module.blocks:
+            # A stage's last block stops the forward with an exception after it ran: shard the
+            # block inside it, whose forward returns.
+            fully_shard(
+                inner_block(block), mesh=mesh, mp_policy=policy, reshard_after_forward=False
+            )
+        fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
 
     def _split_stage(self, model: nn.Module, stack: BlockStack, span: tuple[int, int]) -> None:
         """Split this rank's stage's blocks over the stage's ranks (``ctx.mesh["dp"]``), as a
@@ -305,12 +336,26 @@ class PipelineTrainer(SynchronousTrainer):
         tied = [p for name, p in self.shared if name in self.tied]
         if not tied:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in tied]
+        # Under FSDP the gradients are this rank's shards, the same shard on every stage.
+        grads = [_local(p.grad) if p.grad is not None else _local(p).new_zeros(()) for p in tied]
+        grads = [
+            g if g.dim() else torch.zeros_like(_local(p)) for g, p in zip(grads, tied, strict=True)
+        ]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat, group=self.pp_group)
         offset = 0
         for param, grad in zip(tied, grads, strict=True):
-            param.grad = flat[offset : offset + grad.numel()].view_as(grad).clone()
+            summed = flat[offset : offset + grad.numel()].view_as(grad).clone()
+            if param.grad is None:
+                param.grad = (
+                    DTensor.from_local(summed, param.device_mesh, param.placements)
+                    if isinstance(param, DTensor)
+                    else summed
+                )
+            elif isinstance(param.grad, DTensor):
+                param.grad.to_local().copy_(summed)
+            else:
+                param.grad = summed
             offset += grad.numel()
 
     def _average_gradients_over_dp(self) -> None:
@@ -322,7 +367,9 @@ class PipelineTrainer(SynchronousTrainer):
         collectives = ["send/recv:pp"]
         if self.tied:
             collectives.append("all_reduce:pp")
-        if self.dp_group is not None:
+        if self.fsdp:
+            collectives += ["all_gather:dp", "reduce_scatter:dp"]
+        elif self.dp_group is not None:
             collectives.append("all_reduce:dp")
         if "tp" in self.layouts:
             collectives += ["all_reduce:stage", "all_gather:stage"]
@@ -332,6 +379,7 @@ class PipelineTrainer(SynchronousTrainer):
             "split_modules": self.split_modules,
             "pp": self.ctx.pp,
             "dp": self.ctx.dp,
+            "fsdp": self.fsdp,
             "schedule": self.ctx.strategy.parallel.pp_schedule,
             "micro_batches": self.micro_batches,
             "stack": self.stack.path,
@@ -358,6 +406,11 @@ def _joined_micro_batches(ctx: RankContext, micro_batches: int) -> list[dict[str
         {key: torch.cat([rank[k][key] for rank in per_rank]) for key in per_rank[0][k]}
         for k in range(micro_batches)
     ]
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard, or the tensor itself."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _all_named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:

@@ -97,6 +97,11 @@ class _Exit(nn.Module):
         raise _StageEnd(_hidden(self.block(*args, **kwargs)).contiguous())
 
 
+def inner_block(block: nn.Module) -> nn.Module:
+    """The model's block a stage runs: itself, or the one its first or last wrapper holds."""
+    return block.block if isinstance(block, (_Enter, _Exit)) else block
+
+
 class StageModule(nn.Module):
     """One pipeline stage: the model's forward over this stage's blocks only.
 

@@ -363,6 +363,21 @@ def _pipeline_peak(
         weights = outside_params + blocks_params
         updated = blocks_params + (used_outside[0] if 0 in mine else 0)
         updated += used_outside[1] if last else 0
+        if plan.fsdp:
+            # Sharded beside the pipeline (ZeRO-2 style): the stage's weights stay gathered
+            # through the step beside their shards, its gradients unsharded until the one
+            # reduce-scatter after the last backward; the optimizer holds a shard's state.
+            estimate = MemoryEstimate(
+                weights_bytes=weights + weights // dp,
+                grads_bytes=updated if plan.micro_batches > 1 else min(largest_param, updated),
+                optimizer_bytes=states * updated // dp,
+                buffers_bytes=0,
+                activations_bytes=blocks_saved * in_flight + (outside_saved if last else 0),
+                transient_bytes=2 * logits if last else 0,
+            )
+            if best is None or estimate.total_bytes > best.total_bytes:
+                best = estimate
+            continue
         estimate = MemoryEstimate(
             weights_bytes=weights,
             grads_bytes=updated if plan.micro_batches > 1 else min(largest_param, updated),

@@ -62,6 +62,40 @@ class TensorStage:
     backward_extra_ms: float
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ShardedStages:
+    """FSDP beside the pipeline, as the executor runs it (ZeRO-2 style): each stage's
+    parameters sharded over its ``dp`` ranks, gathered as its first forward of the step runs
+    (``first_bytes``, the model's other parameters and the first block's, before it can start;
+    ``rest_bytes``, its other blocks', each prefetched beside the block before it) and kept
+    gathered through every micro-batch; its gradients reduce-scattered once, after its last
+    backward (``reduce_bytes``), and the optimizer stepping ``1 / dp`` of them. ``hooks_ms``
+    is FSDP's own work a stage and step (the measured runtime costs), half before the first
+    forward and half after the last backward."""
+
+    all_gather: AlphaBeta
+    reduce_scatter: AlphaBeta
+    dp: int
+    first_bytes: tuple[int, ...]
+    rest_bytes: tuple[int, ...]
+    reduce_bytes: tuple[int, ...]
+    hooks_ms: tuple[float, ...]
+
+    def first_forward_extra_ms(self, stage: int, forward_ms: float) -> float:
+        """What the stage's first forward of the step adds: the first gather, exposed, and the
+        rest where it outlasts the forward it is prefetched beside."""
+        first = self.all_gather.time_us(self.first_bytes[stage]) / 1e3
+        rest = (
+            self.all_gather.time_us(self.rest_bytes[stage]) / 1e3 if self.rest_bytes[stage] else 0
+        )
+        return first + max(0.0, rest - forward_ms) + self.hooks_ms[stage] / 2
+
+    def reduce_ms(self, stage: int) -> float:
+        return (
+            self.reduce_scatter.time_us(self.reduce_bytes[stage]) / 1e3 + self.hooks_ms[stage] / 2
+        )
+
+
 def stage_spans(
     graph: IterationGraph, blocks: tuple[str, ...], stages: int
 ) -> list[tuple[int, int]]:
@@ -247,6 +281,7 @@ def replay_pipeline(
     all_reduce: AlphaBeta,
     ranks: int | None = None,
     tied_all_reduce: AlphaBeta | None = None,
+    sharded: ShardedStages | None = None,
 ) -> ReplayResult:
     """Schedule one iteration of the stages' micro-batches (see the module docstring).
 
@@ -259,6 +294,9 @@ def replay_pipeline(
         tied_all_reduce: the pipeline group's all-reduce, which sums the gradients of
             parameters used on several ranks (tied embeddings) once every rank's backward is
             done, before the data-parallel all-reduce; ``None``: those are not priced.
+        sharded: FSDP beside the pipeline (:class:`ShardedStages`): the stages' gathers in
+            their first forward, their reduce-scatters in place of the all-reduce, the
+            optimizer over a shard.
 
     Long: one list-scheduling loop over the ranks' orders whose stage clocks and transfers every
     step shares.
@@ -284,6 +322,8 @@ def replay_pipeline(
                 continue
             start = max(free[r], ready)
             duration = costs[s].forward_ms if kind == "F" else costs[s].backward_ms
+            if sharded is not None and kind == "F" and m == 0:
+                duration += sharded.first_forward_extra_ms(s, costs[s].forward_ms)
             end[(kind, s, m)] = start + duration
             free[r] = start + duration
             busy[r] += duration
@@ -309,14 +349,17 @@ def replay_pipeline(
         free = [last + tied_ms] * ranks
     for r in range(ranks):
         own = range(r, stages, ranks)
-        sync_ms = all_reduce.time_us(sum(costs[s].grad_bytes for s in own)) / 1e3
+        if sharded is not None:
+            sync_ms = sum(sharded.reduce_ms(s) for s in own)
+        else:
+            sync_ms = all_reduce.time_us(sum(costs[s].grad_bytes for s in own)) / 1e3
         synced.append(sync_ms + tied_ms)
         comm_total += sync_ms + tied_ms
         step_start = free[r] + sync_ms
-        optimizer_ms = sum(costs[s].optimizer_ms for s in own)
+        optimizer_ms = sum(costs[s].optimizer_ms for s in own) / (sharded.dp if sharded else 1)
         finish.append(step_start + optimizer_ms)
         busy[r] += optimizer_ms
-        sync = f"rank {r} gradient all-reduce"
+        sync = f"rank {r} gradient {'reduce-scatter' if sharded else 'all-reduce'}"
         events.append(_event(r, -1, sync, start=free[r], end=step_start, stream="comm"))
         events.append(_event(r, -1, f"rank {r} optimizer", start=step_start, end=finish[-1]))
     iteration = max(finish)

@@ -19,7 +19,14 @@ from ddlsim.data.tp_plans import PLANS, no_plan_reason, tp_family, tp_plan
 from ddlsim.simulator.costs import LinkFitLike, comm_models
 from ddlsim.simulator.fsdp import replay_fsdp
 from ddlsim.simulator.grid import GridCosts, GridModels, analytic_grid, replay_grid
-from ddlsim.simulator.pipeline import TensorStage, replay_pipeline, stage_costs, stage_spans
+from ddlsim.simulator.pipeline import (
+    ShardedStages,
+    StageCosts,
+    TensorStage,
+    replay_pipeline,
+    stage_costs,
+    stage_spans,
+)
 from ddlsim.simulator.runtime import RuntimeCosts
 from ddlsim.simulator.tensor_parallel import replay_tensor_parallel, split_stage
 from ddlsim.simulator.timeline import ReplayResult, UnsupportedPlanError
@@ -125,10 +132,11 @@ class _PlanReplay:
         the cluster's links (between two neighbouring stages)."""
         graph = self.graph
         plan = graph.strategy.parallel
-        if plan.tp > 1 or plan.fsdp:
+        if plan.tp > 1 or (plan.fsdp and (plan.chunks > 1 or "tp" in plan.stages)):
             raise UnsupportedPlanError(
-                f"the replay schedules pipelines with data parallelism only; tp({plan.tp}) and "
-                f"fsdp({plan.fsdp}) are not supported with pp({plan.pp})"
+                f"the replay schedules pipelines with data parallelism or FSDP (one stage a "
+                f"rank); tp({plan.tp}) and fsdp with {plan.chunks} stages a rank or tp stages "
+                f"are not supported with pp({plan.pp})"
             )
         with torch.device("meta"):
             model = build_model(graph.model)
@@ -152,6 +160,37 @@ class _PlanReplay:
             all_reduce=self.models["all_reduce"],
             ranks=plan.pp,
             tied_all_reduce=self._link_models(plan.pp)["all_reduce"],
+            sharded=self._sharded_stages(stack.blocks, costs) if plan.fsdp else None,
+        )
+
+    def _sharded_stages(self, blocks: tuple[str, ...], costs: list[StageCosts]) -> ShardedStages:
+        """FSDP beside the pipeline: every stage gathers the model's parameters outside the
+        blocks (its root: every stage runs the model's own forward) and its blocks', each block
+        a group; it reduce-scatters the gradients it has."""
+        graph = self.graph
+        plan = graph.strategy.parallel
+        spans = stage_spans(graph, blocks, stage_count(plan))
+        per_block = [
+            sum(p.nbytes for p in graph.params if p.name.startswith(f"{b}.")) for b in blocks
+        ]
+        outside = sum(p.nbytes for p in graph.params) - sum(per_block)
+        dp = plan.resolve_dp(self.world_size)
+        models = self._link_models(dp)
+        group_ms = [
+            sum(
+                (self.runtime.fsdp_us_per_group + self.runtime.fsdp_us_per_byte * n) / 1e3
+                for n in [outside, *per_block[start:end]]
+            )
+            for start, end in spans
+        ]
+        return ShardedStages(
+            all_gather=models["all_gather"],
+            reduce_scatter=models["reduce_scatter"],
+            dp=dp,
+            first_bytes=tuple(outside + per_block[start] for start, _ in spans),
+            rest_bytes=tuple(sum(per_block[start + 1 : end]) for start, end in spans),
+            reduce_bytes=tuple(c.grad_bytes for c in costs),
+            hooks_ms=tuple(group_ms),
         )
 
     def _tensor_stages(self, blocks: tuple[str, ...]) -> dict[int, TensorStage]:

@@ -155,8 +155,12 @@ def test_cuts_balance_flops_and_keep_every_stage_non_empty() -> None:
             {"pp": 2, "micro_batches": 2, "pp_schedule": "interleaved_1f1b"},
             "needs 4 stages but gpt2-tiny has 2 blocks in transformer.h",
         ),
-        ("gpt2-tiny", {"pp": 2, "tp": 2, "micro_batches": 2}, "tp(2) and fsdp(false)"),
-        ("gpt2-tiny", {"pp": 2, "fsdp": True, "micro_batches": 2}, "fsdp(true)"),
+        ("gpt2-tiny", {"pp": 2, "tp": 2, "micro_batches": 2}, "tp(2) with a pipeline"),
+        (
+            "gpt2-tiny",
+            {"pp": 2, "fsdp": True, "micro_batches": 2, "pp_schedule": "interleaved_1f1b"},
+            "parallel.fsdp with a pipeline needs one stage a rank",
+        ),
     ],
 )
 def test_bad_pipelines_are_refused(name: str, parallel: dict, message: str) -> None:
@@ -165,6 +169,28 @@ def test_bad_pipelines_are_refused(name: str, parallel: dict, message: str) -> N
     world = strategy.parallel.pp * strategy.parallel.tp
     with pytest.raises(InvalidStrategyError, match=re.escape(message)):
         check_strategy(spec, strategy, world, capture_graph(spec))
+
+
+@pytest.mark.parametrize(
+    ("name", "schedule"), [("gpt2-tiny", "1f1b"), ("llama-tiny", "eager_1f1b")]
+)
+def test_fsdp_beside_a_pipeline_matches_single_process(name: str, schedule: str) -> None:
+    """pp 2 x FSDP over dp 2 (4 ranks), ZeRO-2 style: gpt2-tiny's embedding tied to its head
+    is summed over the stages as FSDP shards; llama-tiny's untied head is the last stage's."""
+    spec = SPECS[name]
+    plan = {"pp": 2, "fsdp": True, "pp_schedule": schedule, "micro_batches": 2}
+    results = _run(spec, 4, plan)
+    assert all(r.losses == results[0].losses for r in results)
+    assert_matches_reference(results[:1], spec)
+    applied = results[0].applied
+    assert (applied["plan"], applied["pp"], applied["dp"], applied["fsdp"]) == (
+        "pipeline",
+        2,
+        2,
+        True,
+    )
+    assert "reduce_scatter:dp" in applied["collectives"]
+    assert "all_reduce:dp" not in applied["collectives"]
 
 
 def test_too_few_micro_batches_for_1f1b_are_refused() -> None:

@@ -10,11 +10,21 @@ import torch
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model
+from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.stages import block_stack, tied_parameters
 from ddlsim.data.tp_plans import PLANS
 from ddlsim.data.zoo import resolve_model
-from ddlsim.simulator.pipeline import StageCosts, TensorStage, replay_pipeline, stage_costs
+from ddlsim.profiler.capture import CaptureOptions, capture_graph
+from ddlsim.simulator.costs import comm_models
+from ddlsim.simulator.pipeline import (
+    ShardedStages,
+    StageCosts,
+    TensorStage,
+    replay_pipeline,
+    stage_costs,
+)
 from ddlsim.simulator.pipeline_orders import interleaved_order, schedule_order
+from ddlsim.simulator.plans import replay_parallel_plan
 from ddlsim.simulator.tensor_parallel import split_stage
 from ddlsim.simulator.timeline import UnsupportedPlanError
 
@@ -130,6 +140,45 @@ def test_transfers_and_gradient_sync_add_up() -> None:
     assert result.exposed_comm_ms == pytest.approx(sync)
 
 
+def test_fsdp_beside_the_pipeline_gathers_once_and_reduce_scatters_once() -> None:
+    # Two stages of 1 ms forward, 2 ms backward, 4 micro-batches (15 ms without sharding).
+    # Sharded over dp 2: each stage's first forward of the step waits for its first gather
+    # (the rest prefetched beside the forward, here longer than it: its excess exposed too);
+    # no gather afterwards; one reduce-scatter after the last backward; a shard's step.
+    gather = AlphaBeta(collective="all_gather", world_size=2, alpha_us=100.0, busbw_gbps=1.0)
+    scatter = AlphaBeta(collective="reduce_scatter", world_size=2, alpha_us=50.0, busbw_gbps=1.0)
+    costs = [dataclasses.replace(c, optimizer_ms=4.0) for c in _stages(2)]
+    sharded = ShardedStages(
+        all_gather=gather,
+        reduce_scatter=scatter,
+        dp=2,
+        first_bytes=(1 << 16, 1 << 16),
+        rest_bytes=(1 << 18, 0),
+        reduce_bytes=(1 << 20, 1 << 20),
+        hooks_ms=(0.2, 0.2),
+    )
+    first = gather.time_us(1 << 16) / 1e3
+    rest = gather.time_us(1 << 18) / 1e3
+    assert rest > 1.0  # longer than the stage's forward it is prefetched beside
+    result = replay_pipeline(
+        costs, schedule="1f1b", micro_batches=4, p2p=NO_LINK, all_reduce=NO_DP, sharded=sharded
+    )
+    extra_0 = first + (rest - 1.0) + 0.1
+    extra_1 = first + 0.1
+    assert sharded.first_forward_extra_ms(0, 1.0) == pytest.approx(extra_0)
+    assert sharded.first_forward_extra_ms(1, 1.0) == pytest.approx(extra_1)
+    reduce = scatter.time_us(1 << 20) / 1e3 + 0.1
+    # Stage 0's first forward starts the pipeline; stage 1's gather is on the critical path too
+    # (it waits for the activation, then gathers); stage 0 ends last, then reduce-scatters.
+    plain = replay_pipeline(costs, schedule="1f1b", micro_batches=4, p2p=NO_LINK, all_reduce=NO_DP)
+    assert result.iteration_time_ms == pytest.approx(
+        plain.iteration_time_ms - 4.0 + extra_0 + extra_1 + reduce + 2.0
+    )
+    assert result.exposed_comm_ms == pytest.approx(reduce)
+    names = {event.name for event in result.timeline}
+    assert "rank 0 gradient reduce-scatter" in names
+
+
 def test_stage_costs_of_gpt2_split_the_work(zoo_graph: GraphOf) -> None:
     graph = zoo_graph("gpt2-tiny")
     node_ms = {n.id: 1.0 for n in graph.nodes if n.kind in ("compute", "optimizer")}
@@ -241,3 +290,44 @@ def test_tied_embeddings_are_summed_over_the_pipeline(zoo_graph: GraphOf) -> Non
 def test_a_model_without_tied_weights_has_none() -> None:
     with torch.device("meta"):
         assert tied_parameters(build_model(resolve_model("llama-tiny"))) == {}
+
+
+def test_a_sharded_pipeline_plan_replays_with_gathers_and_reduce_scatters() -> None:
+    """gpt2-tiny, pp 2 x FSDP over dp 2 on 4 ranks at 1 Gbit/s, against the same pipeline
+    with its gradients all-reduced: the sharded one reduce-scatters (half an all-reduce's
+    bytes on a ring) and gathers once a step; interleaving with FSDP is refused."""
+    spec = resolve_model("gpt2-tiny")
+    plain_plan = {"pp": 2, "micro_batches": 2}
+    results = {}
+    for name, parallel in (("plain", plain_plan), ("sharded", {**plain_plan, "fsdp": True})):
+        strategy = Strategy.from_dict({"parallel": parallel})
+        graph = capture_graph(spec, CaptureOptions(strategy=strategy))
+        models = comm_models(
+            [], world_size=2, bandwidth="1gbit", bandwidth_gbps=1.0, ring=False
+        ).models
+        results[name] = replay_parallel_plan(
+            graph,
+            {node.id: 0.1 for node in graph.nodes},
+            [],
+            models,
+            world_size=4,
+            bandwidth="1gbit",
+        )
+    names = {event.name for event in results["sharded"].timeline}
+    assert "rank 0 gradient reduce-scatter" in names
+    assert "rank 0 gradient all-reduce" not in names
+    assert 0 < results["sharded"].exposed_comm_ms < results["plain"].exposed_comm_ms
+    interleaved = Strategy.from_dict(
+        {
+            "parallel": {
+                "pp": 2,
+                "micro_batches": 2,
+                "fsdp": True,
+                "pp_schedule": "interleaved_1f1b",
+                "virtual_stages": 2,
+            }
+        }
+    )
+    graph = capture_graph(resolve_model("llama-tiny"), CaptureOptions(strategy=interleaved))
+    with pytest.raises(UnsupportedPlanError, match="fsdp with 2 stages a rank"):
+        replay_parallel_plan(graph, {}, [], models, world_size=4, bandwidth="1gbit")
