@@ -169,8 +169,9 @@ def dump(db: str, *, runs: bool) -> dict[str, Any]:
         "search mistral-7b --cluster dgx-h100:4 --batch-size 64 --seq-len 4096"
     )
     rows = "ddlsim/data/published/megatron_lm_h100.json"
+    # The tree being dumped is the working directory (``compare`` runs each dump in its own).
     published = subprocess.run(
-        [sys.executable, str(HERE / "benchmarks/published.py"), rows, "--json"],
+        [sys.executable, str(Path.cwd() / "benchmarks/published.py"), rows, "--json"],
         capture_output=True,
         text=True,
         check=False,
@@ -226,8 +227,10 @@ def compare(before: Path, out: Path | None, runs: bool) -> int:
             copy = Path(folder) / f"{which}-{len(dumps[which])}.db"
             shutil.copy(base, copy)
             # each tree imported from its own folder (not the installed one, which may be
-            # either)
-            env = {**os.environ, "PYTHONPATH": str(before if which == "before" else HERE)}
+            # either), and run in it: ``python -m ddlsim`` puts the working directory first on
+            # its path, so a dump run in the other tree would import that tree's package
+            tree = before if which == "before" else HERE
+            env = {**os.environ, "PYTHONPATH": str(tree)}
             print(f"dumping {which} ...", file=sys.stderr)
             done = subprocess.run(
                 [
@@ -242,7 +245,7 @@ def compare(before: Path, out: Path | None, runs: bool) -> int:
                 text=True,
                 env=env,
                 check=True,
-                cwd=HERE,
+                cwd=tree,
             )
             dumps[which].append(json.loads(done.stdout))
     pairs = [
