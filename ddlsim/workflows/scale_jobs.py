@@ -42,7 +42,7 @@ from ddlsim.workflows.scale import (
     search_at_scale,
 )
 
-SCALE_SIMULATOR_VERSION = "gpu-scale-1"
+SCALE_SIMULATOR_VERSION = "gpu-scale-2"
 """What stored cluster predictions were priced with (bump it when the GPU path's figures
 change meaning)."""
 DEFAULT_TOP = 10
