@@ -254,14 +254,31 @@ def compare(before: Path, out: Path | None, runs: bool) -> int:
         ("after 1", dumps["after"][0], "after 2", dumps["after"][1]),
     ]
     report = {}
+    sections: dict[str, dict[str, int]] = {}
     for name_a, a, name_b, b in pairs:
         found = _differences(a, b)
         report[f"{name_a} vs {name_b}"] = found[:20]
+        # differences by payload (predict, search, cluster, published, runs...)
+        sections[f"{name_a} vs {name_b}"] = {
+            key: sum(1 for line in found if line.startswith(f".{key}"))
+            for key in sorted(set(a) | set(b))
+        }
         print(f"{name_a} vs {name_b}: {'equal' if not found else f'{len(found)} differences'}")
+        print(f"  by payload: {sections[f'{name_a} vs {name_b}']}")
         for line in found[:10]:
             print(f"  {line}")
     if out is not None:
-        out.write_text(json.dumps({"report": report, "payload": dumps["after"][0]}, indent=1))
+        out.write_text(
+            json.dumps(
+                {
+                    "report": report,
+                    "by_payload": sections,
+                    "payload": dumps["after"][0],
+                    "before_payload": dumps["before"][0],
+                },
+                indent=1,
+            )
+        )
     return 0 if all(not v for v in report.values()) else 1
 
 
