@@ -379,7 +379,7 @@ class PipelineTrainer(SynchronousTrainer):
             "split_modules": self.split_modules,
             "pp": self.ctx.pp,
             "dp": self.ctx.dp,
-            "fsdp": self.fsdp,
+            **({"fsdp": True} if self.fsdp else {}),
             "schedule": self.ctx.strategy.parallel.pp_schedule,
             "micro_batches": self.micro_batches,
             "stack": self.stack.path,
