@@ -340,8 +340,9 @@ def replay_pipeline(
     tied_bytes = _tied_bytes(costs, ranks)
     tied_ms = 0.0
     if tied_bytes and tied_all_reduce is not None:
-        # Every pipeline rank joins the sum, so it starts when the last backward ends.
-        tied_ms = tied_all_reduce.time_us(tied_bytes) / 1e3
+        # Every pipeline rank joins the sum, so it starts when the last backward ends; sharded,
+        # each rank sums its shard.
+        tied_ms = tied_all_reduce.time_us(tied_bytes // (sharded.dp if sharded else 1)) / 1e3
         last = max(free)
         for r in range(ranks):
             name = f"rank {r} tied gradient all-reduce"
