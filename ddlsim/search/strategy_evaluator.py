@@ -23,7 +23,7 @@ from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.stages import block_stack, default_groups
-from ddlsim.data.tp_plans import activation_split_paths
+from ddlsim.data.tp_activations import activation_split_paths
 from ddlsim.search.fusion_evaluator import FusionEvaluator
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, RISK_KINDS, Calibration, risk_kind
 from ddlsim.simulator.cost_model import AnalyticCostModel, CostModel, ReplayCostModel

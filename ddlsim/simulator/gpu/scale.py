@@ -29,18 +29,16 @@ from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
 from ddlsim.simulator.gpu.block_time import DTYPE_BYTES, block_time, place_groups
+from ddlsim.simulator.gpu.grad_sync import gradient_sync
 from ddlsim.simulator.gpu.memory import GIB, MemoryEstimate, estimate_memory, layer_parts
 from ddlsim.simulator.gpu.nccl import Group, NcclModel
-from ddlsim.simulator.gpu.overlap import Exposed, exposed_ms
+from ddlsim.simulator.gpu.overlap import Exposed
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.gpu.schedule import StageTimes, analytic_pipeline_ms, replay_pipeline
 from ddlsim.simulator.gpu.shard_costs import ShardCosts
 
 # Above this many ops the schedule is priced in closed form (equal stages make them agree).
 REPLAY_LIMIT_OPS = 200_000
-# Megatron-Core's gradient buckets (DistributedDataParallelConfig.bucket_size's default).
-BUCKET_PARAMS = 40_000_000
-BUCKET_PARAMS_PER_RANK = 1_000_000
 BREAKDOWN_KEYS: tuple[str, ...] = (
     "compute",
     "recompute",
@@ -336,6 +334,32 @@ def _breakdown(
     }
 
 
+def _memory(
+    costs: ShardCosts,
+    dims: ModelDims,
+    plan: ScalePlan,
+    *,
+    mbs: int,
+    seq_len: int,
+    stage_params: list[int],
+) -> MemoryEstimate:
+    """The busiest GPU's memory (:func:`.memory.estimate_memory`) for the model's dimensions."""
+    return estimate_memory(
+        costs,
+        plan,
+        layers=dims.layers,
+        hidden=dims.hidden,
+        heads=dims.heads,
+        vocab=dims.vocab,
+        fused_attention=dims.fused_attention,
+        dropout=dims.dropout,
+        kv_share=(dims.kv_heads or dims.heads) / dims.heads,
+        mbs=mbs,
+        seq_len=seq_len,
+        stage_params=stage_params,
+    )
+
+
 def predict_scale(
     costs: ShardCosts,
     dims: ModelDims,
@@ -368,7 +392,7 @@ def predict_scale(
     stages = _place_stages(costs, plan, dims, one, embed_ms)
     pipeline_ms = _pipeline_ms(plan, stages, nccl, groups, act_bytes, replay=replay)
     busiest = stages.busiest
-    dp_exposed = _gradient_sync(
+    dp_exposed = gradient_sync(
         plan,
         nccl,
         groups.grads,
@@ -379,20 +403,7 @@ def predict_scale(
     )
     optimizer_ms = _optimizer_ms(plan, op_costs, max(stages.params))
     iteration_ms = pipeline_ms + dp_exposed.total + optimizer_ms
-    memory = estimate_memory(
-        costs,
-        plan,
-        layers=dims.layers,
-        hidden=dims.hidden,
-        heads=dims.heads,
-        vocab=dims.vocab,
-        fused_attention=dims.fused_attention,
-        dropout=dims.dropout,
-        kv_share=(dims.kv_heads or dims.heads) / dims.heads,
-        mbs=mbs,
-        seq_len=seq_len,
-        stage_params=stages.params,
-    )
+    memory = _memory(costs, dims, plan, mbs=mbs, seq_len=seq_len, stage_params=stages.params)
     model_flops, flops = _flops(costs, dims, plan)
     iteration_s = iteration_ms / 1e3
     world = cluster.world_size
@@ -417,41 +428,3 @@ def predict_scale(
         },
         micro_batch_size=mbs,
     )
-
-
-def _gradient_sync(
-    plan: ScalePlan,
-    nccl: NcclModel,
-    group: Group,
-    *,
-    params: int,
-    dtype_bytes: int,
-    last_backward_ms: float,
-    first_forward_ms: float,
-) -> Exposed:
-    """What synchronising the gradients adds after the pipeline: an all-reduce over the ranks
-    holding the same weights, or a reduce-scatter and (after the sharded step) an all-gather of
-    the updated weights; bucket by bucket beside the last micro-batch's backward, the gather
-    beside the next iteration's first forward. FSDP's are in the blocks' times."""
-    if plan.fsdp or group.size == 1:
-        return Exposed()
-    buckets = gradient_buckets(params, group.size)
-    nbytes = params * dtype_bytes / buckets
-    network = group.nodes > 1
-    if plan.distributed_optimizer or plan.zero:
-        reduce_ms = buckets * nccl.time_us("reduce_scatter", nbytes, group) / 1e3
-        gather_ms = buckets * nccl.time_us("all_gather", nbytes, group) / 1e3
-        return Exposed.at(
-            network,
-            exposed_ms(last_backward_ms, reduce_ms) + exposed_ms(first_forward_ms, gather_ms),
-        )
-    reduce_ms = buckets * nccl.time_us("all_reduce", nbytes, group) / 1e3
-    return Exposed.at(network, exposed_ms(last_backward_ms, reduce_ms))
-
-
-def gradient_buckets(params: int, ranks: int) -> int:
-    """How many buckets a stage's gradients are reduced in: Megatron-Core's default bucket of
-    ``max(40M, 1M x ranks)`` parameters (its DDP config), each bucket one collective that pays
-    NCCL's latency over the ``ranks``."""
-    bucket = max(BUCKET_PARAMS, BUCKET_PARAMS_PER_RANK * ranks)
-    return max(1, -(-params // bucket))
