@@ -9,6 +9,7 @@ out. The peak-memory model (:mod:`ddlsim.simulator.memory`) sums these bytes by 
 pipeline stage's blocks, a tensor-parallel layer's split part.
 """
 
+import contextlib
 import functools
 import json
 from collections.abc import Iterator, Mapping
@@ -65,38 +66,27 @@ def _identity(tensor: Any) -> Any:
     return tensor
 
 
-class _module_stack:  # noqa: N801 (a context manager used as a function)
+@contextlib.contextmanager
+def _module_stack(model: nn.Module, stack: list[str]) -> Iterator[None]:
     """Keeps ``stack[-1]`` the path of the innermost module whose forward is running."""
 
-    def __init__(self, model: nn.Module, stack: list[str]) -> None:
-        self.model = model
-        self.stack = stack
-        self.handles: list[Any] = []
+    def enter(path: str) -> Any:
+        return lambda module, args: stack.append(path)
 
-    def __enter__(self) -> None:
-        for path, module in self._named(self.model):
-            self.handles.append(module.register_forward_pre_hook(self._enter(path)))
-            self.handles.append(module.register_forward_hook(self._leave(path)))
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-    @staticmethod
-    def _named(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
-        for path, module in model.named_modules():
-            if path:
-                yield path, module
-
-    def _enter(self, path: str) -> Any:
-        def hook(module: nn.Module, args: Any) -> None:
-            self.stack.append(path)
-
-        return hook
-
-    def _leave(self, path: str) -> Any:
+    def leave(path: str) -> Any:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self.stack and self.stack[-1] == path:
-                self.stack.pop()
+            if stack and stack[-1] == path:
+                stack.pop()
 
         return hook
+
+    handles = []
+    for path, module in model.named_modules():
+        if path:
+            handles.append(module.register_forward_pre_hook(enter(path)))
+            handles.append(module.register_forward_hook(leave(path)))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -21,7 +21,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.stages import stage_count
+from ddlsim.data.stages import stage_count, tied_parameters, warmup_forwards
 from ddlsim.simulator.memory_estimate import OPTIMIZER_STATES, MemoryEstimate
 from ddlsim.simulator.memory_estimate import under as _under
 
@@ -138,26 +138,15 @@ def _pipeline_peak(
         weights = outside_params + blocks_params
         updated = blocks_params + (used_outside[0] if 0 in mine else 0)
         updated += used_outside[1] if last else 0
-        if plan.fsdp:
-            # Sharded beside the pipeline (ZeRO-2 style): the stage's weights stay gathered
-            # through the step beside their shards, its gradients unsharded until the one
-            # reduce-scatter after the last backward; the optimizer holds a shard's state.
-            estimate = MemoryEstimate(
-                weights_bytes=weights + weights // dp,
-                grads_bytes=updated if plan.micro_batches > 1 else min(largest_param, updated),
-                optimizer_bytes=states * updated // dp,
-                buffers_bytes=0,
-                activations_bytes=blocks_saved * in_flight + (outside_saved if last else 0),
-                transient_bytes=2 * logits if last else 0,
-            )
-            if best is None or estimate.total_bytes > best.total_bytes:
-                best = estimate
-            continue
+        # Sharded beside the pipeline (ZeRO-2 style), the stage's weights stay gathered through
+        # the step beside their shards, its gradients unsharded until the one reduce-scatter
+        # after the last backward, and the optimizer holds a shard's state.
+        shards = dp if plan.fsdp else 1
         estimate = MemoryEstimate(
-            weights_bytes=weights,
+            weights_bytes=weights + (weights // dp if plan.fsdp else 0),
             grads_bytes=updated if plan.micro_batches > 1 else min(largest_param, updated),
-            optimizer_bytes=states * updated,
-            buffers_bytes=updated if dp > 1 else 0,
+            optimizer_bytes=states * updated // shards,
+            buffers_bytes=updated if dp > 1 and not plan.fsdp else 0,
             activations_bytes=blocks_saved * in_flight + (outside_saved if last else 0),
             transient_bytes=2 * logits if last else 0,
         )
@@ -187,38 +176,25 @@ def _outside_sides(
     outputs_side = sum(
         n for name, n in sizes.items() if not _under(name, blocks) and owners[name] in after
     )
-    if tied_output_embedding(graph.model):
-        outputs_side += max((n for name, n in sizes.items() if owners[name] in before), default=0)
+    # An input-side parameter the head holds too (an embedding tied to it) counts on both.
+    for name, holders in _tied(json.dumps(graph.model.to_dict(), sort_keys=True)).items():
+        if name in sizes and owners[name] in before and any(h in after for h in holders):
+            outputs_side += sizes[name]
     return inputs_side, outputs_side
 
 
 @functools.cache
-def _tied(spec_json: str) -> bool:
+def _tied(spec_json: str) -> dict[str, tuple[str, ...]]:
     with torch.device("meta"):
-        model = build_model(ModelSpec.from_dict(json.loads(spec_json)))
-    get_in = getattr(model, "get_input_embeddings", None)
-    get_out = getattr(model, "get_output_embeddings", None)
-    if get_in is None or get_out is None:
-        return False
-    inputs, outputs = get_in(), get_out()
-    return inputs is not None and outputs is not None and outputs.weight is inputs.weight
-
-
-def tied_output_embedding(spec: ModelSpec) -> bool:
-    """Whether ``spec``'s output layer uses its input embedding's weight."""
-    return _tied(json.dumps(spec.to_dict(), sort_keys=True))
+        return tied_parameters(build_model(ModelSpec.from_dict(json.loads(spec_json))))
 
 
 def _in_flight_on(plan: "ParallelPlan", rank: int) -> int:
     """Micro-batches (chunks, interleaved) whose activations pipeline rank ``rank`` holds at
     its peak: the warm-up forwards before its first backward, and the one with it."""
     m, pp = plan.micro_batches, plan.pp
-    if plan.pp_schedule == "gpipe":
-        return m
-    if plan.pp_schedule == "1f1b":
-        return min(pp - rank, m)
-    if plan.pp_schedule == "eager_1f1b":
-        return min(2 * (pp - rank) - 1, m)
+    if plan.chunks == 1:
+        return warmup_forwards(plan.pp_schedule, rank, pp, m)
     return min((plan.chunks - 1) * pp + 2 * (pp - rank - 1) + 1, m * plan.chunks)
 
 
