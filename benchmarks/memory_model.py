@@ -14,7 +14,8 @@ and compared with the median; the range is kept beside it. The issue's bar is wi
     .venv/bin/python benchmarks/memory_model.py --out memory.jsonl
     .venv/bin/python benchmarks/memory_model.py --models gpt2-tiny --kinds ddp fsdp --repeats 1
 
-Time: about 8 s a launch on the 2-core VM (6 kinds x 5 models x 3: some 12 minutes).
+Time: about 8 s a launch on the 2-core VM, 12 s on 4 ranks (7 kinds x 5 models x 3: some 15
+minutes).
 """
 
 import argparse
