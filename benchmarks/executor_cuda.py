@@ -27,12 +27,12 @@ from typing import Any
 
 import torch
 
+from ddlsim.cluster import ClusterRunError
 from ddlsim.data.models import repeated_blocks
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.run import RunOptions, RunResult, run_training
-from ddlsim.profiler.cluster import ClusterRunError
 from ddlsim.profiler.kernels import profile_kernels
 
 

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
+from ddlsim.cluster import ClusterRunError
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.run import RunOptions, RunResult, run_training
-from ddlsim.profiler.cluster import ClusterRunError
 
 STRATEGIES: dict[str, dict[str, Any]] = {
     "DDP defaults (1 + 25 MiB)": {},

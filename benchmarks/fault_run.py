@@ -37,12 +37,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddlsim.cluster.namespaces import NAMESPACE_PREFIX
 from ddlsim.data.store import Store
 from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.run import RunOptions
 from ddlsim.profiler.batch import parse_batch_data
-from ddlsim.profiler.cluster.namespaces import NAMESPACE_PREFIX
 from ddlsim.workflows.profile import check_job
 from ddlsim.workflows.requests import ExecuteRequest, MeasureSettings, SearchRequest
 

@@ -24,10 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ddlsim.cluster import EmulatedCluster
+from ddlsim.cluster import emulated as cluster_launch
+from ddlsim.cluster import host as cluster_host
 from ddlsim.executor.protocol import median_interval, ratio_interval
-from ddlsim.profiler.cluster import EmulatedCluster
-from ddlsim.profiler.cluster import host as cluster_host
-from ddlsim.profiler.cluster import launch as cluster_launch
 
 MODULE = "ddlsim.profiler.collective_rank"
 STARTS = ("direct", "torchrun agent")

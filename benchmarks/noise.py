@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ddlsim.cluster import remove_stale_namespaces
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.protocol import speedup
 from ddlsim.executor.run import RunOptions, RunResult, compare_training, run_training
-from ddlsim.profiler.cluster import remove_stale_namespaces
 
 MODELS = ("gpt2-tiny", "bert-tiny", "llama-tiny", "t5-tiny", "opt-tiny", "convnext-atto")
 KINDS: dict[str, dict[str, Any]] = {

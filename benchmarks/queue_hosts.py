@@ -35,12 +35,12 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from ddlsim.cluster.hosts import EmulatedHosts
+from ddlsim.cluster.namespaces import stale_namespaces
 from ddlsim.data.store import Store
 from ddlsim.data.store.scratch import scratch_schema
 from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.profiler.batch import gpus_needed, parse_batch_data
-from ddlsim.profiler.cluster.hosts import EmulatedHosts
-from ddlsim.profiler.cluster.namespaces import stale_namespaces
 
 MODELS = ("gpt2-tiny", "opt-tiny", "falcon-tiny", "mistral-tiny", "albert-tiny", "electra-tiny")
 BATCH_SIZES = (1, 2, 3, 4, 5, 6)

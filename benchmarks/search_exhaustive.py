@@ -36,13 +36,13 @@ from typing import Any
 
 import torch
 
+from ddlsim.cluster import remove_stale_namespaces
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.protocol import ratio_interval
 from ddlsim.executor.run import RunOptions, compare_training
-from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.search.partitions import even_cuts, strategy_of
 from ddlsim.simulator.calibration import Calibration
 from ddlsim.workflows.requests import SearchRequest

@@ -29,9 +29,9 @@ def _worker(core: int, model: str, batch: int, steps: int, queue: Any) -> None:
     os.sched_setaffinity(0, {core})
     import torch
 
+    from ddlsim.cluster.allocator import use_rank_allocator
     from ddlsim.data.models import build_model, make_batch, training_loss
     from ddlsim.data.zoo import resolve_model
-    from ddlsim.profiler.allocator import use_rank_allocator
 
     use_rank_allocator()  # as the executor's ranks allocate
 
@@ -95,7 +95,7 @@ def parse_item(item: str) -> tuple[str, int]:
 
 
 def main() -> None:
-    from ddlsim.profiler.speed import probe_ms
+    from ddlsim.cluster.speed import probe_ms
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", nargs="+", default=["bert-tiny:4", "bert-tiny:16"])

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
+from ddlsim.cluster.speed import probe_ms
 from ddlsim.data.models import build_model, make_batch, training_loss
-from ddlsim.profiler.speed import probe_ms
 from ddlsim.simulator.dataset import dataset_models_v3
 
 

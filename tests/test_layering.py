@@ -1,7 +1,8 @@
 """Imports point down only, and no module imports one of its own callers.
 
-The layers (the project design's table): data <- profiler, executor, simulator <- search <-
-workflows <- service. Every import counts, also one deferred into a function.
+The layers (the project design's table): data <- plans, cluster <- profiler, executor,
+simulator <- search <- workflows <- service (the executor captures graphs with the profiler).
+Every import counts, also one deferred into a function.
 """
 
 import ast
@@ -15,12 +16,23 @@ PACKAGE = ROOT / "ddlsim"
 # Which of ddlsim's subpackages each may import (besides itself).
 ALLOWED = {
     "data": set(),
-    "profiler": {"data"},
-    "executor": {"data", "profiler"},
-    "simulator": {"data"},
-    "search": {"data", "simulator"},
-    "workflows": {"data", "profiler", "executor", "simulator", "search"},
-    "service": {"data", "profiler", "executor", "simulator", "search", "workflows"},
+    "plans": {"data"},
+    "cluster": {"data"},
+    "profiler": {"data", "plans", "cluster"},
+    "executor": {"data", "plans", "cluster", "profiler"},
+    "simulator": {"data", "plans"},
+    "search": {"data", "plans", "simulator"},
+    "workflows": {"data", "plans", "cluster", "profiler", "executor", "simulator", "search"},
+    "service": {
+        "data",
+        "plans",
+        "cluster",
+        "profiler",
+        "executor",
+        "simulator",
+        "search",
+        "workflows",
+    },
     # ``python -m ddlsim`` (as launchers start it): the command line and nothing else.
     "__main__": {"service"},
 }

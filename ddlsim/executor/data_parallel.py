@@ -21,9 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddlsim.data.specs.strategy import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_CAP_MB, Bucket
-from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
-from ddlsim.profiler.ring import (
+from ddlsim.cluster.ring import (
     CommThread,
     default_implementation,
     native_all_gather,
@@ -31,6 +29,8 @@ from ddlsim.profiler.ring import (
     ring_all_gather,
     ring_reduce_scatter,
 )
+from ddlsim.data.specs.strategy import DEFAULT_BUCKET_CAP_MB, DEFAULT_FIRST_BUCKET_CAP_MB, Bucket
+from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
 
 Collective = Callable[[torch.Tensor, dist.ProcessGroup], torch.Tensor]
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from ddlsim.cluster import ClusterRunError
+from ddlsim.cluster.external import ExternalRank
 from ddlsim.data.errors import DdlsimError, one_line
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.executor.run import RunOptions, RunResult, prepare_launch, results_of
-from ddlsim.profiler.cluster import ClusterRunError
-from ddlsim.profiler.cluster.external import ExternalRank
 
 
 def run_joined(

@@ -5,11 +5,11 @@ import dataclasses
 
 import torch
 
+from ddlsim.cluster import MAX_WORLD_SIZE
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.cluster import BACKENDS
 from ddlsim.executor.context import OPTIMIZERS
 from ddlsim.executor.protocol import StoppingRule
-from ddlsim.profiler.cluster import MAX_WORLD_SIZE
 
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 # The measurement protocol's defaults have one home: the stopping rule's.

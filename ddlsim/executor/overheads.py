@@ -34,6 +34,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
+from ddlsim.cluster.allocator import use_rank_allocator
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.models import build_model, make_batch
 from ddlsim.data.specs.model import ModelSpec
@@ -41,7 +42,6 @@ from ddlsim.data.stages import default_groups
 from ddlsim.data.tp_plans import tp_plan
 from ddlsim.executor.context import disable_dropout, local_loss, make_optimizer
 from ddlsim.executor.tensor_parallel import apply_tensor_parallel
-from ddlsim.profiler.allocator import use_rank_allocator
 
 
 @contextlib.contextmanager

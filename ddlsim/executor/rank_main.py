@@ -34,6 +34,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddlsim.cluster.placement import report_placement
+from ddlsim.cluster.processes import die_with_parent
+from ddlsim.cluster.speed import probe_ms
 from ddlsim.data.errors import DdlsimError, one_line
 from ddlsim.data.models import build_model, make_batch
 from ddlsim.data.specs.model import ModelSpec
@@ -43,9 +46,6 @@ from ddlsim.executor.memory_profile import MEMORY_STEPS, AllocatorPeak
 from ddlsim.executor.plan import build_trainer
 from ddlsim.executor.protocol import StoppingRule, relative_half_width, turn_steps
 from ddlsim.executor.trace import synchronize, traced_step
-from ddlsim.profiler.cluster.placement import report_placement
-from ddlsim.profiler.cluster.processes import die_with_parent
-from ddlsim.profiler.speed import probe_ms
 
 
 def rank_context(

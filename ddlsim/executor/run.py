@@ -21,6 +21,11 @@ from typing import Any
 
 import torch
 
+from ddlsim.cluster import (
+    EmulatedCluster,
+    LoopbackFallbackWarning,
+)
+from ddlsim.cluster.allocator import ALLOCATOR_ENV
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
@@ -32,12 +37,7 @@ from ddlsim.executor.protocol import (
     ranks_per_core,
     relative_half_width,
 )
-from ddlsim.profiler.allocator import ALLOCATOR_ENV
 from ddlsim.profiler.capture import CaptureOptions, Optimizer, capture_graph
-from ddlsim.profiler.cluster import (
-    EmulatedCluster,
-    LoopbackFallbackWarning,
-)
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -70,7 +70,7 @@ class RunResult:
     # Where peak_memory_bytes comes from: each process's resident set, or (RunOptions.
     # memory_profile, CPU) the allocator's peak of live tensors (executor.memory_profile).
     peak_memory_source: str = "resident_set"
-    # The machine's speed probe after each round (profiler.speed), rank 0's, in ms.
+    # The machine's speed probe after each round (cluster.speed), rank 0's, in ms.
     probe_ms: list[float] = dataclasses.field(default_factory=list)
 
     @property

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddlsim.cluster.placement import report_placement
+from ddlsim.cluster.processes import die_with_parent
+from ddlsim.cluster.ring import CommThread, ring_all_gather, ring_reduce_scatter
 from ddlsim.data.shutdown import freeze_for_exit
-from ddlsim.profiler.cluster.placement import report_placement
-from ddlsim.profiler.cluster.processes import die_with_parent
-from ddlsim.profiler.ring import CommThread, ring_all_gather, ring_reduce_scatter
 
 _ELEMENT_BYTES = 4
 

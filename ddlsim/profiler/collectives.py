@@ -23,11 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddlsim.cluster import ClusterRunError, EmulatedCluster
+from ddlsim.cluster.namespaces import burst_bytes
 from ddlsim.data.comm_model import COLLECTIVES
 from ddlsim.data.errors import InvalidOptionError, one_line
 from ddlsim.data.specs.cluster import BACKENDS, parse_bandwidth_gbps
-from ddlsim.profiler.cluster import ClusterRunError, EmulatedCluster
-from ddlsim.profiler.cluster.namespaces import burst_bytes
 from ddlsim.profiler.collective_fit import CollectiveProfile, fit_latency_bandwidth, make_sample
 
 RANK_MODULE = "ddlsim.profiler.collective_rank"
@@ -323,7 +323,7 @@ def profile_collectives_joined(
     Long: every rank runs the same collectives per fabric level in lockstep; the order of its
     steps is the protocol.
     """
-    from ddlsim.profiler.cluster.external import ExternalRank
+    from ddlsim.cluster.external import ExternalRank
     from ddlsim.profiler.collective_rank import GROUP_COLLECTIVES, close_comm_threads, measure
 
     place = ExternalRank.from_environ()

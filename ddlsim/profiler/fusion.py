@@ -24,12 +24,12 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ddlsim.cluster.allocator import use_rank_allocator
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model, make_batch, repeated_blocks, training_loss
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import OpFusionPlan
-from ddlsim.profiler.allocator import use_rank_allocator
 from ddlsim.profiler.capture import capture_graph
 
 

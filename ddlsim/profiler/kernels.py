@@ -34,13 +34,14 @@ from torch import nn
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from ddlsim.cluster import interrupt
+from ddlsim.cluster.allocator import use_rank_allocator
+from ddlsim.cluster.speed import probe_ms
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model, make_batch, training_loss
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.store.records import KernelTimes
-from ddlsim.profiler import interrupt
-from ddlsim.profiler.allocator import use_rank_allocator
 from ddlsim.profiler.attribution import ITERATION, MARK, attribute, graph_node_of_op
 from ddlsim.profiler.capture import (
     AUTOCAST,
@@ -50,7 +51,6 @@ from ddlsim.profiler.capture import (
     autocast,
     capture_graph,
 )
-from ddlsim.profiler.speed import probe_ms
 
 Device = Literal["cpu", "cuda"]
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
@@ -239,7 +239,7 @@ def _profile(
             opt.step()
         _synchronize(device)
 
-    # The machine's speed as the timing begins and ends (profiler.speed): a run replayed from
+    # The machine's speed as the timing begins and ends (cluster.speed): a run replayed from
     # this profile is scaled by its own probe over this one.
     probes = [probe_ms()]
     # Unprofiled and profiled iterations alternate, so that both see the same machine state.

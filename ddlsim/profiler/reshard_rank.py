@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddlsim.cluster.processes import die_with_parent
 from ddlsim.data.resharding import RESHARD_METHODS, MeshLayout, plan_transfers
 from ddlsim.data.shutdown import freeze_for_exit
-from ddlsim.profiler.cluster.processes import die_with_parent
 
 _ELEMENT_BYTES = 4
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ddlsim.cluster import EmulatedCluster
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.resharding import RESHARD_METHODS, MeshLayout
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
-from ddlsim.profiler.cluster import EmulatedCluster
 
 RANK_MODULE = "ddlsim.profiler.reshard_rank"
 MAX_RANKS = 16

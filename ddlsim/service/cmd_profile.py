@@ -7,33 +7,30 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.resharding import MeshLayout
 from ddlsim.data.store import (
     Store,
-    add_collective_profile,
     add_fusion_profile,
     add_graph,
     add_kernel_profile,
     mask_url,
 )
 from ddlsim.profiler.batch import on_device, parse_batch
-from ddlsim.profiler.batch_jobs import collective_records, fusion_record, kernel_record
+from ddlsim.profiler.batch_jobs import fusion_record, kernel_record
 from ddlsim.profiler.capture import AUTOCAST
-from ddlsim.profiler.cluster import remove_stale_namespaces
-from ddlsim.profiler.collectives import COLLECTIVES, parse_sizes, profile_collectives
+from ddlsim.profiler.collectives import COLLECTIVES, parse_sizes
 from ddlsim.profiler.fusion import profile_fusion
 from ddlsim.profiler.kernels import DEVICES, profile_kernels
 from ddlsim.service.output import (
     add_launcher_arguments,
     add_store_arguments,
     emit_json,
+    launcher_from,
     model_argument,
     non_negative_int,
     positive_int,
     progress,
     slurm_job_printer,
-    slurm_settings,
 )
 from ddlsim.workflows.clusters import CollectivesRequest, collect_collectives, describe
 from ddlsim.workflows.profile import profile_batch
@@ -102,51 +99,55 @@ def cmd_fusion(args: argparse.Namespace) -> int:
 
 
 def cmd_collectives(args: argparse.Namespace) -> int:
-    sizes = parse_sizes(args.sizes) if args.sizes else None
-    if args.launcher != "local":
-        return _collectives_launched(args, sizes)
-    if args.world_size is None:
-        raise InvalidOptionError("--world-size is needed with --launcher local")
-    if args.name is not None:
-        raise InvalidOptionError(
-            "--name stores a GPU cluster profile measured on your cluster: use --launcher env "
-            "or slurm with --backend nccl"
-        )
-    remove_stale_namespaces()  # left by runs whose process was killed outright
-    with Store.open(args.db) as store:
-        profile = profile_collectives(
-            world_size=args.world_size,
-            backend=args.backend,
-            bandwidth=args.bandwidth,
-            sizes=sizes,
-            collectives=args.collectives,
-            warmup=args.warmup,
-            repeats=args.repeats,
-            cpu_repeats=args.cpu_repeats,
-            progress=progress,
-        )
-        with store.transaction() as session:
-            ids = [
-                add_collective_profile(session, profile=record)
-                for record in collective_records(profile)
-            ]
-    if args.json:
-        emit_json({**profile.to_json_dict(), "ids": ids, "db": mask_url(store.url)})
-        return 0
-    print(
-        f"{args.world_size} ranks, {args.backend}, link {profile.bandwidth}, "
-        f"network {profile.network}"
+    """On this machine's emulated cluster (``--launcher local``): one level, the links; under
+    ``env`` or ``slurm``: each level of the real fabric. Rank 0 stores and prints."""
+    request = CollectivesRequest(
+        backend=args.backend,
+        world_size=args.world_size,
+        bandwidth=args.bandwidth,
+        cpu_repeats=args.cpu_repeats,
+        sizes=parse_sizes(args.sizes) if args.sizes else None,
+        collectives=args.collectives,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        name=args.name,
+        gpu=args.gpu,
     )
-    print(f"  {'collective':<16}{'alpha':>12}{'busbw':>14}{'r2':>8}{'compute taken':>26}")
-    for fit in profile.fits:
+    launcher = launcher_from(args)
+    extra: dict[str, Any] = {}
+    done = collect_collectives(
+        request,
+        launcher=launcher,
+        db=args.db,
+        progress=progress,
+        on_submit=slurm_job_printer(extra),
+    )
+    if done is None:
+        return 0  # a rank that follows
+    measured, ids, url = done
+    if args.json:
+        emit_json({**describe(measured), "ids": ids, "db": mask_url(url), **extra})
+        return 0
+    for level, profile in measured.profiles.items():
         print(
-            f"  {fit.collective:<16}{fit.alpha_us:>9.0f} us{fit.busbw_gbps:>9.3f} Gb/s"
-            f"{fit.r2:>8.3f}{fit.cpu_alpha_us:>9.0f} us + "
-            f"{fit.cpu_us_per_byte * 2**20:>5.0f} us/MiB"
+            f"{level}: {profile.world_size} ranks, {profile.backend}, link {profile.bandwidth}, "
+            f"network {profile.network}"
         )
-    for note in profile.notes:
-        print(f"  note: {note}")
-    print(f"  stored {len(ids)} collective profiles in {mask_url(store.url)}")
+        print(f"  {'collective':<16}{'alpha':>12}{'busbw':>14}{'r2':>8}{'compute taken':>26}")
+        for fit in profile.fits:
+            print(
+                f"  {fit.collective:<16}{fit.alpha_us:>9.0f} us{fit.busbw_gbps:>9.3f} Gb/s"
+                f"{fit.r2:>8.3f}{fit.cpu_alpha_us:>9.0f} us + "
+                f"{fit.cpu_us_per_byte * 2**20:>5.0f} us/MiB"
+            )
+        for note in profile.notes:
+            print(f"  note: {note}")
+    print(f"  stored {len(ids)} collective profiles in {mask_url(url)}")
+    if measured.cluster is not None:
+        print(
+            f"stored cluster profile {measured.cluster.name!r}: use --cluster "
+            f"{measured.cluster.name}[:NODES] with ddlsim predict and search"
+        )
     return 0
 
 
@@ -206,48 +207,6 @@ def cmd_batch(args: argparse.Namespace) -> int:
         for key, error in outcome.failed:
             print(f"  failed {key}: {error}")
     return 1 if outcome.failed else 0
-
-
-def _collectives_launched(args: argparse.Namespace, sizes: list[int] | None) -> int:
-    """``ddlsim profile collectives --launcher env|slurm``: per fabric level, on the real
-    network; rank 0 stores and prints."""
-    request = CollectivesRequest(
-        backend=args.backend,
-        sizes=sizes,
-        collectives=args.collectives,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        name=args.name,
-        gpu=args.gpu,
-    )
-    extra: dict[str, Any] = {}
-    done = collect_collectives(
-        request,
-        launcher=args.launcher,
-        db=args.db,
-        slurm=slurm_settings(args) if args.launcher == "slurm" else None,
-        progress=progress,
-        on_submit=slurm_job_printer(extra),
-    )
-    if done is None:
-        return 0  # a rank other than 0
-    measured, ids = done
-    if args.json:
-        emit_json({**describe(measured), "ids": ids, **extra})
-        return 0
-    for level, profile in measured.profiles.items():
-        print(f"{level}: {profile.world_size} ranks, {profile.backend}, {profile.network}")
-        for fit in profile.fits:
-            print(
-                f"  {fit.collective:<16}{fit.alpha_us:>9.0f} us{fit.busbw_gbps:>11.3f} Gb/s "
-                f"busbw (r2 {fit.r2:.3f})"
-            )
-    if measured.cluster is not None:
-        print(
-            f"stored cluster profile {measured.cluster.name!r}: use --cluster "
-            f"{measured.cluster.name}[:NODES] with ddlsim predict and search"
-        )
-    return 0
 
 
 def register(sub: Any) -> None:

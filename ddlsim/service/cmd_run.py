@@ -7,14 +7,13 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from ddlsim.data.errors import InvalidOptionError, one_line
-from ddlsim.data.specs.strategy import Strategy
+from ddlsim.cluster import ClusterRunError
+from ddlsim.data.errors import one_line
 from ddlsim.data.store import mask_url
-from ddlsim.executor.launchers import ExternalRank, SlurmSettings
 from ddlsim.executor.run import RunOptions, RunResult
-from ddlsim.profiler.cluster import ClusterRunError
 from ddlsim.service import output
-from ddlsim.workflows.execute import Executed, execute, execute_launched, execute_side_by_side
+from ddlsim.workflows.execute import Executed
+from ddlsim.workflows.launched import execute_launched, execute_side_by_side
 from ddlsim.workflows.requests import ExecuteRequest, MeasureSettings, defaults
 
 EXIT_RUN_FAILED = 1
@@ -22,95 +21,57 @@ DEFAULTS = defaults(RunOptions)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    launcher = args.launcher
-    given: dict[str, Any] = {}
-    slurm = None
-    if launcher == "env":
-        given["world_size"] = ExternalRank.from_environ().world_size
-    elif launcher == "slurm":
-        slurm = output.slurm_settings(args)
-        given["world_size"] = slurm.world_size
-    if launcher != "local" and args.bandwidth is not None:
-        raise InvalidOptionError(
-            f"--bandwidth shapes this machine's emulated cluster; under --launcher {launcher} "
-            "the ranks run on the real network"
-        )
-    if given and args.world_size not in (DEFAULTS["world_size"], given["world_size"]):
-        raise InvalidOptionError(
-            f"--world-size {args.world_size} differs from the {launcher} launcher's "
-            f"{given['world_size']} ranks; leave it out"
-        )
+    launcher = output.launcher_from(args)
+    launcher.check_link(args.bandwidth)
+    asked = None if args.world_size == DEFAULTS["world_size"] else args.world_size
     options = output.request_from(
         args,
         RunOptions,
         renames={"timeout_s": "timeout", "budget_s": "measure_budget_s"},
         collective_timeout_s=min(args.timeout, args.collective_timeout),
-        **given,
+        world_size=launcher.ranks(asked, default=DEFAULTS["world_size"]),
     )
     strategies = output.strategy_arguments(args)
     request = output.request_from(args, ExecuteRequest, strategy=strategies[0], options=options)
     for strategy in strategies[1:]:
         ExecuteRequest(model=request.model, strategy=strategy, options=options)  # checks it
     extra: dict[str, Any] = {}
-    if len(strategies) > 1:
-        return _side_by_side(args, request, strategies, slurm, extra)
     try:
-        if launcher == "local":
-            done = output.run_on_store(args, execute, request)
+        if len(strategies) > 1:
+            done = execute_side_by_side(
+                request,
+                strategies,
+                rounds=args.rounds,
+                launcher=launcher,
+                db=args.db,
+                progress=output.stderr_progress,
+                on_submit=output.slurm_job_printer(extra),
+            )
         else:
             launched = execute_launched(
                 request,
                 launcher=launcher,
                 db=args.db,
-                slurm=slurm,
                 progress=output.stderr_progress,
                 on_submit=output.slurm_job_printer(extra),
             )
-            if launched is None:
-                return 0  # a rank other than 0: rank 0 reports and stores
-            done = launched
-    except ClusterRunError as exc:
-        print(f"ddlsim: error: run failed: {one_line(exc, limit=2000)}", file=sys.stderr)
-        return EXIT_RUN_FAILED
-    if args.json:
-        output.emit_json(_payload(done, launcher, extra))
-    else:
-        _print_summary(done.result, done.measurement_id, mask_url(done.store_url))
-    return 0
-
-
-def _side_by_side(
-    args: argparse.Namespace,
-    request: ExecuteRequest,
-    strategies: list[Strategy],
-    slurm: SlurmSettings | None,
-    extra: dict[str, Any],
-) -> int:
-    """``run`` with several strategies: one launch, every strategy's result stored and shown
-    (``--json``: a list, one object a strategy, in the order given)."""
-    try:
-        done = execute_side_by_side(
-            request,
-            strategies,
-            rounds=args.rounds,
-            launcher=args.launcher,
-            db=args.db,
-            slurm=slurm,
-            progress=output.stderr_progress,
-            on_submit=output.slurm_job_printer(extra),
-        )
+            done = None if launched is None else [launched]
     except ClusterRunError as exc:
         print(f"ddlsim: error: run failed: {one_line(exc, limit=2000)}", file=sys.stderr)
         return EXIT_RUN_FAILED
     if done is None:
-        return 0  # a rank other than 0: rank 0 reports and stores
+        return 0  # a rank that follows: rank 0 reports and stores
     if args.json:
-        output.emit_json([_payload(executed, args.launcher, extra) for executed in done])
+        payloads = [_payload(executed, launcher.name, extra) for executed in done]
+        output.emit_json(payloads if len(strategies) > 1 else payloads[0])
         return 0
     fastest = min(executed.result.median_ms for executed in done)
     for executed in done:
         _print_summary(executed.result, executed.measurement_id, mask_url(executed.store_url))
-        print(f"  side by side {executed.result.median_ms / fastest:.3f}x the fastest's median")
+        if len(done) > 1:
+            print(
+                f"  side by side {executed.result.median_ms / fastest:.3f}x the fastest's median"
+            )
     return 0
 
 

@@ -2,7 +2,6 @@
 and (``--verify``) checked against the executor (:mod:`ddlsim.workflows.search`)."""
 
 import argparse
-import dataclasses
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,10 +10,9 @@ from typing import Any
 from tqdm import tqdm
 
 from ddlsim.data.errors import InvalidOptionError
-from ddlsim.data.store import Store
-from ddlsim.executor.launchers import ExternalRank, compare_env, compare_slurm
 from ddlsim.service import cmd_scale, output
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE
+from ddlsim.workflows.launched import search_launched
 from ddlsim.workflows.requests import (
     SEARCH_ALGORITHMS,
     SEARCH_PRIORS,
@@ -23,8 +21,7 @@ from ddlsim.workflows.requests import (
     SearchRequest,
     defaults,
 )
-from ddlsim.workflows.search import AUTOTUNE_RUNS, search
-from ddlsim.workflows.verify import verify_options
+from ddlsim.workflows.search import AUTOTUNE_RUNS
 
 DEFAULTS = defaults(SearchRequest)
 
@@ -43,84 +40,22 @@ def cmd_search(args: argparse.Namespace) -> int:
         measure=output.measure_settings(args),
     )
     extra: dict[str, Any] = {}
-    compare = _launched_compare(args, request, extra)
-    if compare is _FOLLOWER:
-        return 0  # a rank other than 0 of a launched group: it ran the verifying runs
-    try:
-        with Store.open(args.db) as store, _bar(request) as progress:
-            payload = search(request, store, progress, compare=compare)
-    finally:
-        if args.launcher == "env" and not extra.get("compared"):
-            # The group's other ranks wait for the strategies: none, so that they end.
-            compare_env(request.model, [], verify_options(request), rounds=1)
+    with _bar(request) as progress:
+        payload = search_launched(
+            request,
+            launcher=output.launcher_from(args),
+            db=args.db,
+            progress=progress,
+            on_submit=output.slurm_job_printer(extra),
+        )
+    if payload is None:
+        return 0  # a rank that follows: it ran the verifying runs rank 0 chose
     payload.update(extra)
-    payload.pop("compared", None)
     if args.json:
         output.emit_json(payload)
     else:
         _print(payload)
     return 0
-
-
-_FOLLOWER: Any = object()
-
-
-def _launched_compare(
-    args: argparse.Namespace, request: SearchRequest, extra: dict[str, Any]
-) -> Any:
-    """How ``--verify`` runs under ``--launcher``: ``None`` for this machine's emulated
-    cluster; under ``env``, rank 0's compare (over the group), or, on the other ranks, after
-    they have run the verifying runs rank 0 chose, ``_FOLLOWER``; under ``slurm``, a job."""
-    if args.launcher == "local":
-        return None
-    if not request.verify:
-        raise InvalidOptionError(
-            f"--launcher {args.launcher} runs the --verify runs; add --verify"
-        )
-    if request.algo == "autotune":
-        raise InvalidOptionError(
-            f"--algo autotune measures live runs on this machine; it does not run under "
-            f"--launcher {args.launcher}"
-        )
-    if args.launcher == "env":
-        place = ExternalRank.from_environ()
-        if place.world_size != request.world_size:
-            raise InvalidOptionError(
-                f"--world-size {request.world_size} differs from the launcher's WORLD_SIZE"
-                f"({place.world_size}): the search prices --world-size ranks, which the group "
-                "then runs"
-            )
-        options = dataclasses.replace(verify_options(request), bandwidth=None)
-        if place.rank != 0:
-            compare_env(request.model, None, options, rounds=request.verify_rounds)
-            return _FOLLOWER
-
-        def over_group(model: Any, strategies: list[Any], _: Any, rounds: int) -> Any:
-            extra["compared"] = True
-            return compare_env(model, strategies, options, rounds=rounds) or []
-
-        return over_group
-    settings = output.slurm_settings(args)
-    if settings.world_size != request.world_size:
-        raise InvalidOptionError(
-            f"--world-size {request.world_size} differs from the Slurm job's nodes x "
-            f"gpus-per-node ({settings.world_size})"
-        )
-
-    def on_slurm(model: Any, strategies: list[Any], options: Any, rounds: int) -> Any:
-        if not strategies:
-            return []
-        options = dataclasses.replace(options, bandwidth=None)
-        return compare_slurm(
-            model,
-            strategies,
-            options,
-            settings,
-            rounds=rounds,
-            on_submit=output.slurm_job_printer(extra),
-        )
-
-    return on_slurm
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.store import DB_ENV_VAR, default_url, mask_url
 from ddlsim.data.store.tasks import STALE_S
 from ddlsim.service.api import Settings, create_app
+from ddlsim.service.output import add_launcher_arguments
 from ddlsim.service.worker import HEARTBEAT_S, cmd_worker
 
 TOKEN_ENV = "DDLSIM_API_TOKEN"
@@ -180,5 +181,6 @@ def register(sub: Any) -> None:
         "cluster go to its workers only",
     )
     worker.add_argument("--name", help="the worker's name in the queue (default: HOST:PID)")
+    add_launcher_arguments(worker, what="a task's runs (each sized to the task)", joins=False)
     worker.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # serve's pid
     worker.set_defaults(handler=cmd_worker)

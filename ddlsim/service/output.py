@@ -308,18 +308,24 @@ def describe(strategy: dict[str, Any]) -> str:
     return Strategy.from_dict(strategy).describe()
 
 
-def add_launcher_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
-    """``--launcher local|env|slurm`` and the Slurm job's settings (:func:`slurm_settings`)."""
-    from ddlsim.executor.launchers import LAUNCHERS, SUBMITIT_CLUSTERS
+def add_launcher_arguments(
+    parser: argparse.ArgumentParser, *, what: str, joins: bool = True
+) -> None:
+    """``--launcher local|env|slurm`` (``joins`` false: no ``env``, for a process that is not
+    a rank, such as a worker) and the Slurm job's settings (:func:`slurm_settings`)."""
+    from ddlsim.cluster.launcher import LAUNCHERS
+    from ddlsim.cluster.slurm import SUBMITIT_CLUSTERS
 
+    env = (
+        "env: join the process group torchrun, srun or a PyTorchJob made (RANK, WORLD_SIZE, "
+        "LOCAL_RANK, MASTER_ADDR, MASTER_PORT; cuda:LOCAL_RANK with NCCL); "
+    )
     parser.add_argument(
         "--launcher",
-        choices=LAUNCHERS,
+        choices=[name for name in LAUNCHERS if joins or name != "env"],
         default="local",
-        help=f"where {what} runs. local: this machine's emulated cluster (default); env: join "
-        "the process group torchrun, srun or a PyTorchJob made (RANK, WORLD_SIZE, "
-        "LOCAL_RANK, MASTER_ADDR, MASTER_PORT; cuda:LOCAL_RANK with NCCL); slurm: submit "
-        "env ranks as a Slurm job with submitit and wait",
+        help=f"where {what} runs. local: this machine's emulated cluster (default); "
+        f"{env if joins else ''}slurm: submit env ranks as a Slurm job with submitit and wait",
     )
     slurm = parser.add_argument_group("--launcher slurm")
     slurm.add_argument("--nodes", type=int, default=1, help="nodes of the job (default 1)")
@@ -343,7 +349,7 @@ def add_launcher_arguments(parser: argparse.ArgumentParser, *, what: str) -> Non
 
 def slurm_settings(args: argparse.Namespace) -> Any:
     """The ``SlurmSettings`` of :func:`add_launcher_arguments`'s options (checked)."""
-    from ddlsim.executor.launchers import SlurmSettings
+    from ddlsim.cluster.slurm import SlurmSettings
 
     return SlurmSettings(
         nodes=args.nodes,
@@ -353,6 +359,13 @@ def slurm_settings(args: argparse.Namespace) -> Any:
         folder=args.slurm_folder,
         cluster=args.submitit_cluster,
     )
+
+
+def launcher_from(args: argparse.Namespace) -> Any:
+    """The ``Launcher`` :func:`add_launcher_arguments`'s options choose (checked)."""
+    from ddlsim.cluster.launcher import launcher_for
+
+    return launcher_for(args.launcher, slurm=slurm_settings(args))
 
 
 def slurm_job_printer(extra: dict[str, Any]) -> Any:

@@ -28,13 +28,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from ddlsim.cluster import die_with_parent, interrupt, remove_stale_namespaces
+from ddlsim.cluster.launcher import Launcher, LocalLauncher
 from ddlsim.data.errors import DdlsimError, InvalidOptionError, one_line
 from ddlsim.data.store import Store, default_url
 from ddlsim.data.store.records import TaskRecord
 from ddlsim.data.store.tasks import STALE_S, TaskCancelledError, TaskLostError, TaskQueue
-from ddlsim.profiler import interrupt
 from ddlsim.profiler.batch import parse_batch_data
-from ddlsim.profiler.cluster import die_with_parent, remove_stale_namespaces
+from ddlsim.service import output
 from ddlsim.workflows.execute import Executed, execute
 from ddlsim.workflows.profile import profile_batch
 from ddlsim.workflows.requests import ExecuteRequest, SearchRequest
@@ -97,6 +98,7 @@ class Worker:
         heartbeat_s: float | None = None,
         gpus: int = 0,
         cluster: str | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         self.heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
         if not 0 < 2 * self.heartbeat_s <= stale_s:
@@ -111,6 +113,7 @@ class Worker:
         self.simulator = simulator
         self.gpus = gpus
         self.cluster = cluster
+        self.launcher = launcher or LocalLauncher()
         self.deadline_s = deadline_s if deadline_s is not None else task_deadline_s()
         self.stop = threading.Event()
         self.in_task = False  # a task's handler is running (SIGTERM may interrupt it)
@@ -163,7 +166,7 @@ class Worker:
 
         def check() -> None:
             """Raise if the task must stop: called by its report and, between steps, by the
-            long loops of profiling and launches (:mod:`ddlsim.profiler.interrupt`)."""
+            long loops of profiling and launches (:mod:`ddlsim.cluster.interrupt`)."""
             if self.stop.is_set():
                 raise WorkerStoppedError(f"worker {self.name} is stopping")
             if lost.is_set():
@@ -248,7 +251,8 @@ def _search(
 ) -> None:
     # One process a task, with the worker's own cost model.
     asked = dataclasses.replace(SearchRequest.from_json(request), simulator=worker.simulator)
-    search(asked, store, report, commit=finish)
+    launcher = worker.launcher.for_ranks(asked.world_size)
+    search(asked, store, report, commit=finish, launcher=launcher)
 
 
 def _profile(
@@ -278,7 +282,13 @@ def _execution(
     asked = dataclasses.replace(
         ExecuteRequest.from_json(request, predict=True), simulator=worker.simulator
     )
-    execute(asked, store, report, commit=lambda session, done: finish(session, _executed(done)))
+    execute(
+        asked,
+        store,
+        report,
+        commit=lambda session, done: finish(session, _executed(done)),
+        launcher=worker.launcher.for_ranks(asked.options.world_size),
+    )
 
 
 def _cluster_search(
@@ -351,6 +361,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         stale_s=args.stale,
         gpus=parse_devices(args.devices),
         cluster=args.cluster,
+        launcher=output.launcher_from(args),
     )
 
     def stop(signum: int, frame: Any) -> None:

@@ -7,14 +7,15 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ddlsim.cluster.external import ExternalRank
+from ddlsim.cluster.launcher import Launcher
 from ddlsim.data.comm_model import COLLECTIVES
 from ddlsim.data.errors import InvalidClusterError, InvalidOptionError
 from ddlsim.data.specs.gpu_cluster import PRESETS, GpuClusterSpec, preset
 from ddlsim.data.store import Store, add_collective_profile
-from ddlsim.executor.launchers import SlurmSettings, export_slurm_environment, submit_slurm
 from ddlsim.profiler.batch_jobs import collective_records
 from ddlsim.profiler.collective_fit import CollectiveProfile
-from ddlsim.profiler.collectives import profile_collectives_joined
+from ddlsim.profiler.collectives import profile_collectives, profile_collectives_joined
 from ddlsim.simulator.gpu.nccl import fitted_cluster
 
 # Which preset's GPU a measured device is, by a part of its name (torch.cuda.get_device_name).
@@ -26,9 +27,14 @@ _STORED = re.compile(r"\s*([a-z0-9][a-z0-9._-]*)(?::(\d+))?\s*")
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class CollectivesRequest:
-    """Collectives to measure on a launched job, and the cluster profile to make of them."""
+    """Collectives to measure, and (a launched job on GPUs) the cluster profile to make of
+    them; on this machine's emulated cluster, ``world_size`` ranks behind links of
+    ``bandwidth`` (``cpu_repeats``: also time each collective's CPU work alone)."""
 
     backend: str = "nccl"
+    world_size: int | None = None
+    bandwidth: str | None = None
+    cpu_repeats: int = 0
     sizes: Sequence[int] | None = None
     collectives: Sequence[str] = COLLECTIVES
     warmup: int = 2
@@ -70,8 +76,6 @@ def measure_joined(request: CollectivesRequest, *, launcher: str = "env") -> Mea
     """This process's rank of the launched job; rank 0's outcome, ``None`` elsewhere."""
     import torch
 
-    from ddlsim.profiler.cluster.external import ExternalRank
-
     place = ExternalRank.from_environ()
     profiles = profile_collectives_joined(
         backend=request.backend,
@@ -93,9 +97,44 @@ def measure_joined(request: CollectivesRequest, *, launcher: str = "env") -> Mea
     )
 
 
-def _slurm_task(request: CollectivesRequest) -> Measured | None:
-    export_slurm_environment()
-    return measure_joined(request, launcher="slurm")
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CollectivesJob:
+    """The collectives benchmark for a launcher: on this machine's emulated cluster one level
+    (``link``, a host a rank), in a launched job each level of its fabric."""
+
+    request: CollectivesRequest
+    name = "ddlsim-collectives"
+
+    @property
+    def use_gpus(self) -> bool:
+        return self.request.backend == "nccl"
+
+    def here(self, progress: Callable[[str], None] | None) -> Measured:
+        request = self.request
+        if request.name is not None:
+            raise InvalidOptionError(
+                "--name stores a GPU cluster profile measured on your cluster: use --launcher "
+                "env or slurm with --backend nccl"
+            )
+        world_size = request.world_size or 1
+        profile = profile_collectives(
+            world_size=world_size,
+            backend=request.backend,
+            bandwidth=request.bandwidth,
+            sizes=request.sizes,
+            collectives=request.collectives,
+            warmup=request.warmup,
+            repeats=request.repeats,
+            cpu_repeats=request.cpu_repeats,
+            timeout_s=request.timeout_s,
+            progress=progress,
+        )
+        return Measured(
+            profiles={"link": profile}, nodes=world_size, gpus_per_node=1, device_name="cpu"
+        )
+
+    def as_rank(self, launcher: str, progress: Callable[[str], None] | None) -> Measured | None:
+        return measure_joined(self.request, launcher=launcher)
 
 
 def cluster_from(measured: Measured, *, name: str, gpu: str | None = None) -> GpuClusterSpec:
@@ -143,35 +182,24 @@ def cluster_from(measured: Measured, *, name: str, gpu: str | None = None) -> Gp
 def collect_collectives(
     request: CollectivesRequest,
     *,
-    launcher: str,
+    launcher: Launcher,
     db: str | None,
-    slurm: SlurmSettings | None = None,
     progress: Callable[[str], None] | None = None,
     on_submit: Callable[[str], None] | None = None,
-) -> tuple[Measured, list[int]] | None:
-    """Measure under ``launcher`` (``env``: this process is a rank; ``slurm``: submit and wait)
-    and store rank 0's fits (and, with ``request.name``, the named cluster) in ``db``; the
-    outcome and the fits' ids, ``None`` on ranks other than 0.
+) -> tuple[Measured, list[int], str] | None:
+    """Measure through ``launcher`` (:class:`CollectivesJob`) and store rank 0's fits (and,
+    with ``request.name``, the named cluster) in ``db``; the outcome, the fits' ids and the
+    store's URL, ``None`` on the ranks that follow.
 
     Raises:
-        InvalidOptionError: bad settings, no launcher environment, NCCL without GPUs.
-        ClusterRunError: the Slurm job failed.
+        InvalidOptionError: bad settings, no launcher environment, NCCL without GPUs, a
+            cluster name on the emulated cluster.
+        ClusterRunError: a rank or the Slurm job failed.
     """
-    if launcher == "env":
-        measured = measure_joined(request)
-    elif launcher == "slurm":
-        settings = slurm or SlurmSettings()
-        measured = submit_slurm(
-            settings,
-            _slurm_task,
-            request,
-            name="ddlsim-collectives",
-            use_gpus=request.backend == "nccl",
-            progress=progress,
-            on_submit=on_submit,
-        )
-    else:
-        raise InvalidOptionError(f"launcher {launcher!r} is not external; allowed: env, slurm")
+    request = dataclasses.replace(request, world_size=launcher.ranks(request.world_size))
+    measured: Measured | None = launcher.launch(
+        CollectivesJob(request=request), progress=progress, on_submit=on_submit
+    )
     if measured is None:
         return None
     with Store.open(db) as store:
@@ -193,7 +221,7 @@ def collect_collectives(
                     level: profile.to_json_dict() for level, profile in measured.profiles.items()
                 },
             )
-    return measured, ids
+    return measured, ids, store.url
 
 
 def resolve_cluster(text: str, db: str | None) -> GpuClusterSpec:
@@ -287,4 +315,10 @@ def describe(measured: Measured) -> dict[str, Any]:
         "device": measured.device_name,
         "levels": {level: p.to_json_dict() for level, p in measured.profiles.items()},
         "cluster": measured.cluster.to_dict() if measured.cluster is not None else None,
+        # One level (this machine's emulated cluster): its profile's fields at the top too.
+        **(
+            next(iter(measured.profiles.values())).to_json_dict()
+            if len(measured.profiles) == 1
+            else {}
+        ),
     }

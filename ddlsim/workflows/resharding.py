@@ -4,11 +4,11 @@
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ddlsim.cluster import remove_stale_namespaces
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.resharding import RESHARD_METHODS, MeshLayout
 from ddlsim.data.store import Store
-from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.profiler.resharding import measure_resharding
 from ddlsim.simulator.resharding import price_resharding
 

@@ -22,16 +22,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from ddlsim.cluster.launcher import Launcher, LocalLauncher
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.tp_plans import check_layouts, tp_plan
+from ddlsim.executor.jobs import RunJob
 from ddlsim.executor.plan import model_supports
-from ddlsim.executor.run import RunOptions, RunResult, run_training
+from ddlsim.executor.run import RunResult
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
-from ddlsim.profiler.cluster import remove_stale_namespaces
 from ddlsim.profiler.saved import saved_bytes
 from ddlsim.search import (
     STUDY_ALGORITHMS,
@@ -63,7 +64,12 @@ from ddlsim.workflows.profiles import (
     profile_link,
 )
 from ddlsim.workflows.requests import Progress, SearchRequest, no_progress
-from ddlsim.workflows.verify import Compare, predict_verified, store_verified, verify
+from ddlsim.workflows.verify import (
+    predict_verified,
+    store_verified,
+    verify,
+    verify_options,
+)
 
 AUTOTUNE_RUNS = MAX_RUNS
 """Autotune measures live runs: at most this many, whatever the budget."""
@@ -75,7 +81,8 @@ def search(
     progress: Progress = no_progress,
     *,
     commit: Callable[[Session, dict[str, Any]], None] | None = None,
-    compare: Compare | None = None,
+    launcher: Launcher | None = None,
+    on_submit: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The search ``request`` describes, as its JSON payload: the pick (``best``), DDP's
     defaults (``baseline``) and the ``top`` candidates, each with its predicted and scored time,
@@ -86,16 +93,17 @@ def search(
     ``progress(fraction, message)`` hears the strategies priced against the budget, then the
     verifying runs. It may raise to stop the search. The verifying runs are stored in one
     transaction with whatever ``commit(session, payload)`` writes (a queued task's end): after a
-    crash, either both are stored or neither is. ``compare`` runs them (default: this
-    machine's emulated cluster; :mod:`ddlsim.executor.launchers` for a launched group or a
-    Slurm job).
+    crash, either both are stored or neither is. ``launcher`` runs them (default: this
+    machine's emulated cluster; ``on_submit`` hears a Slurm job's id); a rank that follows
+    goes through :func:`search_launched`.
 
     Raises:
         DdlsimError: a model or plan the tools cannot handle, a study storage Optuna cannot
             open, a search worker that failed.
     """
     spec = request.model
-    if request.verify and compare is None and request.world_size > 1:
+    launcher = launcher or LocalLauncher()
+    if request.verify and launcher.emulated and request.world_size > 1:
         # The candidates are about to run on this machine's emulated cluster: price them on
         # its link as measured now, not on another day's fit of it.
         profile_link(
@@ -124,7 +132,7 @@ def search(
     runs: list[RunResult] = []
     if request.verify:
         progress(None, "running the candidates and the baseline for real")
-        verified, runs = verify(request, payload, progress, compare=compare)
+        verified, runs = verify(request, payload, progress, launcher=launcher, on_submit=on_submit)
         payload.update(verified)
     # Each run is stored beside a prediction of its strategy, so the dashboard pairs them.
     predictions = [predict_verified(request, store, run.strategy) for run in runs]
@@ -338,15 +346,13 @@ def _worker(request: SearchRequest, *, db: str, study: SharedStudy, index: int) 
 def _measure(request: SearchRequest) -> Callable[[Strategy], float]:
     """A strategy's measured median iteration time (ms), from a live run on the emulated
     cluster."""
-    remove_stale_namespaces()
-    options = RunOptions(
-        world_size=request.world_size,
-        bandwidth=normalized_bandwidth(request.bandwidth),
-        **request.measure.run_options(),
-    )
+    launcher = LocalLauncher()
+    options = verify_options(request, launcher)
 
     def measure(strategy: Strategy) -> float:
-        return run_training(request.model, strategy, options).median_ms
+        job = RunJob(spec=request.model, strategy=strategy, options=options)
+        result: RunResult = launcher.launch(job)
+        return result.median_ms
 
     return measure
 

@@ -9,14 +9,16 @@ measurement noise the errors should be read against.
 import statistics
 from typing import Any
 
+from ddlsim.cluster import ClusterRunError
+from ddlsim.cluster.launcher import LocalLauncher
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store, add_graph, add_prediction
 from ddlsim.data.tp_plans import check_layouts
+from ddlsim.executor.jobs import CompareJob, RunJob
 from ddlsim.executor.plan import model_supports
-from ddlsim.executor.run import RunOptions, RunResult, compare_training, run_training
-from ddlsim.profiler.cluster import ClusterRunError, remove_stale_namespaces
+from ddlsim.executor.run import RunOptions, RunResult
 from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.costs import uses_ring
 from ddlsim.simulator.evaluate import accuracy
@@ -89,7 +91,6 @@ def validate(
         progress(
             None, f"only {len(strategies)} candidate strategies fit batch {spec.inputs.batch_size}"
         )
-    remove_stale_namespaces()
     options = RunOptions(
         world_size=request.world_size, bandwidth=bandwidth, **request.measure.run_options()
     )
@@ -161,15 +162,17 @@ def _measure(
     """The strategies' runs, side by side in one launch (``True``), else one launch each with
     the failing ones ``None`` (``False``)."""
     progress(0.1, f"running {len(strategies)} strategies side by side")
+    launcher = LocalLauncher()
+    job = CompareJob(spec=spec, strategies=tuple(strategies), options=options, rounds=3)
     try:
-        return list(compare_training(spec, strategies, options)), True
+        return list(launcher.launch(job)), True
     except ClusterRunError as exc:
         progress(None, f"the side-by-side launch failed ({exc}); running each alone")
     runs: list[RunResult | None] = []
     for index, strategy in enumerate(strategies):
         progress(index / len(strategies), f"running {index + 1}/{len(strategies)} alone")
         try:
-            runs.append(run_training(spec, strategy, options))
+            runs.append(launcher.launch(RunJob(spec=spec, strategy=strategy, options=options)))
         except ClusterRunError as exc:
             progress(None, f"run failed, left out: {exc}")
             runs.append(None)

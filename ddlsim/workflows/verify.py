@@ -6,39 +6,39 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from ddlsim.data.specs.model import ModelSpec
+from ddlsim.cluster.launcher import Launcher
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
+from ddlsim.executor.jobs import CompareJob
 from ddlsim.executor.protocol import speedup as measured_speedup
-from ddlsim.executor.run import RunOptions, RunResult, compare_training
-from ddlsim.profiler.cluster import remove_stale_namespaces
+from ddlsim.executor.run import RunOptions, RunResult
 from ddlsim.simulator.predict import Prediction
 from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.predict import add_predicted, predict_request
 from ddlsim.workflows.profiles import normalized_bandwidth
 from ddlsim.workflows.requests import PredictRequest, Progress, SearchRequest, no_progress
 
-Compare = Callable[[ModelSpec, list[Strategy], RunOptions, int], list[RunResult]]
-"""``compare(model, strategies, options, rounds)``: the strategies measured side by side (this
-machine's emulated cluster by default; a launched group or a Slurm job otherwise). Called once,
-with every strategy to run, possibly none."""
 
-
-def _compare_here(
-    model: ModelSpec, strategies: list[Strategy], options: RunOptions, rounds: int
-) -> list[RunResult]:
-    if not strategies:
-        return []
-    remove_stale_namespaces()
-    return compare_training(model, strategies, options, rounds=rounds)
-
-
-def verify_options(request: SearchRequest) -> RunOptions:
-    """The options the verifying runs take (the same on every rank of a launched group)."""
+def verify_options(request: SearchRequest, launcher: Launcher) -> RunOptions:
+    """The options the verifying runs take (the same on every rank of a launched group; a
+    link rate only where ``launcher`` shapes one)."""
     return RunOptions(
         world_size=request.world_size,
-        bandwidth=normalized_bandwidth(request.bandwidth),
+        bandwidth=normalized_bandwidth(request.bandwidth) if launcher.emulated else None,
         **request.measure.run_options(),
+    )
+
+
+def verify_job(
+    request: SearchRequest, launcher: Launcher, strategies: list[Strategy] | None
+) -> CompareJob:
+    """The verifying runs as one job: ``strategies`` side by side (``None`` on a rank that
+    follows: rank 0 says which)."""
+    return CompareJob(
+        spec=request.model,
+        strategies=None if strategies is None else tuple(strategies),
+        options=verify_options(request, launcher),
+        rounds=request.verify_rounds,
     )
 
 
@@ -47,30 +47,29 @@ def verify(
     payload: dict[str, Any],
     progress: Progress = no_progress,
     *,
-    compare: Compare | None = None,
+    launcher: Launcher,
+    on_submit: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], list[RunResult]]:
     """Run the pick, the next ``verify_top`` - 1 candidates of ``top`` and the baseline (DDP's
     defaults) through the executor, side by side: what was measured (for the payload) and the
     runs, for the caller to store (:func:`ddlsim.workflows.execute.add_result`) with whatever
     else must land with them.
 
-    All run in one launch (``compare_training``), taking turns of ``measure.iters`` steps over
-    ``verify_rounds`` rounds, so that a slow spell of the machine slows them all and each
-    speed-up is a ratio from one run. The measurement settles the answer (``picked_by``
-    ``"measurement"``, :func:`_settle`): the measured fastest candidate if it beat the baseline
-    beyond the noise, else the baseline (``kept_baseline``); ``answer`` says which in plain
-    words, ``fastest_candidate`` by how much; each row of ``verified`` carries its measured
-    speed-up over the baseline and that speed-up's 95 % interval. The simulator narrows
-    thousands of strategies to a few, the executor settles the few, and a pick measured slower
-    is never the answer. A
-    strategy whose predicted peak memory is over the capacity is not run (it would exhaust this
-    machine's memory, every rank being here): ``not_run`` says why. A strategy listed twice
-    runs once.
+    All run in one launch through ``launcher`` (:class:`CompareJob`), taking turns of
+    ``measure.iters`` steps over ``verify_rounds`` rounds, so that a slow spell of the machine
+    slows them all and each speed-up is a ratio from one run. The measurement settles the answer
+    (``picked_by`` ``"measurement"``, :func:`_settle`): the measured fastest candidate if it beat
+    the baseline beyond the noise, else the baseline (``kept_baseline``); ``answer`` says which in
+    plain words, ``fastest_candidate`` by how much; each row of ``verified`` carries its measured
+    speed-up over the baseline and that speed-up's 95 % interval. The simulator narrows thousands
+    of strategies to a few, the executor settles the few, and a pick measured slower is never the
+    answer. A strategy whose predicted peak memory is over the capacity is not run (it would
+    exhaust this machine's memory, every rank being here): ``not_run`` says why. A strategy listed
+    twice runs once.
 
     Long: settling by measurement in the order it happens (candidates, one launch, the
     intervals, the rule).
     """
-    options = verify_options(request)
     named = _verified_candidates(payload, min(request.verify_top, request.top))
     keys = {name: _key(entry["strategy"]) for name, entry in named.items()}
     not_run: dict[str, str] = {}
@@ -87,9 +86,13 @@ def verify(
         progress(
             None, f"running {len(to_run)} strateg{'y' if len(to_run) == 1 else 'ies'} for real"
         )
-    launched = (compare or _compare_here)(
-        request.model, list(to_run.values()), options, request.verify_rounds
-    )
+    launched: list[RunResult] = []
+    if to_run:
+        launched = launcher.launch(
+            verify_job(request, launcher, list(to_run.values())),
+            progress=lambda message: progress(None, message),
+            on_submit=on_submit,
+        )
     runs: dict[str, RunResult] = dict(zip(to_run, launched, strict=True))
     out: dict[str, Any] = {"picked_by": "measurement", **_settle(named, keys, runs)}
     rows = []

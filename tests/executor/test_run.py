@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ddlsim.cluster import NAMESPACE_PREFIX, ClusterRunError
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
@@ -22,7 +23,6 @@ from ddlsim.executor.run import (
     run_training,
 )
 from ddlsim.profiler.capture import capture_graph
-from ddlsim.profiler.cluster import NAMESPACE_PREFIX, ClusterRunError
 from ddlsim.service.cli import main
 from ddlsim.simulator.dataset import export_dataset, load_dataset
 from tests.batch_files import BatchRun

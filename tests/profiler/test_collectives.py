@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from ddlsim.data.comm_model import COLLECTIVES, bus_factor, fit_cpu_cost
-from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
-from ddlsim.profiler import collectives
-from ddlsim.profiler.cluster import (
+from ddlsim.cluster import (
     FORCE_LOOPBACK_ENV,
     LoopbackFallbackWarning,
     netns_unavailable_reason,
 )
+from ddlsim.data.comm_model import COLLECTIVES, bus_factor, fit_cpu_cost
+from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
+from ddlsim.profiler import collectives
 from ddlsim.profiler.collective_fit import (
     CollectiveFit,
     CollectiveProfile,

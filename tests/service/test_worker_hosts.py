@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks.queue_hosts import check, collect
+from ddlsim.cluster import netns_unavailable_reason
 from ddlsim.data.store import Store
 from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.profiler.batch import gpus_needed, parse_batch_data
-from ddlsim.profiler.cluster import netns_unavailable_reason
 from tests.data.conftest import _postgres_base_url
 
 

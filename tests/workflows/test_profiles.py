@@ -5,6 +5,8 @@ from typing import Any
 
 import pytest
 
+from ddlsim.cluster.launcher import SlurmLauncher
+from ddlsim.cluster.slurm import SlurmSettings
 from ddlsim.data.errors import DdlsimError
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import ZOO
@@ -80,7 +82,7 @@ def test_a_verifying_search_profiles_this_machines_link_first(
             with pytest.raises(_StopError):
                 search.search(quiet, store)
         with pytest.raises(_StopError):
-            search.search(request, store, compare=lambda *a, **k: None)  # type: ignore[arg-type]
+            search.search(request, store, launcher=SlurmLauncher(SlurmSettings(gpus_per_node=2)))
         assert asked == []
 
 

@@ -30,7 +30,7 @@ class KernelEntry:
     graph: IterationGraph
     node_ms: dict[int, float]
     iteration_time_ms: float
-    # the machine's speed probe as it was profiled (profiler.speed; None before it existed)
+    # the machine's speed probe as it was profiled (cluster.speed; None before it existed)
     probe_ms: float | None = None
 
     @property
@@ -94,7 +94,7 @@ class RunEntry:
 
     def speed_ratio(self, kernel: KernelEntry) -> float:
         """How much slower the machine computed during this run than while ``kernel`` was
-        profiled: the run's speed probe over the profile's (``profiler.speed``), to the nearest
+        profiled: the run's speed probe over the profile's (``cluster.speed``), to the nearest
         ``SPEED_STEP``; 1 where either has none (runs and profiles before the probe)."""
         probe = self.extra.get("probe_ms")
         if kernel.probe_ms is None or not isinstance(probe, int | float) or probe <= 0:

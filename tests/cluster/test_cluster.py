@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
-from ddlsim.profiler.cluster import (
+from ddlsim.cluster import (
     FORCE_LOOPBACK_ENV,
     ClusterRunError,
     EmulatedCluster,
@@ -20,7 +19,8 @@ from ddlsim.profiler.cluster import (
     netns_unavailable_reason,
     remove_stale_namespaces,
 )
-from ddlsim.profiler.cluster.rank_logs import failure_message
+from ddlsim.cluster.rank_logs import failure_message
+from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
 
 RANK_MODULE = "ddlsim.profiler.collective_rank"
 NETNS_REASON = netns_unavailable_reason()
@@ -144,7 +144,7 @@ def test_failure_names_the_rank_that_caused_it_first(tmp_path: Path) -> None:
 
 _PARENT = """
 import sys
-from ddlsim.profiler.cluster import EmulatedCluster
+from ddlsim.cluster import EmulatedCluster
 with EmulatedCluster(2, "1gbit") as cluster:
     print(cluster.prefix, flush=True)
     cluster.launch("ddlsim.profiler.collective_rank", sys.argv[1:], timeout_s=300)

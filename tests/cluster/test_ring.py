@@ -5,10 +5,10 @@ import functools
 import torch
 import torch.distributed as dist
 
+from ddlsim.cluster.ring import CommThread, ring_all_gather, ring_reduce_scatter
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.context import RankContext
-from ddlsim.profiler.ring import CommThread, ring_all_gather, ring_reduce_scatter
 from tests.executor.harness import run_ranks
 
 

@@ -20,10 +20,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ddlsim.profiler.cluster.environment import rank_environment
-from ddlsim.profiler.cluster.placement import PLACEMENT_ENV, placement_path
-from ddlsim.profiler.cluster.processes import die_with_parent
-from ddlsim.profiler.cluster.rank_logs import rank_log
+from ddlsim.cluster.environment import rank_environment
+from ddlsim.cluster.placement import PLACEMENT_ENV, placement_path
+from ddlsim.cluster.processes import die_with_parent
+from ddlsim.cluster.rank_logs import rank_log
 
 
 def start_rank(

@@ -1,6 +1,6 @@
 import pytest
 
-from ddlsim.profiler.cluster.environment import rank_environment
+from ddlsim.cluster.environment import rank_environment
 
 
 def test_ranks_get_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:

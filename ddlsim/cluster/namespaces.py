@@ -21,8 +21,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ddlsim.cluster.processes import kill_pids, process_alive
 from ddlsim.data.errors import DdlsimError
-from ddlsim.profiler.cluster.processes import kill_pids, process_alive
 
 NAMESPACE_PREFIX = "ddlsim-"
 HOST_INTERFACE = "eth0"

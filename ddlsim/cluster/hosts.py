@@ -24,14 +24,14 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import IO
 
-from ddlsim.data.errors import InvalidOptionError
-from ddlsim.profiler.cluster.namespaces import (
+from ddlsim.cluster.namespaces import (
     NAMESPACE_PREFIX,
     ClusterSetupError,
     delete_namespaces,
     netns_unavailable_reason,
 )
-from ddlsim.profiler.cluster.processes import stop_processes
+from ddlsim.cluster.processes import stop_processes
+from ddlsim.data.errors import InvalidOptionError
 
 MAX_HOSTS = 200
 _CHUNK = 1 << 16

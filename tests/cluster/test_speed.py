@@ -2,8 +2,8 @@
 
 import pytest
 
+from ddlsim.cluster.speed import probe_ms
 from ddlsim.data.errors import InvalidOptionError
-from ddlsim.profiler.speed import probe_ms
 
 
 def test_the_probe_times_its_unit_of_work() -> None:

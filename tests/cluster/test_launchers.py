@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
+from ddlsim.cluster.external import ExternalRank
+from ddlsim.cluster.slurm import SlurmSettings
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import ZOO
-from ddlsim.executor.launchers import ExternalRank, SlurmSettings
 from tests.executor.harness import assert_losses_match
 from tests.executor.test_gpu_grade import RTOL, single_losses
 from tests.torchrun import BIN, torchrun_agents

@@ -9,7 +9,7 @@ rank caused a failure (:mod:`.rank_logs`), and reports where each rank ran (:mod
 ...     result = cluster.launch("ddlsim.profiler.collective_rank", args, timeout_s=120)
 """
 
-from ddlsim.profiler.cluster.launch import (
+from ddlsim.cluster.emulated import (
     FORCE_LOOPBACK_ENV,
     MAX_WORLD_SIZE,
     ClusterRunError,
@@ -18,15 +18,15 @@ from ddlsim.profiler.cluster.launch import (
     LoopbackFallbackWarning,
     Network,
 )
-from ddlsim.profiler.cluster.namespaces import (
+from ddlsim.cluster.namespaces import (
     NAMESPACE_PREFIX,
     ClusterSetupError,
     netns_unavailable_reason,
     remove_stale_namespaces,
     stale_namespaces,
 )
-from ddlsim.profiler.cluster.placement import PLACEMENT_ENV, RankPlacement, report_placement
-from ddlsim.profiler.cluster.processes import die_with_parent, stop_processes
+from ddlsim.cluster.placement import PLACEMENT_ENV, RankPlacement, report_placement
+from ddlsim.cluster.processes import die_with_parent, stop_processes
 
 __all__ = [
     "FORCE_LOOPBACK_ENV",

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from ddlsim.profiler.allocator import ALLOCATOR_ENV, use_rank_allocator
+from ddlsim.cluster.allocator import ALLOCATOR_ENV, use_rank_allocator
 
 # Four 100 MiB tensors allocated and freed in turn; prints the minor page faults they took.
 _PROGRAM = """
 import resource, sys, torch
 if sys.argv[1] == "rank":
-    from ddlsim.profiler.allocator import use_rank_allocator
+    from ddlsim.cluster.allocator import use_rank_allocator
     assert use_rank_allocator()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

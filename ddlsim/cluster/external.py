@@ -4,6 +4,8 @@ PyTorchJob): what every ``--launcher env`` command reads before it joins the gro
 import dataclasses
 import os
 from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
 
 from ddlsim.data.errors import InvalidOptionError
 
@@ -78,3 +80,39 @@ class ExternalRank:
             f"{launcher}: {self.nodes} node(s) x {self.local_world_size} rank(s), {backend} "
             f"rendezvous at {self.master_addr}:{self.master_port}"
         )
+
+
+# How long the group's other ranks wait for rank 0 to say what runs (it may search first).
+AGREE_TIMEOUT_S = 24 * 3600.0
+_AGREED_KEY = "offer"
+
+
+def launch_store(place: ExternalRank) -> Any:
+    """The launch's key-value store at ``MASTER_ADDR:MASTER_PORT``, under a prefix of ours:
+    torchrun's agent hosts it (``TORCHELASTIC_USE_AGENT_STORE``), else rank 0 does, as
+    ``init_process_group`` would. A process group may be joined over it."""
+    import torch.distributed as dist
+
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        place.master_addr,
+        place.master_port,
+        place.world_size,
+        is_master=place.rank == 0 and not agent,
+        timeout=timedelta(seconds=AGREE_TIMEOUT_S),
+        wait_for_workers=False,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"ddlsim/launch/{attempt}/", store)
+
+
+def agree(store: Any, place: ExternalRank, offer: str | None) -> str:
+    """What the group runs, as rank 0 says: rank 0 posts ``offer`` (a JSON text; ``""`` for
+    nothing, so that the others end) and the others wait for it (up to ``AGREE_TIMEOUT_S``)
+    and get it; ``offer`` is not read on them."""
+    if place.rank == 0:
+        store.set(_AGREED_KEY, offer or "")
+    else:
+        store.wait([_AGREED_KEY])
+    agreed: bytes = store.get(_AGREED_KEY)
+    return agreed.decode("utf-8")

@@ -32,11 +32,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
-from ddlsim.data.specs.cluster import parse_bandwidth_gbps
-from ddlsim.profiler import interrupt
-from ddlsim.profiler.cluster.host import start_rank
-from ddlsim.profiler.cluster.namespaces import (
+from ddlsim.cluster import interrupt
+from ddlsim.cluster.host import start_rank
+from ddlsim.cluster.namespaces import (
     HOST_INTERFACE,
     NAMESPACE_PREFIX,
     build_network,
@@ -46,14 +44,16 @@ from ddlsim.profiler.cluster.namespaces import (
     netns_unavailable_reason,
     remove_stale_namespaces,
 )
-from ddlsim.profiler.cluster.placement import pinned_cores, read_placements
-from ddlsim.profiler.cluster.processes import stop_processes
-from ddlsim.profiler.cluster.rank_logs import (
+from ddlsim.cluster.placement import pinned_cores, read_placements
+from ddlsim.cluster.processes import stop_processes
+from ddlsim.cluster.rank_logs import (
     LineFollower,
     failure_message,
     rank_log,
     timeout_message,
 )
+from ddlsim.data.errors import DdlsimError, InvalidClusterError, InvalidOptionError
+from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 
 Network = Literal["netns", "loopback"]
 
