@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.grid import grid_layers
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.protocol import speedup
 from ddlsim.executor.run import RunOptions, compare_training
+from ddlsim.plans.grid import grid_layers
 from ddlsim.workflows.execute import add_result
 from ddlsim.workflows.profiles import normalized_bandwidth
 from ddlsim.workflows.requests import SearchRequest

@@ -29,7 +29,7 @@ from typing import Any
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import resolve_model
-from ddlsim.executor.plan import model_supports
+from ddlsim.plans.feasibility import model_supports
 from ddlsim.search.algorithm import SearchBudget, SearchProblem
 from ddlsim.search.plans import candidate_plans
 from ddlsim.search.prior import grid_prior

@@ -28,11 +28,11 @@ from typing import Any
 
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
-from ddlsim.data.tp_plans import check_layouts
 from ddlsim.data.zoo import resolve_model
-from ddlsim.executor.plan import model_supports
 from ddlsim.executor.protocol import speedup
 from ddlsim.executor.run import RunOptions, compare_training
+from ddlsim.plans.feasibility import model_supports
+from ddlsim.plans.tp_plans import check_layouts
 from ddlsim.search.backtrack import explore_layers
 from ddlsim.search.plans import candidate_plans
 from ddlsim.search.space import Space

@@ -31,11 +31,11 @@ import torch
 from ddlsim.data.errors import DdlsimError, one_line
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.stages import block_stack, default_groups
-from ddlsim.data.tp_activations import activation_split_paths
 from ddlsim.data.zoo import resolve_model
 from ddlsim.executor.options import RunOptions
 from ddlsim.executor.run import run_training
+from ddlsim.plans.stages import block_stack, default_groups
+from ddlsim.plans.tp_activations import activation_split_paths
 from ddlsim.profiler.capture import capture_graph
 from ddlsim.profiler.saved import saved_bytes
 from ddlsim.simulator.costs import rank_spec

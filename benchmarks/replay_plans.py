@@ -21,8 +21,8 @@ from ddlsim.cluster import remove_stale_namespaces
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import resolve_model
-from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunOptions, run_training
+from ddlsim.plans.feasibility import model_supports
 from ddlsim.simulator.cost_model import ReplayCostModel
 from ddlsim.workflows.predict import predict_on_store
 

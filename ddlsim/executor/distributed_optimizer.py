@@ -20,22 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.specs.strategy import ParallelPlan
 from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
-
-
-def check_distributed_optimizer(plan: ParallelPlan) -> None:
-    """Raises:
-    InvalidStrategyError: the distributed optimizer with tensor, pipeline or grid
-        parallelism (this executor shards it over plain data parallelism).
-    """
-    if plan.distributed_optimizer and (plan.tp > 1 or plan.pp > 1):
-        raise InvalidStrategyError(
-            "parallel.distributed_optimizer runs over data parallelism alone in this executor; "
-            f"this plan has tp({plan.tp}), pp({plan.pp}) (the GPU-cluster simulator prices it "
-            "with both)"
-        )
+from ddlsim.plans.runnable import check_distributed_optimizer
 
 
 class DistributedOptimizerTrainer(SynchronousTrainer):

@@ -13,30 +13,9 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.stages import default_groups
 from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
-
-
-def check_groups(model: nn.Module, groups: list[list[str]]) -> None:
-    """Every path names a module, and no module is in two groups.
-
-    Raises:
-        InvalidStrategyError: naming the bad path.
-    """
-    modules = dict(model.named_modules())
-    seen: set[str] = set()
-    for index, group in enumerate(groups):
-        for path in group:
-            if path not in modules or not path:
-                raise InvalidStrategyError(
-                    f"parallel.fsdp_groups[{index}] names {path!r}, which is not a submodule"
-                )
-            if path in seen:
-                raise InvalidStrategyError(
-                    f"parallel.fsdp_groups[{index}] repeats {path!r}: a module shards once"
-                )
-            seen.add(path)
+from ddlsim.plans.runnable import check_groups
+from ddlsim.plans.stages import default_groups
 
 
 class FSDPTrainer(SynchronousTrainer):

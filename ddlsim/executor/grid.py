@@ -1,7 +1,7 @@
 """Tensor parallelism over a 3-D grid of ranks (AxoNN's), with data parallelism beside it.
 
 The ``tp = rows * cols * depth`` tensor-parallel ranks form a grid on a named device mesh
-``(dp, depth, rows, cols)``. Every linear layer the family's plan splits (``data.tp_plans``:
+``(dp, depth, rows, cols)``. Every linear layer the family's plan splits (``plans.tp_plans``:
 the attention's projections and the MLP's) multiplies a weight block: a column-parallel layer
 (``colwise``: query/key/value, the MLP's first projections) holds the block of output features
 ``cols`` splits and input features ``rows`` splits; a row-parallel layer (``rowwise``: the
@@ -44,9 +44,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
-from ddlsim.data.grid import GRID_STYLES, grid_layers
 from ddlsim.data.specs.strategy import GRID_AXES
-from ddlsim.data.tp_plans import PLANS, TensorParallelPlan, divide_heads, matches, tp_family
 from ddlsim.executor.context import (
     RankContext,
     SynchronousTrainer,
@@ -54,6 +52,8 @@ from ddlsim.executor.context import (
     split_batch,
 )
 from ddlsim.executor.tensor_parallel import PREPARE
+from ddlsim.plans.grid import GRID_STYLES, grid_layers
+from ddlsim.plans.tp_plans import PLANS, TensorParallelPlan, divide_heads, matches, tp_family
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

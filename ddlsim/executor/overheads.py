@@ -38,10 +38,10 @@ from ddlsim.cluster.allocator import use_rank_allocator
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.models import build_model, make_batch
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.stages import default_groups
-from ddlsim.data.tp_plans import tp_plan
 from ddlsim.executor.context import disable_dropout, local_loss, make_optimizer
 from ddlsim.executor.tensor_parallel import apply_tensor_parallel
+from ddlsim.plans.stages import default_groups
+from ddlsim.plans.tp_plans import tp_plan
 
 
 @contextlib.contextmanager

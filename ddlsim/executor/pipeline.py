@@ -48,18 +48,7 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.tensor import DTensor
 
-from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.models import build_model
-from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan
-from ddlsim.data.stages import (
-    BlockStack,
-    balanced_cuts,
-    block_stack,
-    stage_count,
-    stage_order,
-)
-from ddlsim.data.tp_plans import block_paths, check_tensor_parallel, tp_plan
 from ddlsim.executor.context import (
     RankContext,
     SynchronousTrainer,
@@ -67,72 +56,19 @@ from ddlsim.executor.context import (
     split_batch,
 )
 from ddlsim.executor.pipeline_stage import StageModule, inner_block, probe_blocks
-
-# Module classes known to pass more than the hidden state between blocks; refused.
-_UNSUPPORTED_MODEL_TYPES = {"t5": "its blocks pass the relative position bias along the stack"}
-
-
-def check_pipeline(spec: ModelSpec, plan: ParallelPlan) -> None:
-    """Refuse a model or plan that ``PipelineTrainer`` cannot run (config and meta model only).
-
-    Raises:
-        InvalidStrategyError: the model has no single stack of blocks, or fewer blocks than
-            stages, or passes more than the hidden state between blocks; or the plan combines
-            pipeline with tensor parallelism or FSDP.
-    """
-    if plan.tp > 1:
-        raise InvalidStrategyError(
-            f"parallel.pp({plan.pp}) combines with data parallelism and FSDP; tp({plan.tp}) "
-            "with a pipeline is not supported"
-        )
-    if plan.fsdp and (plan.chunks > 1 or "tp" in plan.stages):
-        raise InvalidStrategyError(
-            f"parallel.fsdp with a pipeline needs one stage a rank, each data-parallel: "
-            f"pp_schedule {plan.pp_schedule!r} with {plan.chunks} stages a rank and stages "
-            f"{list(plan.stages) or 'batch'} are not supported with it (use 1f1b, gpipe or "
-            "eager_1f1b without tp stages)"
-        )
-    with torch.device("meta"):
-        model = build_model(spec)
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type in _UNSUPPORTED_MODEL_TYPES:
-        raise InvalidStrategyError(
-            f"{spec.label} cannot be pipelined, so parallel.pp({plan.pp}) cannot apply: "
-            f"{_UNSUPPORTED_MODEL_TYPES[model_type]}"
-        )
-    stack = block_stack(model)
-    if stack is None:
-        raise InvalidStrategyError(
-            f"{spec.label} has no single stack of repeated blocks to cut into stages, so "
-            f"parallel.pp({plan.pp}) cannot apply"
-        )
-    stages = stage_count(plan)
-    if len(stack.blocks) < stages:
-        raise InvalidStrategyError(
-            f"parallel.pp({plan.pp}) with schedule {plan.pp_schedule} needs {stages} stages but "
-            f"{spec.label} has {len(stack.blocks)} blocks in {stack.path}; each stage needs one"
-        )
-
-
-def check_stage_layouts(spec: ModelSpec, plan: ParallelPlan, dp: int) -> None:
-    """Refuse ``tp`` stages the model or the ranks cannot take.
-
-    Raises:
-        InvalidStrategyError: a ``tp`` stage with one rank a stage (``dp`` 1), or on a model
-            without a tensor-parallel plan or whose heads ``dp`` does not divide.
-    """
-    if "tp" not in plan.stages:
-        return
-    if dp < 2:
-        raise InvalidStrategyError(
-            f"parallel.stages {list(plan.stages)} has a tp stage but each stage runs on dp({dp}) "
-            "rank: a tensor-parallel stage needs dp >= 2 ranks to split over"
-        )
-    check_tensor_parallel(spec, dp)
+from ddlsim.plans.runnable import check_pipeline, check_stage_layouts
+from ddlsim.plans.stages import (
+    BlockStack,
+    balanced_cuts,
+    block_stack,
+    stage_count,
+    stage_order,
+)
+from ddlsim.plans.tp_plans import block_paths, tp_plan
 
 
 class _OneStageOrder(_PipelineScheduleRuntime):
-    """A one-stage-a-rank schedule run in :func:`data.stages.stage_order`'s order (eager 1F1B)
+    """A one-stage-a-rank schedule run in :func:`plans.stages.stage_order`'s order (eager 1F1B)
     on ``torch.distributed.pipelining``'s runtime, which adds the sends and receives: a
     forward's activation is sent as soon as it is computed and waited on only by its
     receiver."""

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from ddlsim.data.stages import BlockStack
 from ddlsim.executor.context import local_loss
+from ddlsim.plans.stages import BlockStack
 
 
 class _TakeShare(torch.autograd.Function):

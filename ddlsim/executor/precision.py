@@ -2,7 +2,8 @@
 the 16-bit type), a gradient scaler for fp16, fp8 linears through torchao on GPUs that have
 fp8, and FSDP2's ``MixedPrecisionPolicy`` in place of autocast when parameters are sharded.
 
-What a device cannot do is refused before any rank starts (:func:`check_precision`).
+What a device cannot do is refused before any rank starts (:func:`device_target`, for
+:func:`ddlsim.plans.feasibility.check`; :func:`check_fp8_library`).
 """
 
 import contextlib
@@ -14,6 +15,7 @@ from torch import nn
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.strategy import Strategy
+from ddlsim.plans.feasibility import Target
 
 DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
@@ -25,46 +27,27 @@ DTYPES: dict[str, torch.dtype] = {
 FP8_CAPABILITY = (8, 9)
 
 
-def check_precision(strategy: Strategy, device: str) -> None:
-    """Refuse a precision the plan or the device cannot run, naming both.
+def device_target(world_size: int, device: str) -> Target:
+    """Where this executor's ranks run on this machine, for :func:`ddlsim.plans.feasibility.check`:
+    ``cpu``, or ``cuda`` on this machine's GPU (with fp8 where its compute capability has it)."""
+    if device != "cuda":
+        return Target(world_size=world_size, where="cpu", device=device)
+    if not torch.cuda.is_available():
+        return Target(world_size=world_size, where="cuda", device="cuda (torch sees no GPU)")
+    return Target(
+        world_size=world_size,
+        where="cuda",
+        device=torch.cuda.get_device_name(),
+        fp8=torch.cuda.get_device_capability() >= FP8_CAPABILITY,
+    )
 
-    Raises:
-        InvalidStrategyError: fp8 without a GPU that has fp8 (or without torchao); fp16 with a
-            plan whose steps the gradient scaler does not drive (FSDP, the distributed
-            optimizer, pipelines, grids, DeAR).
+
+def check_fp8_library(strategy: Strategy) -> None:
+    """Raises:
+    InvalidStrategyError: fp8 without torchao, which runs its linears.
     """
-    precision = strategy.precision
-    plan = strategy.parallel
-    if precision == "fp16":
-        unscaled = {
-            "parallel.fsdp": plan.fsdp,
-            "parallel.distributed_optimizer": plan.distributed_optimizer,
-            "parallel.pp > 1": plan.pp > 1,
-            "parallel.tp > 1": plan.tp > 1,
-            "parallel.grid": bool(plan.grid),
-            "tensor_fusion.dear": strategy.tensor_fusion.dear,
-        }
-        named = [key for key, used in unscaled.items() if used]
-        if named:
-            raise InvalidStrategyError(
-                f"precision 'fp16' needs a gradient scaler, which this executor applies to "
-                f"DDP and bucket plans only; {', '.join(named)} runs bf16 or fp32"
-            )
-    if precision != "fp8":
+    if strategy.precision != "fp8":
         return
-    if device != "cuda" or not torch.cuda.is_available():
-        raise InvalidStrategyError(
-            f"precision 'fp8' needs a GPU with fp8 (compute capability 8.9 or later: L40S, "
-            f"H100, H200, B200); this run's device is {device!r}"
-            + ("" if device != "cuda" else " and torch sees no CUDA device")
-        )
-    capability = torch.cuda.get_device_capability()
-    if capability < FP8_CAPABILITY:
-        name = torch.cuda.get_device_name()
-        raise InvalidStrategyError(
-            f"precision 'fp8' needs compute capability 8.9 or later; {name} has "
-            f"{capability[0]}.{capability[1]}"
-        )
     try:
         import torchao.float8  # noqa: F401
     except ImportError as exc:

@@ -24,8 +24,8 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.stages import block_stack
+from ddlsim.plans.runnable import attention_module, check_recompute
+from ddlsim.plans.stages import block_stack
 
 _aten = torch.ops.aten
 _MATMULS = {_aten.mm.default, _aten.addmm.default}
@@ -76,34 +76,6 @@ def _checkpointed(forward: Callable[..., Any], contexts: Callable[[], Any] | Non
     return run
 
 
-def _attention_module(block: nn.Module) -> nn.Module | None:
-    """The block's self-attention module: the first submodule whose class is an attention."""
-    for _, module in block.named_modules():
-        if module is not block and "attention" in type(module).__name__.lower():
-            return module
-    return None
-
-
-def check_recompute(model: nn.Module, mode: str) -> None:
-    """Raises:
-    InvalidStrategyError: recomputation asked for a model without a stack of blocks, or
-        ``selective`` for blocks without an attention module.
-    """
-    if mode == "none":
-        return
-    stack = block_stack(model)
-    if stack is None:
-        raise InvalidStrategyError(
-            f"parallel.recompute {mode!r} recomputes repeated blocks; {type(model).__name__} "
-            "has no single stack of them"
-        )
-    if mode == "selective" and _attention_module(model.get_submodule(stack.blocks[0])) is None:
-        raise InvalidStrategyError(
-            "parallel.recompute 'selective' recomputes the attention core; the blocks of "
-            f"{type(model).__name__} have no attention module (use 'full' or 'selective_op')"
-        )
-
-
 def apply_recompute(model: nn.Module, mode: str) -> list[str]:
     """Checkpoint every block of ``model`` as ``mode`` says, in place; the module paths whose
     ``forward`` is now checkpointed.
@@ -122,7 +94,7 @@ def apply_recompute(model: nn.Module, mode: str) -> list[str]:
         target, target_path = block, path
         contexts: Callable[[], Any] | None = None
         if mode == "selective":
-            target = _attention_module(block)  # type: ignore[assignment]
+            target = attention_module(block)  # type: ignore[assignment]
             target_path = next(p for p, m in model.named_modules() if m is target)
             contexts = functools.partial(create_selective_checkpoint_contexts, _projection_policy)
         elif mode == "selective_op":

@@ -31,12 +31,14 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.executor.options import DEVICES, RunOptions
-from ddlsim.executor.plan import check_device, check_strategy
+from ddlsim.executor.plan import check_strategy
+from ddlsim.executor.precision import device_target
 from ddlsim.executor.protocol import (
     median_interval,
     ranks_per_core,
     relative_half_width,
 )
+from ddlsim.plans.feasibility import check
 from ddlsim.profiler.capture import CaptureOptions, Optimizer, capture_graph
 
 
@@ -255,8 +257,8 @@ def prepare_launch(
 ) -> tuple[IterationGraph, dict[str, Any]]:
     """Check everything and build the ranks' config: the captured graph and the config."""
     options.check_devices(ranks_here=ranks_here)
-    for strategy in strategies:
-        check_device(strategy, options.device)
+    for strategy in strategies:  # every refusal before the graph is captured
+        check(spec, strategy, device_target(options.world_size, options.device))
     progress(f"capturing the graph of {spec.label}")
     graph = capture_graph(spec, CaptureOptions(optimizer=_capture_optimizer(options.optimizer)))
     variants = [
@@ -264,7 +266,9 @@ def prepare_launch(
             "strategy": strategy.to_dict(),
             "buckets": [
                 {"params": list(b.params), "grad_bytes": b.grad_bytes}
-                for b in check_strategy(spec, strategy, options.world_size, graph)
+                for b in check_strategy(
+                    spec, strategy, options.world_size, graph, device=options.device
+                )
             ],
         }
         for strategy in strategies

@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel, parallelize_module
 
 from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.tp_plans import TensorParallelPlan, block_paths, matches
+from ddlsim.plans.tp_plans import TensorParallelPlan, block_paths, matches
 
 
 def _as_sequence_shards(x: torch.Tensor, mesh: Any) -> torch.Tensor:

@@ -62,15 +62,6 @@ from torch.distributed.tensor.parallel import (
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.strategy import ParallelPlan, layout_summary
-from ddlsim.data.tp_plans import (
-    TensorParallelPlan,
-    block_of,
-    block_paths,
-    check_tensor_parallel,
-    localize_attention,
-    matches,
-    tp_plan,
-)
 from ddlsim.executor.context import (
     RankContext,
     SynchronousTrainer,
@@ -87,6 +78,15 @@ from ddlsim.executor.tp_surgery import (
     own_storage,
     reorder_fused,
     sum_head_shared_gradients,
+)
+from ddlsim.plans.tp_plans import (
+    TensorParallelPlan,
+    block_of,
+    block_paths,
+    check_tensor_parallel,
+    localize_attention,
+    matches,
+    tp_plan,
 )
 
 # Style names, as ``applied()`` reports them, and the DTensor style each one stands for.

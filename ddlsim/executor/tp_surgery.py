@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ddlsim.data.tp_plans import TensorParallelPlan, matches
+from ddlsim.plans.tp_plans import TensorParallelPlan, matches
 
 
 def conv1d_to_linear(

@@ -3,7 +3,7 @@ repeated block: what a GPU cluster's simulator replicates per layer and per pipe
 
 A 1T-parameter GPT never exists here: the model is built with one block on the meta device,
 each split weight is replaced by its local shard (``tp`` ways, as Megatron-LM's column and row
-parallel layers hold them: the family's plan in :data:`ddlsim.data.tp_plans.PLANS`, or one
+parallel layers hold them: the family's plan in :data:`ddlsim.plans.tp_plans.PLANS`, or one
 derived from the model's module structure), attention modules keep their local heads, and the
 iteration runs on fake tensors, so the graph's ops have the shapes one GPU computes and no
 memory is allocated. Collectives of the split are not in the graph: the
@@ -21,7 +21,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.limits import LAYER_KEYS, layer_key
 from ddlsim.data.models import build_config
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.tp_plans import (
+from ddlsim.plans.tp_plans import (
     TensorParallelPlan,
     check_tensor_parallel,
     localize_attention,

@@ -12,6 +12,7 @@ from typing import get_args
 
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, PipelineSchedule, Strategy
+from ddlsim.plans.feasibility import Target, refusals
 
 # Gradient accumulation and pipeline micro-batches the space offers (as many as the batch splits
 # into); pipelines also take micro-batches of pp, 2 pp and 4 pp.
@@ -23,6 +24,13 @@ STAGED_SCHEDULES: tuple[PipelineSchedule, ...] = ("gpipe", "1f1b", "eager_1f1b")
 
 Supports = Callable[[ModelSpec, Strategy], bool]
 """Whether the executor can run a strategy's plan for a model (``model_supports``)."""
+
+
+def space_refusal(spec: ModelSpec, strategy: Strategy, world_size: int) -> str | None:
+    """Why a search on ``world_size`` CPU ranks does not offer ``strategy`` (the one
+    feasibility answer, :func:`ddlsim.plans.feasibility.refusals`), or ``None``."""
+    found = refusals(spec, strategy, Target(world_size=world_size, where="cpu"))
+    return found[0] if found else None
 
 
 def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> list[ParallelPlan]:
@@ -39,7 +47,8 @@ def candidate_plans(spec: ModelSpec, world_size: int, supports: Supports) -> lis
     def add(plan: ParallelPlan) -> None:
         if not plan.fits(batch, world_size):
             return
-        if supports(spec, Strategy(parallel=plan)):
+        strategy = Strategy(parallel=plan)
+        if supports(spec, strategy) and space_refusal(spec, strategy, world_size) is None:
             plans.append(plan)
 
     for fsdp in (False, True):

@@ -22,8 +22,8 @@ from ddlsim.data.models import build_model
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
-from ddlsim.data.stages import block_stack, default_groups
-from ddlsim.data.tp_activations import activation_split_paths
+from ddlsim.plans.stages import block_stack, default_groups
+from ddlsim.plans.tp_activations import activation_split_paths
 from ddlsim.search.fusion_evaluator import FusionEvaluator
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, RISK_KINDS, Calibration, risk_kind
 from ddlsim.simulator.cost_model import AnalyticCostModel, CostModel, ReplayCostModel

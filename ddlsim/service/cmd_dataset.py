@@ -16,8 +16,8 @@ from ddlsim.data.models import repeated_blocks
 from ddlsim.data.specs._serde import load_json_or_file
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
-from ddlsim.data.tp_plans import check_layouts
-from ddlsim.executor.plan import model_supports
+from ddlsim.plans.feasibility import model_supports
+from ddlsim.plans.tp_plans import check_layouts
 from ddlsim.profiler.capture import capture_graph
 from ddlsim.service.output import add_store_arguments, emit_json, positive_int, progress
 from ddlsim.simulator.dataset import (

@@ -14,7 +14,7 @@ from ddlsim.search.scale_plans import SpaceLimits
 from ddlsim.service import output
 from ddlsim.workflows.clusters import resolve_cluster
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
-from ddlsim.workflows.scale_jobs import check_priceable
+from ddlsim.workflows.scale_jobs import check_priceable, scale_request_checked
 
 CLUSTER_HELP = (
     f"a GPU cluster on paper: PRESET:NODES ({', '.join(PRESETS)}), the name of a cluster "
@@ -89,7 +89,7 @@ def predict_on_cluster(args: argparse.Namespace) -> int:
     request = ScaleRequest(
         model=model, cluster=cluster, plan=plan, global_batch=batch, seq_len=seq_len
     )
-    prediction = predict_at_scale(request)
+    prediction = predict_at_scale(scale_request_checked(request))
     memory = prediction.memory
     if not prediction.fits:
         parts = ", ".join(f"{k.removesuffix('_gib')} {v} GiB" for k, v in memory.to_json().items())

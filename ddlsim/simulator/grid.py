@@ -28,8 +28,8 @@ from typing import Literal
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import GraphNode, IterationGraph
-from ddlsim.data.grid import GridLayer
-from ddlsim.data.tp_plans import TensorParallelPlan
+from ddlsim.plans.grid import GridLayer
+from ddlsim.plans.tp_plans import TensorParallelPlan
 from ddlsim.simulator.tensor_parallel import Layouts, _style, sharded_nodes
 from ddlsim.simulator.timeline import Event, ReplayResult
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.stages import stage_count
+from ddlsim.plans.stages import stage_count
 from ddlsim.simulator.memory_estimate import GIB, OPTIMIZER_STATES, MemoryEstimate
 from ddlsim.simulator.memory_estimate import under as _under
 from ddlsim.simulator.memory_timeline import timeline_peak

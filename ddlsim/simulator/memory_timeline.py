@@ -21,7 +21,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.stages import stage_count, tied_parameters, warmup_forwards
+from ddlsim.plans.stages import stage_count, tied_parameters, warmup_forwards
 from ddlsim.simulator.memory_estimate import OPTIMIZER_STATES, MemoryEstimate
 from ddlsim.simulator.memory_estimate import under as _under
 

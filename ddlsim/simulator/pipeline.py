@@ -1,7 +1,7 @@
 """Replay of a pipeline-parallel iteration (GPipe, 1F1B, eager 1F1B, interleaved 1F1B) with its
 bubbles.
 
-The stages are the executor's (:mod:`data.stages`): the model's stack of blocks cut so that the
+The stages are the executor's (:mod:`plans.stages`): the model's stack of blocks cut so that the
 blocks' forward FLOPs balance, read here from the graph (the FLOPs of a block's forward nodes).
 Every forward and backward node of the rank's micro-batch graph belongs to one stage: a block's
 nodes to the stage that holds the block, the nodes before the first block (embeddings) to the
@@ -12,7 +12,7 @@ executor's stages run the model's own forward up to their blocks and discard it)
 Each rank is one compute stream running its stages' micro-batches in its schedule's order:
 GPipe runs every forward, then every backward; 1F1B runs ``stages - stage`` forwards, then
 alternates one backward and one forward, then the remaining backwards; eager 1F1B warms up with
-``2 * (stages - stage) - 1`` forwards instead (:func:`data.stages.warmup_forwards`); interleaved
+``2 * (stages - stage) - 1`` forwards instead (:func:`plans.stages.warmup_forwards`); interleaved
 1F1B gives each rank two stages (``s`` and ``s + pp``) and orders them as
 :func:`.pipeline_orders.interleaved_order` says (the executor's orders:
 ``torch.distributed.pipelining``'s, and eager 1F1B's on its runtime). A forward waits for the
@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import GraphNode, IterationGraph
-from ddlsim.data.stages import balanced_cuts
+from ddlsim.plans.stages import balanced_cuts
 from ddlsim.simulator.pipeline_orders import rank_orders
 from ddlsim.simulator.timeline import Event, ReplayResult, UnsupportedPlanError
 
@@ -130,7 +130,7 @@ def stage_costs(
     """Cut ``graph``'s model into ``stages`` along ``blocks`` (module paths in order) and sum
     each stage's durations.
 
-    ``tied`` names the parameters held by several modules (:func:`data.stages.tied_parameters`):
+    ``tied`` names the parameters held by several modules (:func:`plans.stages.tied_parameters`):
     every stage that runs one of those modules uses the parameter, gets a gradient for it and
     steps it. ``tensor`` gives the ``tp`` stages' changes by stage index.
 

@@ -1,9 +1,9 @@
 """The order each pipeline rank runs its micro-batches' forwards and backwards in, as the
-executor runs them: one stage a rank (GPipe, 1F1B, eager 1F1B: :func:`data.stages.stage_order`)
+executor runs them: one stage a rank (GPipe, 1F1B, eager 1F1B: :func:`plans.stages.stage_order`)
 or several (interleaved 1F1B, as ``torch.distributed.pipelining`` runs it). The replay
 (:mod:`.pipeline`) schedules the stages' work in these orders."""
 
-from ddlsim.data.stages import ONE_STAGE_A_RANK, stage_order
+from ddlsim.plans.stages import ONE_STAGE_A_RANK, stage_order
 from ddlsim.simulator.timeline import UnsupportedPlanError
 
 
@@ -11,7 +11,7 @@ def schedule_order(
     schedule: str, stage: int, stages: int, micro_batches: int
 ) -> list[tuple[str, int]]:
     """The (``"F"``/``"B"``, micro-batch) order of one stage that has a rank to itself, as the
-    executor runs it (:func:`data.stages.stage_order`).
+    executor runs it (:func:`plans.stages.stage_order`).
 
     Raises:
         UnsupportedPlanError: a schedule that runs several stages a rank (interleaved 1F1B:

@@ -10,12 +10,12 @@ import torch
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.data.grid import grid_layers
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
 from ddlsim.data.specs.strategy import ParallelPlan
-from ddlsim.data.stages import block_stack, default_groups, stage_count, tied_parameters
-from ddlsim.data.tp_plans import PLANS, no_plan_reason, tp_family, tp_plan
+from ddlsim.plans.grid import grid_layers
+from ddlsim.plans.stages import block_stack, default_groups, stage_count, tied_parameters
+from ddlsim.plans.tp_plans import PLANS, no_plan_reason, tp_family, tp_plan
 from ddlsim.simulator.costs import LinkFitLike, comm_models
 from ddlsim.simulator.fsdp import replay_fsdp
 from ddlsim.simulator.grid import GridCosts, GridModels, analytic_grid, replay_grid

@@ -1,6 +1,6 @@
 """Replay of a tensor-parallel iteration (Megatron-style, as the executor splits the model).
 
-A family's plan (:mod:`data.tp_plans`) makes some linear layers column-parallel and others
+A family's plan (:mod:`plans.tp_plans`) makes some linear layers column-parallel and others
 row-parallel. Everything a forward pass runs from a column-parallel layer up to the next
 row-parallel one works on a ``1 / tp`` slice (whole heads of the attention, a slice of the MLP's
 width), and so does each split layer and its backward: those ops take ``1 / tp`` of their
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import GraphNode, IterationGraph
-from ddlsim.data.tp_plans import TensorParallelPlan, block_of, block_paths, matches
+from ddlsim.plans.tp_plans import TensorParallelPlan, block_of, block_paths, matches
 from ddlsim.simulator.runtime import RuntimeCosts
 from ddlsim.simulator.timeline import Event, ReplayResult
 

@@ -13,7 +13,8 @@ from ddlsim.data.store import (
     add_prediction,
     add_strategy,
 )
-from ddlsim.data.tp_plans import check_layouts, check_tensor_parallel
+from ddlsim.plans.feasibility import check, run_target
+from ddlsim.plans.tp_plans import check_layouts, check_tensor_parallel
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.simulator.cost_model import CostModel, load_cost_model
 from ddlsim.simulator.costs import rank_spec
@@ -66,7 +67,13 @@ def predict_request(
     request: PredictRequest, store: Store, progress: Progress = no_progress
 ) -> tuple[Prediction, KernelProfileRecord, bool]:
     """:func:`predict_on_store` with ``request``'s options; nothing is stored but a kernel
-    profile taken now."""
+    profile taken now.
+
+    Raises:
+        InvalidStrategyError: a strategy that does not run on ``request.world_size`` CPU ranks
+            (:func:`ddlsim.plans.feasibility.check`).
+    """
+    check(request.model, request.strategy, run_target(request.world_size, "cpu"))
     return predict_on_store(
         store,
         request.model,

@@ -15,8 +15,8 @@ from typing import Any
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
-from ddlsim.data.tp_plans import check_tensor_parallel
 from ddlsim.executor.run import MAX_SIDE_BY_SIDE, RunOptions
+from ddlsim.plans.tp_plans import check_tensor_parallel
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, check_confidence
 
 Progress = Callable[[float | None, str], None]

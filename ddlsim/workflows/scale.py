@@ -12,7 +12,7 @@ from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
-from ddlsim.data.tp_plans import check_tensor_parallel
+from ddlsim.plans.tp_plans import check_tensor_parallel
 from ddlsim.profiler.shard import ShardGraph, capture_shard, layer_count
 from ddlsim.search.scale_plans import (
     ScaleSearchResult,
@@ -86,6 +86,8 @@ def _costs(  # noqa: PLR0917 (lru_cache keys on positional arguments)
         fused_attention=fused,
         kv_heads=int(kv_heads),
         dropout=drops_out(json.loads(spec_json)),
+        label=ModelSpec.from_dict(json.loads(spec_json)).label,
+        stack=shard.block.replace(r"\.\d+", ""),
     )
     return costs, dims, op_costs
 

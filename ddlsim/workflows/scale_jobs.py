@@ -26,13 +26,12 @@ from ddlsim.data.store import (
     add_model_spec,
     add_strategy,
 )
-from ddlsim.data.tp_plans import PLANS, tp_family
+from ddlsim.plans.feasibility import check, cluster_target
+from ddlsim.plans.tp_plans import PLANS, tp_family
 from ddlsim.search.scale_plans import SpaceLimits
 from ddlsim.simulator.gpu.scale import (
     BREAKDOWN_KEYS,
     ScalePrediction,
-    check_world_size,
-    micro_batch_size,
 )
 from ddlsim.workflows.requests import Progress, no_progress
 from ddlsim.workflows.scale import (
@@ -94,9 +93,10 @@ def scale_request_checked(request: ScaleRequest) -> ScaleRequest:
         InvalidStrategyError: naming the mismatch (``dp * tp * pp`` against the cluster's GPUs,
             ``global_batch`` against ``dp * micro_batches``, the model's family).
     """
-    check_priceable(request.model)
-    check_world_size(request.plan, request.cluster)
-    micro_batch_size(request.plan, request.global_batch)
+    target = cluster_target(
+        request.cluster, global_batch=request.global_batch, seq_len=request.seq_len
+    )
+    check(request.model, request.plan.to_strategy(), target)
     return request
 
 

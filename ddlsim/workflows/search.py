@@ -28,10 +28,10 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
-from ddlsim.data.tp_plans import check_layouts, tp_plan
 from ddlsim.executor.jobs import RunJob
-from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunResult
+from ddlsim.plans.feasibility import model_supports
+from ddlsim.plans.tp_plans import check_layouts, tp_plan
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.profiler.saved import saved_bytes
 from ddlsim.search import (

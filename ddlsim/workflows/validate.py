@@ -15,10 +15,10 @@ from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store, add_graph, add_prediction
-from ddlsim.data.tp_plans import check_layouts
 from ddlsim.executor.jobs import CompareJob, RunJob
-from ddlsim.executor.plan import model_supports
 from ddlsim.executor.run import RunOptions, RunResult
+from ddlsim.plans.feasibility import model_supports
+from ddlsim.plans.tp_plans import check_layouts
 from ddlsim.simulator.cost_model import load_cost_model
 from ddlsim.simulator.costs import uses_ring
 from ddlsim.simulator.evaluate import accuracy

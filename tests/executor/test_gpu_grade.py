@@ -14,8 +14,9 @@ from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.context import RankContext
-from ddlsim.executor.plan import build_trainer, check_device, check_strategy
+from ddlsim.executor.plan import build_trainer, check_strategy
 from ddlsim.executor.recompute import apply_recompute
+from ddlsim.plans.feasibility import Target, check
 from ddlsim.profiler.capture import capture_graph
 from tests.executor.harness import (
     STEPS,
@@ -199,7 +200,7 @@ def test_what_the_device_cannot_run_is_refused_by_name(
     raw: dict[str, Any], device: str, message: str
 ) -> None:
     with pytest.raises(InvalidStrategyError, match=message):
-        check_device(Strategy.from_dict(raw), device)
+        check(GPT2, Strategy.from_dict(raw), Target(world_size=2, where=device, device=device))
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,12 @@ import torch
 from torch import nn
 
 from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.grid import grid_families, grid_layers
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.context import RankContext
 from ddlsim.executor.grid import GridLinear, GridTrainer
+from ddlsim.plans.grid import grid_families, grid_layers
 from tests.executor.harness import Losses, assert_matches_reference, run_trainer
 
 # Widths every grid of 4 ranks divides (llama-tiny's 4 heads, 2 key/value heads: cols <= 2).

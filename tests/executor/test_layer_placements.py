@@ -9,9 +9,10 @@ import pytest
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.tp_plans import check_layouts
 from ddlsim.data.zoo import ZOO
-from ddlsim.executor.plan import check_strategy, model_supports
+from ddlsim.executor.plan import check_strategy
+from ddlsim.plans.feasibility import model_supports
+from ddlsim.plans.tp_plans import check_layouts
 from ddlsim.profiler.capture import capture_graph
 from tests.executor.harness import assert_matches_reference
 from tests.executor.test_tensor_parallel import SPECS, _run

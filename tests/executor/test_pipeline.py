@@ -2,6 +2,7 @@
 trains exactly like one process on the global batch; models and plans it cannot run are refused
 before any rank starts."""
 
+import dataclasses
 import re
 
 import pytest
@@ -9,12 +10,13 @@ import pytest
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.stages import balanced_cuts
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.context import RankContext
-from ddlsim.executor.pipeline import PipelineTrainer, check_pipeline
+from ddlsim.executor.pipeline import PipelineTrainer
 from ddlsim.executor.plan import check_strategy
 from ddlsim.executor.run import RunOptions, run_training
+from ddlsim.plans.runnable import check_pipeline
+from ddlsim.plans.stages import balanced_cuts
 from ddlsim.profiler.capture import capture_graph
 from tests.executor.harness import Losses, assert_matches_reference, run_trainer
 
@@ -157,14 +159,17 @@ def test_cuts_balance_flops_and_keep_every_stage_non_empty() -> None:
         ),
         ("gpt2-tiny", {"pp": 2, "tp": 2, "micro_batches": 2}, "tp(2) with a pipeline"),
         (
-            "gpt2-tiny",
+            "gpt2-4-blocks",
             {"pp": 2, "fsdp": True, "micro_batches": 2, "pp_schedule": "interleaved_1f1b"},
             "parallel.fsdp with a pipeline needs one stage a rank",
         ),
     ],
 )
 def test_bad_pipelines_are_refused(name: str, parallel: dict, message: str) -> None:
-    spec = ZOO[name]
+    # Four blocks: enough for the interleaved stages, so that the rule under test is reached.
+    gpt2 = ZOO["gpt2-tiny"]
+    four = dataclasses.replace(gpt2, config={**gpt2.config, "n_layer": 4})
+    spec = four if name == "gpt2-4-blocks" else ZOO[name]
     strategy = Strategy.from_dict({"parallel": parallel})
     world = strategy.parallel.pp * strategy.parallel.tp
     with pytest.raises(InvalidStrategyError, match=re.escape(message)):

@@ -13,7 +13,6 @@ from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.models import build_model, make_batch
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.tp_plans import check_tensor_parallel
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.context import RankContext, disable_dropout, local_loss
 from ddlsim.executor.tensor_parallel import (
@@ -21,6 +20,7 @@ from ddlsim.executor.tensor_parallel import (
     conv1d_to_linear,
     interleaved_qkv_rows,
 )
+from ddlsim.plans.tp_plans import check_tensor_parallel
 from tests.executor.harness import Losses, assert_matches_reference, run_ranks, run_trainer
 
 # ViT-tiny (DeiT) has 3 heads, which two ranks cannot share: a 4-head, 2-layer variant.

@@ -7,9 +7,9 @@ import pytest
 
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.tp_plans import PLANS, check_sequence_parallel, check_tensor_parallel
 from ddlsim.executor.context import RankContext
 from ddlsim.executor.tensor_parallel import TensorParallelTrainer, interleaved_rows
+from ddlsim.plans.tp_plans import PLANS, check_sequence_parallel, check_tensor_parallel
 from tests.executor.harness import Losses, assert_matches_reference, run_trainer
 from tests.tiny_models import transformers_spec
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from ddlsim.data.models import build_model, make_batch, training_loss
-from ddlsim.data.tp_activations import activation_split_paths
 from ddlsim.data.zoo import resolve_model
+from ddlsim.plans.tp_activations import activation_split_paths
 from ddlsim.profiler.saved import saved_bytes
 
 

@@ -82,8 +82,8 @@ def test_shard_holds_what_dtensor_gives_a_rank() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from ddlsim.data.models import build_model
-    from ddlsim.data.tp_plans import PLANS
     from ddlsim.executor.tensor_parallel import apply_tensor_parallel
+    from ddlsim.plans.tp_plans import PLANS
 
     for spec, family in ((GPT, "gpt2"), (LLAMA, "llama")):
         one_block = spec.with_inputs(batch_size=1)

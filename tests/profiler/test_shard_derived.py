@@ -66,8 +66,8 @@ def test_shard_holds_what_dtensor_gives_a_rank() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from ddlsim.data.models import build_model
-    from ddlsim.data.tp_plans import tp_plan
     from ddlsim.executor.tensor_parallel import apply_tensor_parallel
+    from ddlsim.plans.tp_plans import tp_plan
 
     phi3 = _spec("Phi3ForCausalLM", pad_token_id=0)
     for spec in (QWEN2, NEMOTRON, phi3):

@@ -7,7 +7,7 @@ import pytest
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.zoo import ZOO
-from ddlsim.executor.plan import model_supports
+from ddlsim.plans.feasibility import model_supports
 from ddlsim.search.plans import candidate_plans, grid_shapes
 from ddlsim.search.prior import grid_prior
 from ddlsim.search.space import Space

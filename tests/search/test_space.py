@@ -11,7 +11,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.zoo import resolve_model
-from ddlsim.executor.plan import model_supports
+from ddlsim.plans.feasibility import model_supports
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.search.algorithm import SearchStart
 from ddlsim.search.backtrack import BacktrackOptions, backtrack_all, backtrack_fusion

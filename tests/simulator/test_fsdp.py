@@ -9,8 +9,8 @@ from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph, ParamInfo
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.stages import default_groups
 from ddlsim.data.zoo import ZOO
+from ddlsim.plans.stages import default_groups
 from ddlsim.simulator.fsdp import ROOT, group_of_nodes, replay_fsdp
 from ddlsim.simulator.runtime import RuntimeCosts
 from tests.simulator.nodes import compute_node, update_node

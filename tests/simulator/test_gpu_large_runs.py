@@ -11,7 +11,7 @@ from ddlsim.data.specs.gpu_cluster import GpuClusterSpec, preset
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.executor.plan import check_device
+from ddlsim.plans.runnable import check_paper_only
 from ddlsim.search.scale_plans import ScaleSpace, SpaceLimits, layouts
 from ddlsim.simulator.gpu.memory import weight_bytes
 from ddlsim.simulator.gpu.nccl import Group, NcclModel
@@ -125,7 +125,7 @@ def test_transformer_engine_fuses_fp8_casts() -> None:
     assert "kernels" not in plan.to_strategy().to_dict()
     bf16 = dataclasses.replace(strategy, precision="bf16")
     with pytest.raises(InvalidStrategyError, match="kernels 'transformer_engine' is priced"):
-        check_device(bf16, "cpu")
+        check_paper_only(bf16)
     with pytest.raises(InvalidStrategyError, match="kernels 'triton' is not supported"):
         Strategy(kernels="triton")
 

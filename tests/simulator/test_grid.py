@@ -6,9 +6,9 @@ import pytest
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.data.grid import grid_layers
-from ddlsim.data.tp_plans import PLANS
 from ddlsim.data.zoo import ZOO
+from ddlsim.plans.grid import grid_layers
+from ddlsim.plans.tp_plans import PLANS
 from ddlsim.simulator.grid import GridCosts, GridModels, analytic_grid, replay_grid
 
 GraphOf = Callable[[str], IterationGraph]

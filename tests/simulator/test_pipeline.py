@@ -11,9 +11,9 @@ from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.stages import block_stack, tied_parameters
-from ddlsim.data.tp_plans import PLANS
 from ddlsim.data.zoo import resolve_model
+from ddlsim.plans.stages import block_stack, tied_parameters
+from ddlsim.plans.tp_plans import PLANS
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.simulator.costs import comm_models
 from ddlsim.simulator.pipeline import (

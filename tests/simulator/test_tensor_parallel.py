@@ -7,7 +7,7 @@ import pytest
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.data.tp_plans import PLANS
+from ddlsim.plans.tp_plans import PLANS
 from ddlsim.simulator.runtime import RuntimeCosts
 from ddlsim.simulator.tensor_parallel import replay_tensor_parallel, sharded_nodes
 from ddlsim.simulator.timeline import ReplayResult

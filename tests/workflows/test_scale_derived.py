@@ -6,7 +6,7 @@ import pytest
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
-from ddlsim.data.tp_plans import PLANS
+from ddlsim.plans.tp_plans import PLANS
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, tp_options
 
 _DIMS = {

@@ -25,9 +25,11 @@ optimizer step; its parts add up to the iteration.
 import dataclasses
 from typing import Any
 
-from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
+from ddlsim.data.specs.strategy import ParallelPlan
+from ddlsim.plans.feasibility import check_batch, check_fp8, check_ranks, check_stage_count
+from ddlsim.plans.feasibility import check_sequence as check_cp_sequence
 from ddlsim.simulator.gpu.block_time import DTYPE_BYTES, block_time, place_groups
 from ddlsim.simulator.gpu.grad_sync import gradient_sync
 from ddlsim.simulator.gpu.memory import GIB, MemoryEstimate, estimate_memory, layer_parts
@@ -60,6 +62,8 @@ class ModelDims:
     fused_attention: bool
     kv_heads: int = 0
     dropout: bool = True
+    label: str = "the model"
+    stack: str = "its stack"
 
     @property
     def kv_hidden(self) -> int:
@@ -103,26 +107,16 @@ def micro_batch_size(plan: ScalePlan, global_batch: int) -> int:
     Raises:
         InvalidStrategyError: when ``dp * micro_batches`` does not divide the global batch.
     """
-    per_step = plan.dp * plan.micro_batches
-    if global_batch % per_step:
-        raise InvalidStrategyError(
-            f"global_batch({global_batch}) is not divisible by dp({plan.dp}) * "
-            f"micro_batches({plan.micro_batches})"
-        )
-    return global_batch // per_step
+    return check_batch(global_batch, plan.dp, plan.micro_batches)
 
 
 def check_world_size(plan: ScalePlan, cluster: GpuClusterSpec) -> None:
     """Raises:
     InvalidStrategyError: when ``dp * tp * pp * cp`` is not the cluster's GPU count.
     """
-    if plan.world_size != cluster.world_size:
-        cp = f" * cp({plan.cp})" if plan.cp > 1 else ""
-        raise InvalidStrategyError(
-            f"dp({plan.dp}) * tp({plan.tp}) * pp({plan.pp}){cp} = {plan.world_size} != the "
-            f"cluster's {cluster.world_size} GPUs ({cluster.nodes} nodes x "
-            f"{cluster.gpus_per_node})"
-        )
+    # The degrees alone (micro-batches enough for any schedule): the message is the ranks'.
+    degrees = ParallelPlan(dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp, micro_batches=plan.pp)
+    check_ranks(degrees, cluster.world_size)
 
 
 def check_sequence(plan: ScalePlan, seq_len: int) -> None:
@@ -130,29 +124,27 @@ def check_sequence(plan: ScalePlan, seq_len: int) -> None:
     InvalidStrategyError: when context parallelism cannot split ``seq_len`` into ``2 cp``
         equal chunks (the load-balanced causal split).
     """
-    if plan.cp > 1 and seq_len % (2 * plan.cp):
-        raise InvalidStrategyError(
-            f"seq_len({seq_len}) must be a multiple of 2 * cp({plan.cp}): context parallelism "
-            "splits each sequence into 2 * cp equal chunks"
-        )
+    check_cp_sequence(plan.cp, seq_len)
 
 
 def check_layout(plan: ScalePlan, cluster: GpuClusterSpec, dims: ModelDims) -> None:
-    """Refuse a plan the cluster or the model cannot take.
+    """Refuse a plan the cluster or the model cannot take (the messages of
+    :mod:`ddlsim.plans.feasibility`).
 
     Raises:
         InvalidStrategyError: naming the mismatch.
     """
     check_world_size(plan, cluster)
-    if plan.pp * plan.virtual_stages > dims.layers:
-        raise InvalidStrategyError(
-            f"pp({plan.pp}) * virtual_stages({plan.virtual_stages}) > the model's "
-            f"{dims.layers} layers"
+    if plan.pp > 1:
+        check_stage_count(
+            dims.label,
+            pp=plan.pp,
+            schedule=plan.pp_schedule,
+            stages=plan.pp * plan.virtual_stages,
+            blocks=dims.layers,
+            where=dims.stack,
         )
-    if plan.precision == "fp8" and "fp8" not in cluster.gpu.peak_tflops:
-        raise InvalidStrategyError(
-            f"precision 'fp8' needs a GPU with fp8; {cluster.gpu.name} has none"
-        )
+    check_fp8(plan.precision, has_fp8="fp8" in cluster.gpu.peak_tflops, device=cluster.gpu.name)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -16,7 +16,9 @@ from ddlsim.data.errors import DdlsimError, one_line
 from ddlsim.data.limits import SpecLimits
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store.tasks import TaskNotFoundError
+from ddlsim.plans.feasibility import check, run_target
 from ddlsim.profiler.batch import gpus_needed, parse_batch_data
+from ddlsim.service.api.cluster_inputs import refused
 from ddlsim.service.api.deps import WRITE, QueueDep, StoreDep
 from ddlsim.service.api.errors import BadRequestError
 from ddlsim.service.api.inputs import (
@@ -122,6 +124,11 @@ def execution(body: ExecutionRequest, store: StoreDep, queue: QueueDep) -> JobPu
         body=body,
     )
     ranks = body.world_size
+    options = request.options
+    refused(
+        lambda: check(spec, strategy, run_target(options.world_size, options.device)),
+        field="body.strategy",
+    )
     runs_fit(spec, strategy.parallel.rank_batch_size(spec.inputs.batch_size, ranks), ranks)
     return _public(queue.submit("execution", request.to_json()).to_dict())
 

@@ -3,6 +3,8 @@ store's kernel profiles (a missing one is a 409: a profiling run takes it)."""
 
 from fastapi import APIRouter
 
+from ddlsim.plans.feasibility import check, run_target
+from ddlsim.service.api.cluster_inputs import refused
 from ddlsim.service.api.deps import WRITE, PredictorDep, StoreDep
 from ddlsim.service.api.inputs import built, inputs_of, strategy_of
 from ddlsim.service.api.schemas import PredictionPublic, PredictionRequest, SimulatorVersions
@@ -19,6 +21,9 @@ def prediction(
     """The strategy's predicted iteration time on the ranks and link asked for."""
     spec = inputs_of(store, body)
     strategy = strategy_of(body.strategy)
+    refused(
+        lambda: check(spec, strategy, run_target(body.world_size, "cpu")), field="body.strategy"
+    )
     request = built(
         lambda: PredictRequest(
             model=spec,

@@ -2,7 +2,7 @@
 
 The peak-memory model (:mod:`ddlsim.simulator.memory_timeline`) sums what autograd saves by
 module (:mod:`ddlsim.profiler.saved`); under a family's tensor-parallel plan
-(:mod:`ddlsim.data.tp_plans`) the tensors saved between a column-split and a row-split
+(:mod:`ddlsim.plans.tp_plans`) the tensors saved between a column-split and a row-split
 projection are split over the ranks, the rest kept whole.
 """
 
@@ -14,7 +14,7 @@ import torch
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.models import build_model
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.tp_plans import TensorParallelPlan, matches, tp_plan
+from ddlsim.plans.tp_plans import TensorParallelPlan, matches, tp_plan
 
 
 def activation_split_paths(spec: ModelSpec) -> frozenset[str]:

@@ -14,7 +14,7 @@ from torch import nn
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.models import build_config, build_model
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.tp_plans import PLANS, matches, tp_family
+from ddlsim.plans.tp_plans import PLANS, matches, tp_family
 
 # The styles of the family plans whose modules the grid splits; the others (vocabulary-split
 # embedding and head) stay whole on every rank.

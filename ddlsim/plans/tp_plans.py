@@ -3,7 +3,7 @@
 Shared by the executor, which applies them with DTensor (``executor/tensor_parallel.py`` says
 how each style runs), and the simulator, which replays their compute shares and collectives.
 A family with an entry in :data:`PLANS` uses it; any other transformers decoder gets a plan
-derived from its module structure (:mod:`ddlsim.data.tp_generic`), through :func:`tp_plan`.
+derived from its module structure (:mod:`ddlsim.plans.tp_generic`), through :func:`tp_plan`.
 """
 
 import copy
@@ -19,7 +19,7 @@ import torch
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.models import build_config, build_model, check_model_spec
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.tp_generic import derive_split
+from ddlsim.plans.tp_generic import derive_split
 
 if TYPE_CHECKING:
     from ddlsim.data.specs.strategy import ParallelPlan

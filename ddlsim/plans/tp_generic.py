@@ -1,5 +1,5 @@
 """A tensor-parallel plan derived from a transformers decoder's module structure, for the
-families without an entry in :data:`ddlsim.data.tp_plans.PLANS` (Qwen2, Nemotron, Phi-3,
+families without an entry in :data:`ddlsim.plans.tp_plans.PLANS` (Qwen2, Nemotron, Phi-3,
 Gemma 2, Falcon, OLMo, StableLM, ...).
 
 The model is built on the meta device (no memory) and read as Megatron-LM splits a block:
@@ -11,7 +11,7 @@ The model is built on the meta device (no memory) and read as Megatron-LM splits
    MLP's (the other one; OPT keeps its ``fc1`` / ``fc2`` in the block itself).
 3. The attention: the output projection (``o_proj``, ``out_proj``, ``dense``, ...) is
    row-parallel, the inputs column-parallel: separate ``q`` / ``k`` / ``v`` projections, or
-   one fused projection whose row layout is known (:mod:`ddlsim.data.tp_fused`): per head
+   one fused projection whose row layout is known (:mod:`ddlsim.plans.tp_fused`): per head
    or per key/value group, which a plain column split keeps whole (Falcon), or as ``[q | k |
    v]`` parts, whose rows the executor reorders so that each rank's column shard holds its
    slice of each part, as GPT-2's ``c_attn`` (Phi-3). Head counts from the config and the
@@ -26,9 +26,9 @@ The model is built on the meta device (no memory) and read as Megatron-LM splits
    parameters are norms, and one norm follows the stack.
 
 Attention modules compute with their local heads: their head-counting attributes are divided
-(:func:`ddlsim.data.tp_plans.divide_heads`) and so are the head counts of a copy of their
+(:func:`ddlsim.plans.tp_plans.divide_heads`) and so are the head counts of a copy of their
 config (Phi-3 reads ``config.num_attention_heads`` in its forward). Whatever cannot be split
-is refused by name (:func:`derive_split`). :func:`ddlsim.data.tp_plans.tp_plan` turns the
+is refused by name (:func:`derive_split`). :func:`ddlsim.plans.tp_plans.tp_plan` turns the
 derived split into a ``TensorParallelPlan``.
 """
 
@@ -40,7 +40,7 @@ from typing import Any
 from torch import nn
 
 from ddlsim.data.errors import InvalidStrategyError
-from ddlsim.data.tp_fused import FUSED_MLP_PARTS, Heads, fused_qkv_parts
+from ddlsim.plans.tp_fused import FUSED_MLP_PARTS, Heads, fused_qkv_parts
 
 _Q_NAMES = frozenset({"q_proj", "query", "q", "wq", "query_proj"})
 _K_NAMES = frozenset({"k_proj", "key", "k", "wk", "key_proj"})

@@ -1,5 +1,5 @@
 """Fused projections whose row layout is known, for plans derived from module structure
-(:mod:`ddlsim.data.tp_generic`).
+(:mod:`ddlsim.plans.tp_generic`).
 
 A fused projection computes several things at once (``[q | k | v]``, ``[gate | up]``); split by
 output columns as it stands, a rank would get whole queries but no keys, or keys of other heads.

@@ -8,7 +8,8 @@ import pytest
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.model import ModelSpec
-from ddlsim.data.tp_plans import (
+from ddlsim.data.zoo import ZOO
+from ddlsim.plans.tp_plans import (
     PLANS,
     check_sequence_parallel,
     check_tensor_parallel,
@@ -16,7 +17,6 @@ from ddlsim.data.tp_plans import (
     tp_family,
     tp_plan,
 )
-from ddlsim.data.zoo import ZOO
 from tests.tiny_models import transformers_spec
 
 _DIMS = {
