@@ -19,7 +19,6 @@ from typing import ClassVar, Protocol
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.search.space import Space
-from ddlsim.simulator.memory import MemoryEstimate
 
 Progress = Callable[[int], None]
 """``progress(n)``: ``n`` more strategies were priced (or, searching live runs, measured)."""
@@ -37,13 +36,20 @@ class Pricer(Protocol):
     def price(self, strategies: Sequence[Strategy]) -> list[float]: ...
 
 
+class PeakMemory(Protocol):
+    """A strategy's predicted peak memory per device."""
+
+    @property
+    def total_gib(self) -> float: ...
+
+
 class SpaceEvaluator(Pricer, Protocol):
     """A :class:`Pricer` of the whole space, which also says whether a strategy's plan fits the
     device and predicts its peak memory (:class:`search.strategy_evaluator.StrategyEvaluator`)."""
 
     def feasible(self, strategy: Strategy) -> bool: ...
 
-    def memory(self, strategy: Strategy) -> MemoryEstimate: ...
+    def memory(self, strategy: Strategy) -> PeakMemory: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -204,13 +210,14 @@ class SearchStart:
     baseline_ms: float
 
 
-def begin(evaluator: Pricer, order: Sequence[str]) -> SearchStart:
+def begin(evaluator: Pricer, order: Sequence[str], *, fusion: bool = True) -> SearchStart:
     """A search's start: its clock, and DDP's defaults (the baseline) priced.
 
     Raises:
-        InvalidOptionError: a model without gradients.
+        InvalidOptionError: a model without gradients, where tensor fusion is searched
+            (``fusion``).
     """
-    if not order:
+    if fusion and not order:
         raise InvalidOptionError("the model has no gradients to bucket")
     start = time.perf_counter()
     baseline = Strategy()

@@ -150,7 +150,7 @@ def backtrack_all(
     counts every step reads and updates.
     """
     options = options or BacktrackOptions()
-    begun = begin(evaluator, order)
+    begun = begin(evaluator, order, fusion=space.tensor_fusion)
     baseline = begun.baseline
     deadline = begun.start + options.time_limit_s
     curve = [begun.baseline_ms]
@@ -189,7 +189,7 @@ def backtrack_all(
         (
             priced[s.to_json()]
             for s in fitting
-            if s.to_json() in priced and is_data_parallel(s.parallel)
+            if s.to_json() in priced and is_data_parallel(s.parallel) and space.tensor_fusion
         ),
         key=lambda item: item[1],
     )

@@ -275,7 +275,7 @@ class OptunaSearch(SearchAlgorithm):
     ) -> SearchOutcome:
         evaluator = problem.evaluator
         with reporting(evaluator, progress):
-            begun = begin(evaluator, problem.order)
+            begun = begin(evaluator, problem.order, fusion=problem.space.tensor_fusion)
             with tempfile.TemporaryDirectory(prefix="ddlsim-study-") as scratch:
                 storage = self.storage
                 if storage is None and self.helpers is not None:

@@ -188,6 +188,7 @@ class ScaleSearchResult:
     refused_memory: int
     failed: int
     seconds: float
+    not_runnable: int = 0
 
 
 Evaluate = Callable[[ScalePlan, bool], tuple[float, float, bool]]
@@ -198,13 +199,18 @@ def search_layouts(
     evaluate: Evaluate,
     *,
     progress: Callable[[int], None] | None = None,
+    admit: Callable[[ScalePlan], bool] | None = None,
 ) -> ScaleSearchResult:
-    """Price every layout with ``evaluate(plan, replay) -> (iteration_s, memory_gib, fits)``,
-    keep those that fit, replay the promising ones (see the module) and rank them."""
+    """Price every layout (that ``admit`` admits: one that runs where the job will run) with
+    ``evaluate(plan, replay) -> (iteration_s, memory_gib, fits)``, keep those that fit, replay
+    the promising ones (see the module) and rank them."""
     started = time.perf_counter()
     fitting: list[Ranked] = []
-    evaluated = refused = failed = 0
+    evaluated = refused = failed = not_runnable = 0
     for plan in layouts(space):
+        if admit is not None and not admit(plan):
+            not_runnable += 1
+            continue
         try:
             seconds, memory, fits = evaluate(plan, False)
         except DdlsimError:
@@ -241,4 +247,5 @@ def search_layouts(
         refused_memory=refused,
         failed=failed,
         seconds=time.perf_counter() - started,
+        not_runnable=not_runnable,
     )

@@ -52,6 +52,9 @@ class Space:
     layer_stacks: tuple[int, ...] = ()
     batch_size: int = 0
     world_size: int = 0
+    # Whether data-parallel plans take tensor-fusion choices (bucket caps, DeAR): not on GPU
+    # clusters, whose frameworks bucket as they do (Megatron-Core's buckets, FSDP's groups).
+    tensor_fusion: bool = True
 
     def layer_layouts(self, plan: ParallelPlan) -> tuple[str, ...]:
         """The per-layer layouts a tensor-parallel ``plan`` may give its ``layer_blocks``
@@ -80,7 +83,7 @@ class Space:
         params["plan"] = (
             trial.suggest_categorical("plan", labels) if len(labels) > 1 else labels[0]
         )
-        if is_data_parallel(self.labels[params["plan"]]):
+        if self.tensor_fusion and is_data_parallel(self.labels[params["plan"]]):
             top = max(self.total_grad_mb, MIN_CAP_MB * 2)
             params["log_cap_mb"] = trial.suggest_float(
                 "log_cap_mb", math.log(MIN_CAP_MB), math.log(top)

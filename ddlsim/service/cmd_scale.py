@@ -3,6 +3,7 @@
 
 import argparse
 import sys
+from typing import Any
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs._serde import load_json_or_file
@@ -10,9 +11,11 @@ from ddlsim.data.specs.gpu_cluster import PRESETS, GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import PRECISIONS, ScalePlan
 from ddlsim.data.specs.strategy import KERNELS
+from ddlsim.search import SearchBudget
 from ddlsim.search.scale_plans import SpaceLimits
 from ddlsim.service import output
 from ddlsim.workflows.clusters import resolve_cluster
+from ddlsim.workflows.layout_search import LayoutJob, search_layouts_with
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
 from ddlsim.workflows.scale_jobs import check_priceable, scale_request_checked
 
@@ -62,6 +65,13 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, with_plan: bool) -
             default=0.0,
             help="with --cluster: GiB a layout must leave free on each GPU to be offered "
             "(predicted peak + margin <= the GPU's memory; default 0)",
+        )
+        parser.add_argument(
+            "--target",
+            choices=("paper", "cuda"),
+            default="paper",
+            help="with --cluster: paper prices every layout the GPU path models (default); "
+            "cuda offers only what ddlsim run executes on those GPUs (a search for a run)",
         )
 
 
@@ -122,8 +132,37 @@ def predict_on_cluster(args: argparse.Namespace) -> int:
 
 
 def search_on_cluster(args: argparse.Namespace) -> int:
-    """``ddlsim search MODEL --cluster C --batch-size B --seq-len S``: the fastest layout."""
+    """``ddlsim search MODEL --cluster C --batch-size B --seq-len S``: the fastest layout, by
+    the GPU path's bound-and-replay search, or with ``--algo`` by the search registry's
+    algorithm (:mod:`ddlsim.workflows.layout_search`)."""
     model, cluster, batch, seq_len = _request_parts(args)
+    limits = (
+        SpaceLimits.from_dict(
+            load_json_or_file(args.search_space, "search space", InvalidStrategyError)
+        )
+        if args.search_space
+        else None
+    )
+    if args.algo is not None:
+        job = LayoutJob(
+            model=model,
+            cluster=cluster,
+            global_batch=batch,
+            seq_len=seq_len,
+            precision=args.precision,
+            compile=args.compile,
+            kernels=args.kernels,
+            limits=limits,
+            memory_margin_gib=args.memory_margin_gib,
+            target=args.target,
+        )
+        budget = SearchBudget(
+            evaluations=args.budget, time_limit_s=args.time_limit, top=args.top, seed=args.seed
+        )
+        found = search_layouts_with(
+            args.algo, job, budget, storage=args.storage, study_name=args.study_name
+        )
+        return _show_layouts(args, model, cluster, found)
     result = search_at_scale(
         model,
         cluster,
@@ -133,14 +172,9 @@ def search_on_cluster(args: argparse.Namespace) -> int:
         compile=args.compile,
         kernels=args.kernels,
         allow_async_tp=args.kernels == "transformer_engine",
-        limits=(
-            SpaceLimits.from_dict(
-                load_json_or_file(args.search_space, "search space", InvalidStrategyError)
-            )
-            if args.search_space
-            else None
-        ),
+        limits=limits,
         memory_margin_gib=args.memory_margin_gib,
+        target=args.target,
     )
     top = [
         {
@@ -165,13 +199,30 @@ def search_on_cluster(args: argparse.Namespace) -> int:
         "best": top[0] if top else None,
         "top": top,
     }
+    if args.target != "paper":
+        payload.update(target=args.target, not_runnable=result.not_runnable)
+    if not args.json:
+        print(
+            f"{model.label} on {cluster.world_size} x {cluster.gpu.name}: {result.evaluated} "
+            f"layouts priced in {result.seconds:.1f} s, {result.refused_memory} do not fit"
+        )
+    return _show_layouts(args, model, cluster, payload)
+
+
+def _show_layouts(
+    args: argparse.Namespace, model: ModelSpec, cluster: GpuClusterSpec, payload: dict[str, Any]
+) -> int:
+    """A cluster search's answer: JSON, or the ranked layouts (exit 1 when none fits)."""
+    top = payload["top"]
     if args.json:
         output.emit_json(payload)
         return 0 if top else 1
-    print(
-        f"{model.label} on {cluster.world_size} x {cluster.gpu.name}: {result.evaluated} "
-        f"layouts priced in {result.seconds:.1f} s, {result.refused_memory} do not fit"
-    )
+    if "algo" in payload:
+        print(
+            f"{model.label} on {cluster.world_size} x {cluster.gpu.name}: "
+            f"{payload['evaluated']} of {payload['layouts']} layouts priced by {payload['algo']} "
+            f"in {payload['seconds']:.1f} s"
+        )
     if not top:
         print("  no layout fits the GPUs' memory", file=sys.stderr)
         return 1

@@ -29,6 +29,7 @@ DEFAULTS = defaults(SearchRequest)
 def cmd_search(args: argparse.Namespace) -> int:
     if args.cluster:
         return cmd_scale.search_on_cluster(args)
+    args.algo = args.algo or DEFAULTS["algo"]
     if args.world_size is None:
         raise InvalidOptionError(
             "ddlsim search needs --world-size, or --cluster for a GPU cluster"
@@ -152,7 +153,12 @@ def register(sub: Any) -> None:
     )
     cmd_scale.add_cluster_arguments(cmd, with_plan=False)
     cmd.add_argument("--bandwidth", help="link rate per host (1gbit, 100mbit, none)")
-    cmd.add_argument("--algo", choices=SEARCH_ALGORITHMS, default=DEFAULTS["algo"])
+    cmd.add_argument(
+        "--algo",
+        choices=SEARCH_ALGORITHMS,
+        help=f"the search algorithm (default {DEFAULTS['algo']}; with --cluster, the GPU "
+        "path's bound-and-replay search over every layout unless given)",
+    )
     cmd.add_argument(
         "--space",
         choices=SEARCH_SPACES,

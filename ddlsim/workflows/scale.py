@@ -12,6 +12,7 @@ from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
+from ddlsim.plans.feasibility import cluster_target, refusals
 from ddlsim.plans.tp_plans import check_tensor_parallel
 from ddlsim.profiler.shard import ShardGraph, capture_shard, layer_count
 from ddlsim.search.scale_plans import (
@@ -195,7 +196,7 @@ def check_memory_margin(memory_margin_gib: float, cluster: GpuClusterSpec) -> No
         )
 
 
-def search_at_scale(
+def scale_space(
     model: ModelSpec,
     cluster: GpuClusterSpec,
     *,
@@ -207,19 +208,11 @@ def search_at_scale(
     allow_async_tp: bool = False,
     kernels: str = "pytorch",
     limits: SpaceLimits | None = None,
-    memory_margin_gib: float = 0.0,
-    progress: Callable[[int], None] | None = None,
-) -> ScaleSearchResult:
-    """The fastest layout of ``model`` on ``cluster`` that fits its GPUs' memory with
-    ``memory_margin_gib`` to spare (:mod:`ddlsim.search.scale_plans`).
-
-    Raises:
-        InvalidOptionError: a negative margin, or one as large as the GPU's memory.
-        InvalidModelSpecError: when the model cannot be captured.
-    """
-    check_memory_margin(memory_margin_gib, cluster)
+) -> ScaleSpace:
+    """The layouts of ``model`` on ``cluster`` a search chooses from (the job's precision,
+    compilation and kernels fixed; ``limits``: what its framework offers)."""
     _, layers = layer_count(model)
-    space = ScaleSpace(
+    return ScaleSpace(
         gpus=cluster.world_size,
         gpus_per_node=cluster.gpus_per_node,
         layers=layers,
@@ -234,6 +227,46 @@ def search_at_scale(
         limits=limits,
     )
 
+
+def search_at_scale(
+    model: ModelSpec,
+    cluster: GpuClusterSpec,
+    *,
+    global_batch: int,
+    seq_len: int,
+    precision: str = "bf16",
+    compile: bool = False,
+    allow_fsdp: bool = True,
+    allow_async_tp: bool = False,
+    kernels: str = "pytorch",
+    limits: SpaceLimits | None = None,
+    memory_margin_gib: float = 0.0,
+    progress: Callable[[int], None] | None = None,
+    target: str = "paper",
+) -> ScaleSearchResult:
+    """The fastest layout of ``model`` on ``cluster`` that fits its GPUs' memory with
+    ``memory_margin_gib`` to spare (:mod:`ddlsim.search.scale_plans`); with ``target``
+    ``cuda`` (a search for a run), only layouts this executor runs on those GPUs
+    (:func:`runs_on`).
+
+    Raises:
+        InvalidOptionError: a negative margin, or one as large as the GPU's memory.
+        InvalidModelSpecError: when the model cannot be captured.
+    """
+    check_memory_margin(memory_margin_gib, cluster)
+    space = scale_space(
+        model,
+        cluster,
+        global_batch=global_batch,
+        seq_len=seq_len,
+        precision=precision,
+        compile=compile,
+        allow_fsdp=allow_fsdp,
+        allow_async_tp=allow_async_tp,
+        kernels=kernels,
+        limits=limits,
+    )
+
     def evaluate(plan: ScalePlan, replay: bool) -> tuple[float, float, bool]:
         request = ScaleRequest(
             model=model, cluster=cluster, plan=plan, global_batch=global_batch, seq_len=seq_len
@@ -242,4 +275,21 @@ def search_at_scale(
         gib = prediction.memory.total_gib
         return prediction.iteration_s, gib, gib + memory_margin_gib <= cluster.gpu.memory_gib
 
-    return search_layouts(space, evaluate, progress=progress)
+    admit = runs_on(model, cluster, global_batch, seq_len, target)
+    return search_layouts(space, evaluate, progress=progress, admit=admit)
+
+
+def runs_on(
+    model: ModelSpec, cluster: GpuClusterSpec, global_batch: int, seq_len: int, target: str
+) -> Callable[[ScalePlan], bool] | None:
+    """Which layouts a search for a run on ``target`` offers (``paper``: all, ``None``): those
+    :func:`ddlsim.plans.feasibility.refusals` lets run with the job's batch and sequences.
+
+    Raises:
+        InvalidOptionError: an unknown target.
+    """
+    where = cluster_target(cluster, where=target, global_batch=global_batch, seq_len=seq_len)
+    if where.where == "paper":
+        return None
+    job = model.with_inputs(batch_size=global_batch, seq_len=seq_len)
+    return lambda plan: not refusals(job, plan.to_strategy(), where)

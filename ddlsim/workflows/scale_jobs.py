@@ -170,6 +170,8 @@ class LayoutSearchRequest:
     search_space: Mapping[str, Any] | None = None
     # GiB a layout must leave free on each GPU to be offered (beyond the model's reserve).
     memory_margin_gib: float = 0.0
+    # paper: every layout priced; cuda: only what the executor runs on those GPUs.
+    target: str = "paper"
 
     def __post_init__(self) -> None:
         check_priceable(self.model)
@@ -191,6 +193,8 @@ class LayoutSearchRequest:
         if not 1 <= self.top <= MAX_TOP:
             raise InvalidOptionError(f"top({self.top}) must be between 1 and {MAX_TOP}")
         check_memory_margin(self.memory_margin_gib, self.cluster)
+        if self.target not in ("paper", "cuda"):
+            raise InvalidOptionError(f"target({self.target!r}) is not one of paper, cuda")
 
     def limits(self) -> SpaceLimits | None:
         """The search space's limits (:class:`SpaceLimits`), ``None`` for everything.
@@ -215,6 +219,7 @@ class LayoutSearchRequest:
             "top": self.top,
             **({"search_space": dict(self.search_space)} if self.search_space else {}),
             **({"memory_margin_gib": self.memory_margin_gib} if self.memory_margin_gib else {}),
+            **({"target": self.target} if self.target != "paper" else {}),
         }
 
     @classmethod
@@ -270,6 +275,7 @@ def search_cluster(
         limits=request.limits(),
         memory_margin_gib=request.memory_margin_gib,
         progress=priced,
+        target=request.target,
     )
     top = result.ranked[: request.top]
     layouts = []

@@ -128,10 +128,9 @@ def _on_local_slurm(tmp_path: Path, args: list[str]) -> dict[str, Any]:
 def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
     """What ``search --cluster CLUSTER --json`` prints (two DGX H100 nodes of two GPUs each)
     is a strategy ``run`` takes as it is on two torchrun nodes of two ranks (its precision set
-    to bf16; side by side with ``STRATEGIES``, each matching a single process), within the
-    search space this executor runs (no context parallelism, no distributed optimizer beside
-    tensor parallelism); with fp8 it is refused before any rank starts."""
-    runnable = json.dumps({"sharding": ["none", "fsdp"], "cp": [1]})
+    to bf16; side by side with ``STRATEGIES``, each matching a single process): a search for a
+    run on those GPUs (``--target cuda``) offers only what this executor runs; with fp8 it is
+    refused before any rank starts."""
     searched = subprocess.run(
         [
             str(BIN / "ddlsim"),
@@ -139,8 +138,8 @@ def test_the_gpu_search_pick_runs_unchanged_under_torchrun(tmp_path: Path) -> No
             "gpt2-tiny",
             "--cluster",
             json.dumps({"preset": "dgx-h100", "nodes": 2, "gpus_per_node": 2}),
-            "--search-space",
-            runnable,
+            "--target",
+            "cuda",
             "--json",
         ],
         capture_output=True,

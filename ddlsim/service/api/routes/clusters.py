@@ -123,6 +123,7 @@ def cluster_search(
                 body.search_space.model_dump(exclude_none=True) if body.search_space else None
             ),
             memory_margin_gib=body.memory_margin_gib,
+            target=body.target,
         ),
         field="body",
     )

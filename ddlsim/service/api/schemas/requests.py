@@ -270,3 +270,8 @@ class ClusterSearchRequest(Body):
         description="GiB a layout must leave free on each GPU to be offered (predicted peak "
         "+ margin <= the GPU's memory)",
     )
+    target: Literal["paper", "cuda"] = Field(
+        "paper",
+        description="paper: every layout the GPU path prices; cuda: only what the executor "
+        "runs on those GPUs (a search for a run)",
+    )
