@@ -2,13 +2,10 @@
 dataset, the dataset file made from a store, and a later session added apart."""
 
 import argparse
-import platform
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
@@ -31,7 +28,6 @@ from ddlsim.simulator.dataset import (
     RunEntry,
     add_session,
     drop_done,
-    export_dataset,
     grid_pool,
     interleaved_pool,
     layers_pool,
@@ -44,6 +40,7 @@ from ddlsim.simulator.dataset import (
     strategy_pool,
 )
 from ddlsim.simulator.dataset.gpu_plan import GPU_VERSIONS, gpu_plan
+from ddlsim.workflows.simulator_jobs import ExportRequest, export_store
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -140,42 +137,34 @@ def _write_plan(
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    meta = {
-        "exported_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "torch": torch.__version__,
-        "note": args.note or "",
-        "version": args.version,
-    }
-    device = args.device or ("cuda" if args.version in GPU_VERSIONS else "cpu")
-    if device == "cuda":
-        meta["device"] = "cuda"
-    if args.datasheet:
-        meta["datasheet"] = load_json_or_file(args.datasheet, "datasheet", InvalidOptionError)
+    request = ExportRequest(
+        out=args.out,
+        version=args.version,
+        all_models=args.all_models,
+        note=args.note or "",
+        host=args.host,
+        device=args.device or ("cuda" if args.version in GPU_VERSIONS else "cpu"),
+        merge=args.merge,
+        datasheet=(
+            load_json_or_file(args.datasheet, "datasheet", InvalidOptionError)
+            if args.datasheet
+            else None
+        ),
+    )
     with Store.open(args.db) as store:
-        models = None if args.all_models else models_of(args.version)
-        counts = export_dataset(
-            store,
-            Path(args.out),
-            meta=meta,
-            models=models,
-            merge=args.merge,
-            host=args.host,
-            device=device,
-        )
-    payload = {"out": args.out, **counts}
+        payload = export_store(request, store)
     if args.json:
         emit_json(payload)
     else:
         print(
-            f"{counts['runs']} runs, {counts['kernels']} kernel profiles, {counts['fusion']} "
-            f"fusion profiles and {counts['links']} collective fits written to {args.out}"
+            f"{payload['runs']} runs, {payload['kernels']} kernel profiles, "
+            f"{payload['fusion']} fusion profiles and {payload['links']} collective fits "
+            f"written to {args.out}"
         )
-    if counts["runs_left_out"]:
+    if payload["runs_left_out"]:
         # on stderr, also under --json: a store of other settings otherwise exports nothing
         print(
-            f"{counts['runs_left_out']} of the store's runs left out: their model or setting "
+            f"{payload['runs_left_out']} of the store's runs left out: their model or setting "
             f"is not among {args.version}'s (--all-models keeps every run)",
             file=sys.stderr,
         )

@@ -203,6 +203,13 @@ def register(sub: Any) -> None:
         "--storage is not given)",
     )
     output.add_prediction_arguments(cmd, profile_iters=DEFAULTS["profile_iters"])
+    _add_verify_arguments(cmd, count)
+    output.add_store_arguments(cmd)
+    cmd.set_defaults(handler=cmd_search)
+
+
+def _add_verify_arguments(cmd: argparse.ArgumentParser, count: Any) -> None:
+    """``--verify``, where its runs go (``--launcher``), their protocol and how many run."""
     cmd.add_argument(
         "--verify",
         action="store_true",
@@ -221,5 +228,3 @@ def register(sub: Any) -> None:
         "--verify-top",
         "--verify: how many of --top's candidates run beside DDP's defaults (default 3)",
     )
-    output.add_store_arguments(cmd)
-    cmd.set_defaults(handler=cmd_search)

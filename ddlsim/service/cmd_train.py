@@ -3,13 +3,10 @@ time batched predictions."""
 
 import argparse
 import itertools
-import os
 import random
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,23 +18,19 @@ from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.store import Store, mask_url
 from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import capture_graph
 from ddlsim.service.output import add_simulator_argument, emit_json, positive_int, progress
-from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, Calibration, calibrate
 from ddlsim.simulator.cost_model import PREDICTORS, load_cost_model
 from ddlsim.simulator.costs import comm_models
-from ddlsim.simulator.dataset import Dataset, LinkFit, export_dataset, load_dataset
+from ddlsim.simulator.dataset import Dataset, LinkFit
 from ddlsim.simulator.dataset.json_file import read_part
-from ddlsim.simulator.default import shipped_dataset, user_checkpoint
+from ddlsim.simulator.default import shipped_dataset
 from ddlsim.simulator.dp_replay import DataParallelReplay
 from ddlsim.simulator.evaluate import Accuracy
 from ddlsim.simulator.features import ModelGraph, model_graph, strategy_sample
 from ddlsim.simulator.gnn import CostModelConfig
 from ddlsim.simulator.holdout import (
-    best_predictor,
-    cross_validate,
     evaluate_holdout,
     metrics_by_kind,
 )
@@ -45,25 +38,15 @@ from ddlsim.simulator.replay import comm_models_for_link
 from ddlsim.simulator.runtime import shipped_runtime_costs
 from ddlsim.simulator.train import (
     TrainOptions,
-    build_training_set,
     intra_op_threads,
-    save_checkpoint,
-    train_cost_model,
 )
+from ddlsim.workflows.simulator_jobs import TrainRequest, train_simulator, training_data
 
 
 def _dataset(args: argparse.Namespace) -> tuple[Dataset, str]:
     """The dataset named by ``--db`` (a store, exported on the fly) or ``--dataset`` (a file;
     default: the shipped one)."""
-    if args.db:
-        with tempfile.TemporaryDirectory() as tmp, Store.open(args.db) as store:
-            path = Path(tmp) / "dataset.json.gz"
-            # The source is stored and printed: its password never is.
-            source = mask_url(store.url)
-            export_dataset(store, path, meta={"source": source})
-            return load_dataset(path), source
-    path = Path(args.dataset) if args.dataset else shipped_dataset()
-    return load_dataset(path), str(path)
+    return training_data(TrainRequest(dataset=args.dataset, db=args.db))
 
 
 def _options(args: argparse.Namespace) -> tuple[CostModelConfig, TrainOptions]:
@@ -78,65 +61,35 @@ def _metrics_json(metrics: dict[str, Accuracy]) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    dataset, source = _dataset(args)
-    config, options = _options(args)
-    started = time.perf_counter()
-    cv: dict[str, Accuracy] | None = None
-    calibration: dict[str, Any] | None = None
-    predictor = args.predictor
-    if predictor == "auto":
-        progress(
-            f"choosing the predictor: {len(dataset.families)} folds, one family held out each"
-        )
-        reports, cv = cross_validate(
-            dataset,
-            config=config,
-            options=options,
-            progress=progress,
-            workers=args.workers or os.cpu_count() or 1,
-        )
-        predictor = best_predictor(cv)
-        held_out = [row for report in reports for row in report.rows]
-        calibration = {name: calibrate(held_out, name).to_json() for name in PREDICTORS}
-        progress(
-            "held-out MAPE: "
-            + ", ".join(f"{name} {m.mape:.3f}" for name, m in cv.items())
-            + f"; default: {predictor}"
-        )
-    data = build_training_set(dataset)
-    for reason in data.skipped:
-        progress(f"skipped: {reason}")
-    with tqdm(total=options.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
+    request = TrainRequest(
+        dataset=args.dataset,
+        db=args.db,
+        epochs=args.epochs,
+        hidden=args.hidden,
+        layers=args.layers,
+        seed=args.seed,
+        predictor=args.predictor,
+        workers=args.workers,
+        out=args.out,
+    )
+    with tqdm(total=request.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
 
         def tick(epoch: int, total: int, loss: float) -> None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}")
 
-        model = train_cost_model(data, config=config, options=options, progress=tick)
-    out = Path(args.out) if args.out else user_checkpoint()
-    meta = {
-        "predictor": predictor,
-        "dataset": source,
-        "runs": len(data.samples),
-        "graphs": len(data.graphs),
-        "families": dataset.families,
-        "epochs": options.epochs,
-        "cross_validation": _metrics_json(cv) if cv else None,
-        # Held-out errors of predicted speed-ups by kind, which searches score picks by.
-        "calibration": calibration,
-    }
-    save_checkpoint(model, out, meta)
-    payload = {**meta, "out": str(out), "elapsed_s": time.perf_counter() - started}
-    if calibration is not None:
-        payload["calibration"] = Calibration.from_json(calibration[predictor]).summary(
-            DEFAULT_CONFIDENCE
-        )
+        def say(fraction: float | None, message: str) -> None:
+            if fraction is None:
+                progress(message)
+
+        payload = train_simulator(request, say, epoch=tick)
     if args.json:
         emit_json(payload)
     else:
         print(
-            f"trained on {len(data.samples)} runs of {len(dataset.families)} families in "
-            f"{payload['elapsed_s']:.0f} s; predictor {predictor}; written to {out}"
+            f"trained on {payload['runs']} runs of {len(payload['families'])} families in "
+            f"{payload['elapsed_s']:.0f} s; predictor {payload['predictor']}; written to "
+            f"{payload['out']}"
         )
     return 0
 

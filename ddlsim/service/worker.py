@@ -41,6 +41,14 @@ from ddlsim.workflows.profile import profile_batch
 from ddlsim.workflows.requests import ExecuteRequest, SearchRequest
 from ddlsim.workflows.scale_jobs import LayoutSearchRequest, search_cluster
 from ddlsim.workflows.search import search
+from ddlsim.workflows.simulator_jobs import (
+    EXPORT_KIND,
+    TRAINING_KIND,
+    ExportJob,
+    TrainingJob,
+    export_store,
+    train_simulator,
+)
 
 HEARTBEAT_S = 10.0
 DEADLINE_ENV = "DDLSIM_TASK_DEADLINE_S"
@@ -299,6 +307,22 @@ def _cluster_search(
         finish(session, result)
 
 
+def _simulator_training(
+    worker: Worker, store: Store, request: dict[str, Any], report: Report, finish: Finish
+) -> None:
+    payload = train_simulator(TrainingJob.from_json(request).request(store.url), report)
+    with store.transaction() as session:
+        finish(session, payload)
+
+
+def _dataset_export(
+    worker: Worker, store: Store, request: dict[str, Any], report: Report, finish: Finish
+) -> None:
+    payload = export_store(ExportJob.from_json(request).request(), store, report)
+    with store.transaction() as session:
+        finish(session, payload)
+
+
 def _executed(done: Executed) -> dict[str, Any]:
     """An execution task's result: the measurement, the prediction and their timelines."""
     out: dict[str, Any] = {
@@ -326,6 +350,8 @@ HANDLERS: dict[str, Callable[[Worker, Store, dict[str, Any], Report, Finish], No
     "profile-job": _profile_job,
     "execution": _execution,
     "cluster-search": _cluster_search,
+    TRAINING_KIND: _simulator_training,
+    EXPORT_KIND: _dataset_export,
 }
 
 

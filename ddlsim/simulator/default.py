@@ -28,11 +28,15 @@ def shipped_dataset() -> Path:
     return Path(str(resources.files("ddlsim.data") / "datasets" / SHIPPED_DATASET))
 
 
+def data_dir() -> Path:
+    """The user's data directory: ``$DDLSIM_DATA_DIR``, else the platform's
+    (``~/.local/share/ddlsim`` on Linux)."""
+    return Path(os.environ.get("DDLSIM_DATA_DIR") or platformdirs.user_data_dir("ddlsim"))
+
+
 def user_checkpoint() -> Path:
-    """Where ``ddlsim simulator train`` writes: ``$DDLSIM_DATA_DIR`` (else the user's data
-    directory) ``/simulator/cost_model.pt``."""
-    root = os.environ.get("DDLSIM_DATA_DIR") or platformdirs.user_data_dir("ddlsim")
-    return Path(root) / "simulator" / "cost_model.pt"
+    """Where ``ddlsim simulator train`` writes: :func:`data_dir` ``/simulator/cost_model.pt``."""
+    return data_dir() / "simulator" / "cost_model.pt"
 
 
 def default_checkpoint() -> Path:

@@ -18,6 +18,7 @@ from ddlsim.service.api.schemas import (
     StrategyRequest,
 )
 from ddlsim.service.cli import build_parser
+from ddlsim.service.cmd_search import DEFAULTS as SEARCH_DEFAULTS
 from ddlsim.workflows.requests import ExecuteRequest, PredictRequest, SearchRequest, defaults
 
 
@@ -106,6 +107,10 @@ def test_the_cli_takes_the_use_cases_defaults(command: str) -> None:
             continue  # an option the CLI does not have, or one this argv sets
         if name in INPUT_FIELDS or name == "strategy":
             assert given[name] is None, (command, name)
+        elif (command, name) == ("search", "algo"):
+            # Unset on the command line: the CPU loop then takes the use case's default
+            # (cmd_search), a --cluster search the GPU path's bound-and-replay search.
+            assert given[name] is None and SEARCH_DEFAULTS["algo"] == expected[name]
         else:
             assert given[name] == expected[name], (command, name)
     # the CLI's options that the use case has too

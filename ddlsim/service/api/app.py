@@ -27,6 +27,7 @@ from ddlsim.service.api.routes import (
     predictions,
     published,
     service,
+    simulator,
 )
 from ddlsim.service.api.routes.service import API_VERSION
 from ddlsim.service.api.warm import warm_up
@@ -77,7 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.exception_handler(RequestValidationError)(_invalid)
     app.exception_handler(DdlsimError)(_refused)
     app.exception_handler(Exception)(_unexpected)
-    for routes in (service, models, graphs, predictions, jobs, clusters, published):
+    for routes in (service, models, graphs, predictions, jobs, clusters, published, simulator):
         app.include_router(routes.router, dependencies=READ)
     return app
 

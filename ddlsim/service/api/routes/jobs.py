@@ -57,7 +57,7 @@ def strategy_request(body: StrategyRequest, store: StoreDep, queue: QueueDep) ->
     # every rank runs.
     rank_batch = Strategy().parallel.rank_batch_size(spec.inputs.batch_size, body.world_size)
     runs_fit(spec, rank_batch, body.world_size if body.verify else 1)
-    return _public(queue.submit("search", request.to_json()).to_dict())
+    return public_job(queue.submit("search", request.to_json()).to_dict())
 
 
 @router.post("/profiling-runs", status_code=202, dependencies=WRITE)
@@ -130,7 +130,7 @@ def execution(body: ExecutionRequest, store: StoreDep, queue: QueueDep) -> JobPu
         field="body.strategy",
     )
     runs_fit(spec, strategy.parallel.rank_batch_size(spec.inputs.batch_size, ranks), ranks)
-    return _public(queue.submit("execution", request.to_json()).to_dict())
+    return public_job(queue.submit("execution", request.to_json()).to_dict())
 
 
 @router.get("/jobs")
@@ -146,17 +146,18 @@ def list_jobs(
 @router.get("/jobs/{task_id}")
 def get_job(task_id: TaskId, queue: QueueDep) -> JobPublic:
     """A job of any kind."""
-    return _public(queue.get(task_id).to_dict())
+    return public_job(queue.get(task_id).to_dict())
 
 
 @router.post("/jobs/{task_id}/cancel", dependencies=WRITE)
 def cancel_job(task_id: TaskId, queue: QueueDep) -> JobPublic:
     """Cancel a job: a queued one at once, a running one at its next progress report."""
-    return _public(queue.cancel(task_id).to_dict())
+    return public_job(queue.cancel(task_id).to_dict())
 
 
-def _routes_of_kind(kind: str, path: str) -> None:
-    """``GET /v1/PATH`` (the newest of this kind) and ``GET /v1/PATH/{id}``."""
+def routes_of_kind(kind: str, path: str, on: APIRouter | None = None) -> None:
+    """``GET /v1/PATH`` (the newest of this kind) and ``GET /v1/PATH/{id}``, on ``on``
+    (default: this module's router)."""
 
     def listing(queue: QueueDep, limit: Limit = 100) -> JobList:
         return _listed(t.to_dict() for t in queue.list(kind=kind, limit=limit))
@@ -165,10 +166,11 @@ def _routes_of_kind(kind: str, path: str) -> None:
         task = queue.get(task_id)
         if task.kind != kind:
             raise TaskNotFoundError(f"no {path} job {task_id} (task {task_id} is a {task.kind})")
-        return _public(task.to_dict())
+        return public_job(task.to_dict())
 
-    router.add_api_route(f"/{path}", listing, methods=["GET"], name=f"list {path}")
-    router.add_api_route(f"/{path}/{{task_id}}", one, methods=["GET"], name=f"get {path}")
+    target = on or router
+    target.add_api_route(f"/{path}", listing, methods=["GET"], name=f"list {path}")
+    target.add_api_route(f"/{path}/{{task_id}}", one, methods=["GET"], name=f"get {path}")
 
 
 for _kind, _path in (
@@ -176,12 +178,12 @@ for _kind, _path in (
     ("profile", "profiling-runs"),
     ("execution", "executions"),
 ):
-    _routes_of_kind(_kind, _path)
+    routes_of_kind(_kind, _path)
 
 
-def _public(task: dict[str, Any]) -> JobPublic:
+def public_job(task: dict[str, Any]) -> JobPublic:
     return JobPublic.model_validate(task)
 
 
 def _listed(tasks: Iterable[dict[str, Any]]) -> JobList:
-    return JobList(jobs=[_public(t) for t in tasks])
+    return JobList(jobs=[public_job(t) for t in tasks])

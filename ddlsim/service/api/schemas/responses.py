@@ -122,7 +122,8 @@ class JobPublic(Public):
 
     id: int
     kind: str = Field(
-        description="search, profile (a profiling run), profile-job, execution or cluster-search"
+        description="search, profile (a profiling run), profile-job, execution, cluster-search, "
+        "simulator-training or dataset-export"
     )
     status: TaskStatus
     request: dict[str, Any]
