@@ -80,7 +80,7 @@ def test_layout_that_does_not_fit_is_refused_with_the_estimate(
         (("--cluster", "dgx-h100:1"), "--cluster needs --plan"),
         (
             ("--cluster", "dgx-h100:1", "--plan", '{"parallel": {"dp": 3}}'),
-            "!= the cluster's 8 GPUs",
+            "!= world_size(8)",
         ),
     ],
 )

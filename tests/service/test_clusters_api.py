@@ -117,7 +117,7 @@ def test_a_prediction_needs_the_token(client: TestClient) -> None:
         ({"cluster": "./cluster.json"}, "body.cluster", ["NAME:NODES", "dgx-a100-80g"]),
         ({"cluster": {"preset": "dgx-h100", "nodes": 1 << 20}}, "body.cluster", ["131072"]),
         ({"cluster": {"nodes": 1}}, "body.cluster", ["misses", "preset"]),
-        ({"strategy": {"parallel": {"dp": 3}}}, "body.strategy", ["dp(3)", "cluster's 8 GPUs"]),
+        ({"strategy": {"parallel": {"dp": 3}}}, "body.strategy", ["dp(3)", "world_size(8)"]),
         (
             {"strategy": {"tensor_fusion": {"dear": True}}},
             "body.strategy",
@@ -128,7 +128,7 @@ def test_a_prediction_needs_the_token(client: TestClient) -> None:
             "body.strategy",
             ["'fp32'", "fp16, bf16, fp8"],
         ),
-        ({"global_batch": 6}, "body.global_batch", ["global_batch(6)", "dp(4)"]),
+        ({"global_batch": 6}, "body.global_batch", ["batch_size(6)", "dp(4)"]),
         ({"model": "mlp"}, "body.model", ["no tensor-parallel plan", "supported families"]),
         ({"model": "no-such-model"}, "body.model", ["'no-such-model'", "zoo"]),
         ({"model": {**GPT, "class": "Nope"}}, "body.model", ["'Nope'"]),

@@ -101,7 +101,8 @@ def test_bad_strategy_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unsupported_plan_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["predict", "mlp", "--world-size", "2", "--strategy", '{"parallel": {"tp": 2}}'])
     assert code == 2
-    assert "mlp has no tensor-parallel plan, so tp(2) cannot apply" in capsys.readouterr().err
+    refused = capsys.readouterr().err
+    assert "mlp (MLP) has no tensor-parallel plan, so tp(2) cannot apply" in refused
 
 
 def test_tensor_parallel_collectives_are_exposed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,7 +34,12 @@ MAX_CLUSTER_GPUS = 1 << 17
 """The most GPUs a cluster of a request may have (131,072)."""
 # A refusal's message starts with the option it names: "global_batch(10) is not divisible".
 _NAMED = re.compile(r"^(\w+)\(")
-_BATCH_FIELDS = {"global_batch": "body.global_batch", "seq_len": "body.seq_len"}
+# The iteration's batch is the global batch of a cluster request (the plans' word for it).
+_BATCH_FIELDS = {
+    "global_batch": "body.global_batch",
+    "batch_size": "body.global_batch",
+    "seq_len": "body.seq_len",
+}
 
 
 def refused(build: Callable[[], T], *, field: str) -> T:
