@@ -12,11 +12,16 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from ddlsim.cluster.external import ExternalRank
+from ddlsim.cluster.launcher import SlurmLauncher
 from ddlsim.cluster.slurm import SlurmSettings
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.store import Store
+from ddlsim.data.store.tasks import TaskQueue
 from ddlsim.data.zoo import ZOO
+from ddlsim.executor.run import RunOptions
+from ddlsim.service.worker import Worker
+from ddlsim.workflows.requests import ExecuteRequest
 from tests.executor.harness import assert_losses_match
 from tests.executor.test_gpu_grade import RTOL, single_losses
 from tests.torchrun import BIN, torchrun_agents
@@ -281,3 +286,25 @@ def test_search_verify_runs_as_a_slurm_job(tmp_path: Path) -> None:
         losses = {m.id: m.losses for m in store.measurements()}[baseline[0]["measurement_id"]]
     assert losses
     assert_losses_match(losses, single_losses(GPT2, Strategy(), len(losses)).losses)
+
+
+@pytest.mark.long
+def test_a_worker_launches_its_tasks_through_the_launcher(tmp_path: Path) -> None:
+    """``ddlsim worker --launcher slurm``: a queued execution runs as a Slurm job (submitit's
+    local executor), sized to the task, and is stored with its prediction as any task is."""
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    options = RunOptions(world_size=2, iters=3, budget_s=0)
+    with Store.open(db) as store:
+        queued = TaskQueue(store).submit(
+            "execution", ExecuteRequest(model=GPT2, options=options).to_json()
+        )
+    settings = SlurmSettings(cluster="local", gpus_per_node=1, folder=str(tmp_path / "jobs"))
+    worker = Worker(db, poll_s=0.05, simulator="replay", launcher=SlurmLauncher(settings))
+    assert worker.run(once=True) == 1
+    with Store.open(db) as store:
+        task = TaskQueue(store).get(queued.id)
+        assert task.status == "done", task.error
+        assert task.result is not None and task.result["prediction_id"]
+    assert [network.split(":")[0] for _, _, network in stored_runs(tmp_path / "store.db")] == [
+        "slurm"
+    ]
