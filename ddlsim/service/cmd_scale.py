@@ -32,7 +32,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, with_plan: bool) -
     if with_plan:
         parser.add_argument(
             "--plan",
-            help="with --cluster: the layout, a strategy as --strategy takes it (JSON or a "
+            help="with --cluster: the layout (--strategy says the same), a strategy as --strategy "
+            "takes it (JSON or a "
             'file): {"parallel": {"dp", "tp", "pp", "micro_batches", "pp_schedule", '
             '"virtual_stages", "recompute", "sequence_parallel", "fsdp", '
             '"distributed_optimizer", "zero", "cp", "cp_comm", "async_tp"}, "precision", '
@@ -92,10 +93,13 @@ def predict_on_cluster(args: argparse.Namespace) -> int:
         InvalidStrategyError: for a bad plan, or one that does not fit the GPUs' memory (the
             estimate in the message).
     """
-    if not args.plan:
-        raise InvalidStrategyError("--cluster needs --plan (the layout to price)")
+    layout = args.plan or getattr(args, "strategy", None)
+    if args.plan and getattr(args, "strategy", None):
+        raise InvalidStrategyError("--plan and --strategy name the same layout: give one")
+    if not layout:
+        raise InvalidStrategyError("--cluster needs --strategy (or --plan: the layout to price)")
     model, cluster, batch, seq_len = _request_parts(args)
-    plan = ScalePlan.parse(args.plan, cluster.world_size)
+    plan = ScalePlan.parse(layout, cluster.world_size)
     request = ScaleRequest(
         model=model, cluster=cluster, plan=plan, global_batch=batch, seq_len=seq_len
     )

@@ -101,8 +101,8 @@ def test_every_entry_refuses_with_one_message(
     # the command line: a run, and a GPU cluster's price
     text = json.dumps(raw)
     assert message in _cli(capsys, "run", "llama-tiny", "--strategy", text, "--world-size", "4")
-    cluster = json.dumps(CLUSTER)
-    assert message in _cli(capsys, "predict", "llama-tiny", "--cluster", cluster, "--plan", text)
+    on_gpus = ("--cluster", json.dumps(CLUSTER), "--strategy", text)
+    assert message in _cli(capsys, "predict", "llama-tiny", *on_gpus)
     # the REST service: an execution and a cluster prediction
     for path, body in (
         ("/v1/executions", {"model": "llama-tiny", "world_size": RANKS, "strategy": raw}),

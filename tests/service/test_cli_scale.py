@@ -77,7 +77,7 @@ def test_layout_that_does_not_fit_is_refused_with_the_estimate(
     ("argv", "message"),
     [
         (("--cluster", "dgx-z100:2", "--plan", "{}"), "not a preset"),
-        (("--cluster", "dgx-h100:1"), "--cluster needs --plan"),
+        (("--cluster", "dgx-h100:1"), "--cluster needs --strategy"),
         (
             ("--cluster", "dgx-h100:1", "--plan", '{"parallel": {"dp": 3}}'),
             "!= world_size(8)",
