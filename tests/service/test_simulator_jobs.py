@@ -11,10 +11,15 @@ import torch
 from fastapi.testclient import TestClient
 
 from ddlsim.data.store import Store, add_collective_profile
+from ddlsim.data.zoo import ZOO
 from ddlsim.service.api import Settings, create_app
 from ddlsim.service.worker import Worker
+from ddlsim.simulator.cost_model import load_cost_model
+from ddlsim.simulator.dataset import save_dataset
 from ddlsim.simulator.train import load_checkpoint
+from ddlsim.workflows import simulator_jobs
 from tests.data.records import collective_profile
+from tests.simulator.synthetic import synthetic_dataset, with_truth
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -37,9 +42,13 @@ def _run_queue(db: str) -> None:
 
 
 def test_a_training_job_writes_a_checkpoint_predictions_can_use(
-    client: TestClient, db: str, tmp_path: Path
+    client: TestClient, db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    body = {"source": "shipped", "epochs": 1, "hidden": 8, "layers": 1, "predictor": "gnn"}
+    # A small synthetic dataset in the shipped one's place: the job's path, in seconds.
+    small = tmp_path / "synthetic.json.gz"
+    save_dataset(with_truth(synthetic_dataset([ZOO["mlp"], ZOO["gpt2-tiny"]])), small)
+    monkeypatch.setattr(simulator_jobs, "shipped_dataset", lambda: small)
+    body = {"source": "shipped", "epochs": 2, "hidden": 8, "layers": 1, "predictor": "gnn"}
     queued = client.post("/v1/simulator-trainings", json=body, headers=AUTH)
     assert queued.status_code == 202, queued.text
     job = queued.json()
@@ -48,11 +57,14 @@ def test_a_training_job_writes_a_checkpoint_predictions_can_use(
     done = client.get(f"/v1/simulator-trainings/{job['id']}").json()
     assert done["status"] == "done", done
     result = done["result"]
-    assert result["predictor"] == "gnn" and result["runs"] > 0 and result["epochs"] == 1
+    assert result["predictor"] == "gnn" and result["runs"] > 0 and result["epochs"] == 2
+    assert result["dataset"] == str(small)
     out = Path(result["out"])
     assert out.is_file() and out.parent == tmp_path / "ddlsim-data" / "jobs"
     network, meta = load_checkpoint(out)
     assert meta["predictor"] == "gnn" and isinstance(network, torch.nn.Module)
+    served = load_cost_model(str(out))  # what ``ddlsim serve --simulator PATH`` loads
+    assert served.name == "gnn" and served.learned
     listed = client.get("/v1/simulator-trainings").json()["jobs"]
     assert [j["id"] for j in listed] == [job["id"]]
 

@@ -15,6 +15,7 @@ from ddlsim.simulator.calibration import RISK_KINDS, Calibration
 from ddlsim.simulator.cost_model import PREDICTORS
 from ddlsim.simulator.dataset import save_dataset
 from ddlsim.simulator.train import load_checkpoint
+from ddlsim.workflows import simulator_jobs
 from tests.simulator.synthetic import synthetic_dataset, with_truth
 
 
@@ -232,7 +233,7 @@ def test_export_says_how_many_runs_the_version_left_out(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     counts = {"kernels": 2, "fusion": 0, "links": 3, "runs": 0, "runs_left_out": 5}
-    monkeypatch.setattr(cmd_dataset, "export_dataset", lambda *args, **kwargs: counts)
+    monkeypatch.setattr(simulator_jobs, "export_dataset", lambda *args, **kwargs: counts)
     out = str(tmp_path / "d.json.gz")
     assert main(["simulator", "dataset", "export", "--out", out, "--version", "cpu-v3"]) == 0
     captured = capsys.readouterr()
