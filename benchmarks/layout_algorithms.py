@@ -34,7 +34,7 @@ ALGORITHMS = ("backtrack", "tpe", "cmaes", "random")
 
 
 def _row(name: str, part: str) -> dict[str, Any]:
-    raw = json.loads(rows_file(name).read_text(encoding="utf-8"))
+    raw = json.loads(rows_file(f"data/published/{name}").read_text(encoding="utf-8"))
     for row in rows_of(raw, name):
         if part in row["name"]:
             return dict(row)
