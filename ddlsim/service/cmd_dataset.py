@@ -8,101 +8,34 @@ from typing import Any
 
 import yaml
 
-from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
-from ddlsim.data.models import repeated_blocks
+from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs._serde import load_json_or_file
-from ddlsim.data.specs.strategy import ParallelPlan, Strategy
 from ddlsim.data.store import Store
-from ddlsim.plans.feasibility import model_supports
-from ddlsim.plans.tp_plans import check_layouts
-from ddlsim.profiler.capture import capture_graph
 from ddlsim.service.output import add_store_arguments, emit_json, positive_int, progress
 from ddlsim.simulator.dataset import (
     DATASET_VERSIONS,
     FEATURES,
-    LINK_COLLECTIVES,
-    PARALLEL_COLLECTIVES,
-    SETTINGS,
-    SETTINGS_V3,
-    PlanOptions,
     RunEntry,
     add_session,
-    drop_done,
-    grid_pool,
-    interleaved_pool,
-    layers_pool,
     load_dataset,
-    mixed_pool,
-    models_of,
-    parallel_pool,
-    plan_jobs,
     save_dataset,
-    strategy_pool,
 )
-from ddlsim.simulator.dataset.gpu_plan import GPU_VERSIONS, gpu_plan
+from ddlsim.simulator.dataset.gpu_plan import GPU_VERSIONS
+from ddlsim.workflows.dataset_plan import SESSION_KINDS, DatasetPlanRequest, plan_dataset
 from ddlsim.workflows.simulator_jobs import ExportRequest, export_store
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    if args.version in GPU_VERSIONS:
-        return _write_plan(args, gpu_plan(), planned=None, models=len(models_of(args.version)))
-    models = models_of(args.version)
-    done = load_dataset(Path(args.done)) if args.done else None  # a bad file fails first
-    pools: dict[str, list[Strategy]] = {}
-    for spec in models:
-        if args.plans == "grid":
-            if args.version == "cpu-v2":
-                raise InvalidOptionError("--plans grid is a cpu-v3 session")
-            pools[spec.label] = [s for s in grid_pool() if model_supports(spec, s)]
-            continue
-        if args.plans == "layers":
-            if args.version == "cpu-v2":
-                raise InvalidOptionError("--plans layers is a cpu-v3 session")
-            try:
-                blocks = check_layouts(spec, ParallelPlan(tp=2), rank_batch=None)
-            except InvalidStrategyError:  # no tensor-parallel plan: nothing to place
-                pools[spec.label] = []
-                continue
-            pool = layers_pool(len(blocks))
-            pools[spec.label] = [s for s in pool if model_supports(spec, s)]
-            continue
-        if args.version == "cpu-v2" and args.plans in ("parallel", "interleaved"):
-            pool = parallel_pool() if args.plans == "parallel" else interleaved_pool()
-            pools[spec.label] = [s for s in pool if model_supports(spec, s)]
-            continue
-        progress(f"capturing {spec.label} for its gradient order and blocks")
-        order = capture_graph(spec).grad_ready_order
-        data_parallel = strategy_pool(order, repeated_blocks(spec), seed=len(pools))
-        if args.version == "cpu-v2":
-            pools[spec.label] = data_parallel
-            continue
-        # cpu-v3 mixes every kind in each model's pool: two data-parallel strategies, then a
-        # parallel plan, in turn.
-        parallel = [s for s in [*parallel_pool(), *interleaved_pool()] if model_supports(spec, s)]
-        pools[spec.label] = mixed_pool(data_parallel, parallel)
-    if args.version == "cpu-v2":
-        options = PlanOptions(
-            per_group=args.per_group or {"dp": 4, "parallel": 2, "interleaved": 1}[args.plans],
-            iters=args.iters,
-            warmup=args.warmup,
-            collectives=LINK_COLLECTIVES if args.plans == "dp" else PARALLEL_COLLECTIVES,
-        )
-        settings = SETTINGS
-    else:
-        options = PlanOptions(
-            per_group=args.per_group or 3,
-            iters=args.iters,
-            warmup=args.warmup,
-            collectives=PARALLEL_COLLECTIVES,
-            side_by_side=True,
-        )
-        settings = SETTINGS_V3
-    models = [spec for spec in models if pools[spec.label]]  # those some plan can split
-    jobs = plan_jobs(models, pools, settings, options=options)
-    planned = len(jobs)
-    if done is not None:
-        jobs = drop_done(jobs, done)
-    return _write_plan(args, jobs, planned=planned, models=len(models))
+    request = DatasetPlanRequest(
+        version=args.version,
+        plans=args.plans,
+        per_group=args.per_group,
+        iters=args.iters,
+        warmup=args.warmup,
+        done=args.done,
+    )
+    plan = plan_dataset(request, lambda fraction, message: progress(message))
+    return _write_plan(args, plan.jobs, planned=plan.planned, models=plan.models)
 
 
 def _write_plan(
@@ -208,7 +141,7 @@ def register(commands: Any) -> None:
     _version_argument(plan)
     plan.add_argument(
         "--plans",
-        choices=("dp", "parallel", "interleaved", "layers", "grid"),
+        choices=SESSION_KINDS,
         default="dp",
         help="cpu-v2 (cpu-v3 mixes every kind): data-parallel strategies (bucketing, "
         "DeAR, compiled blocks; the default), parallel plans (FSDP, tensor parallel, "

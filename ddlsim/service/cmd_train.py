@@ -23,7 +23,7 @@ from ddlsim.profiler.capture import capture_graph
 from ddlsim.service.output import add_simulator_argument, emit_json, positive_int, progress
 from ddlsim.simulator.cost_model import PREDICTORS, load_cost_model
 from ddlsim.simulator.costs import comm_models
-from ddlsim.simulator.dataset import Dataset, LinkFit
+from ddlsim.simulator.dataset import LinkFit
 from ddlsim.simulator.dataset.json_file import read_part
 from ddlsim.simulator.default import shipped_dataset
 from ddlsim.simulator.dp_replay import DataParallelReplay
@@ -31,7 +31,6 @@ from ddlsim.simulator.evaluate import Accuracy
 from ddlsim.simulator.features import ModelGraph, model_graph, strategy_sample
 from ddlsim.simulator.gnn import CostModelConfig
 from ddlsim.simulator.holdout import (
-    evaluate_holdout,
     metrics_by_kind,
 )
 from ddlsim.simulator.replay import comm_models_for_link
@@ -40,20 +39,11 @@ from ddlsim.simulator.train import (
     TrainOptions,
     intra_op_threads,
 )
-from ddlsim.workflows.simulator_jobs import TrainRequest, train_simulator, training_data
-
-
-def _dataset(args: argparse.Namespace) -> tuple[Dataset, str]:
-    """The dataset named by ``--db`` (a store, exported on the fly) or ``--dataset`` (a file;
-    default: the shipped one)."""
-    return training_data(TrainRequest(dataset=args.dataset, db=args.db))
-
-
-def _options(args: argparse.Namespace) -> tuple[CostModelConfig, TrainOptions]:
-    return (
-        CostModelConfig(hidden=args.hidden, layers=args.layers),
-        TrainOptions(epochs=args.epochs, seed=args.seed),
-    )
+from ddlsim.workflows.simulator_jobs import (
+    TrainRequest,
+    evaluate_simulator,
+    train_simulator,
+)
 
 
 def _metrics_json(metrics: dict[str, Accuracy]) -> dict[str, Any]:
@@ -95,19 +85,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    dataset, source = _dataset(args)
-    config, options = _options(args)
-    report, _ = evaluate_holdout(
-        dataset, args.holdout, config=config, options=options, progress=progress
+    request = TrainRequest(
+        dataset=args.dataset,
+        db=args.db,
+        epochs=args.epochs,
+        hidden=args.hidden,
+        layers=args.layers,
+        seed=args.seed,
     )
-    meta = load_cost_model(None).meta
-    default = str(meta.get("predictor", "replay")) if meta is not None else "replay"
-    payload = {
-        **report.to_json(),
-        "dataset": source,
-        "default_predictor": default,
-        "default": report.metrics[default].to_json(),
-    }
+    report, payload = evaluate_simulator(
+        request, args.holdout, lambda fraction, message: progress(message)
+    )
+    default = payload["default_predictor"]
     if not args.rows:
         payload.pop("rows")
     if args.json:

@@ -13,7 +13,7 @@ import platform
 import re
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,16 @@ from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs._serde import check_keys
 from ddlsim.data.store import Store, mask_url
 from ddlsim.simulator.calibration import DEFAULT_CONFIDENCE, Calibration, calibrate
-from ddlsim.simulator.cost_model import PREDICTORS
+from ddlsim.simulator.cost_model import PREDICTORS, load_cost_model
 from ddlsim.simulator.dataset import Dataset, export_dataset, load_dataset, models_of
 from ddlsim.simulator.default import data_dir, shipped_dataset, user_checkpoint
 from ddlsim.simulator.gnn import CostModelConfig
-from ddlsim.simulator.holdout import best_predictor, cross_validate
+from ddlsim.simulator.holdout import (
+    HoldoutReport,
+    best_predictor,
+    cross_validate,
+    evaluate_holdout,
+)
 from ddlsim.simulator.train import (
     TrainOptions,
     build_training_set,
@@ -168,6 +173,35 @@ def train_simulator(
             DEFAULT_CONFIDENCE
         )
     return payload
+
+
+def evaluate_simulator(
+    request: TrainRequest, holdout: Sequence[str], progress: Progress = no_progress
+) -> tuple[HoldoutReport, dict[str, Any]]:
+    """Train on ``request``'s dataset without the ``holdout`` families and measure every
+    predictor on them; the report and its JSON, with the default predictor (the user's
+    checkpoint's, else the replay) and its figures.
+
+    Raises:
+        InvalidOptionError: a held-out family the dataset has not.
+    """
+    dataset, source = training_data(request)
+    report, _ = evaluate_holdout(
+        dataset,
+        list(holdout),
+        config=CostModelConfig(hidden=request.hidden, layers=request.layers),
+        options=TrainOptions(epochs=request.epochs, seed=request.seed),
+        progress=lambda message: progress(None, message),
+    )
+    meta = load_cost_model(None).meta
+    default = str(meta.get("predictor", "replay")) if meta is not None else "replay"
+    payload = {
+        **report.to_json(),
+        "dataset": source,
+        "default_predictor": default,
+        "default": report.metrics[default].to_json(),
+    }
+    return report, payload
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

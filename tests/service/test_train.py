@@ -9,13 +9,12 @@ import yaml
 
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
-from ddlsim.service import cmd_dataset
 from ddlsim.service.cli import main
 from ddlsim.simulator.calibration import RISK_KINDS, Calibration
 from ddlsim.simulator.cost_model import PREDICTORS
 from ddlsim.simulator.dataset import save_dataset
 from ddlsim.simulator.train import load_checkpoint
-from ddlsim.workflows import simulator_jobs
+from ddlsim.workflows import dataset_plan, simulator_jobs
 from tests.simulator.synthetic import synthetic_dataset, with_truth
 
 
@@ -149,7 +148,7 @@ def test_bad_input_is_one_line(
 def test_dataset_plan_and_export(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cmd_dataset, "models_of", lambda version: [ZOO["mlp"], ZOO["gpt2-tiny"]])
+    monkeypatch.setattr(dataset_plan, "models_of", lambda version: [ZOO["mlp"], ZOO["gpt2-tiny"]])
     plan = tmp_path / "plan.yaml"
     v2 = ("--version", "cpu-v2")
     out = _json(
@@ -199,7 +198,7 @@ def test_dataset_plan_v3_runs_every_group_side_by_side(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     models = [ZOO["mlp"].with_inputs(batch_size=8), ZOO["gpt2-tiny"].with_inputs(batch_size=8)]
-    monkeypatch.setattr(cmd_dataset, "models_of", lambda version: models)
+    monkeypatch.setattr(dataset_plan, "models_of", lambda version: models)
     plan = tmp_path / "v3.yaml"
     out = _json(capsys, "simulator", "dataset", "plan", "--out", str(plan))
     jobs = yaml.safe_load(plan.read_text())["jobs"]
