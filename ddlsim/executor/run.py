@@ -31,8 +31,7 @@ from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.executor.options import DEVICES, RunOptions
-from ddlsim.executor.plan import check_strategy
-from ddlsim.executor.precision import device_target
+from ddlsim.executor.precision import check_fp8_library, device_target
 from ddlsim.executor.protocol import (
     median_interval,
     ranks_per_core,
@@ -257,8 +256,10 @@ def prepare_launch(
 ) -> tuple[IterationGraph, dict[str, Any]]:
     """Check everything and build the ranks' config: the captured graph and the config."""
     options.check_devices(ranks_here=ranks_here)
+    target = device_target(options.world_size, options.device)
     for strategy in strategies:  # every refusal before the graph is captured
-        check(spec, strategy, device_target(options.world_size, options.device))
+        check(spec, strategy, target)
+        check_fp8_library(strategy)
     progress(f"capturing the graph of {spec.label}")
     graph = capture_graph(spec, CaptureOptions(optimizer=_capture_optimizer(options.optimizer)))
     variants = [
@@ -266,9 +267,7 @@ def prepare_launch(
             "strategy": strategy.to_dict(),
             "buckets": [
                 {"params": list(b.params), "grad_bytes": b.grad_bytes}
-                for b in check_strategy(
-                    spec, strategy, options.world_size, graph, device=options.device
-                )
+                for b in strategy.tensor_fusion.assign(graph.gradient_sizes)
             ],
         }
         for strategy in strategies

@@ -130,12 +130,20 @@ def check_priced(model: ModelSpec, strategy: Strategy, world_size: int) -> Scale
             path does not price, or a family without a tensor-parallel plan.
     """
     plan = ScalePlan.from_strategy(strategy, world_size)
+    check_priceable(model)
+    return plan
+
+
+def check_priceable(model: ModelSpec) -> None:
+    """Raises:
+    InvalidStrategyError: when ``model``'s family has no tensor-parallel plan (the GPU path
+        splits it per layer), naming the families that have one.
+    """
     if tp_family(model) is None:
         raise InvalidStrategyError(
             f"{model.label} ({model.cls}) has no tensor-parallel plan, so it cannot be priced "
             f"on a GPU cluster; supported families: {', '.join(sorted(PLANS))}"
         )
-    return plan
 
 
 def check_ranks(plan: ParallelPlan, world_size: int) -> int:

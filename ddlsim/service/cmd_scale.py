@@ -11,13 +11,14 @@ from ddlsim.data.specs.gpu_cluster import PRESETS, GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import PRECISIONS, ScalePlan
 from ddlsim.data.specs.strategy import KERNELS
+from ddlsim.plans.feasibility import check_priceable
 from ddlsim.search import SearchBudget
 from ddlsim.search.scale_plans import SpaceLimits
 from ddlsim.service import output
 from ddlsim.workflows.clusters import resolve_cluster
 from ddlsim.workflows.layout_search import LayoutJob, search_layouts_with
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
-from ddlsim.workflows.scale_jobs import check_priceable, scale_request_checked
+from ddlsim.workflows.scale_jobs import scale_request_checked
 
 CLUSTER_HELP = (
     f"a GPU cluster on paper: PRESET:NODES ({', '.join(PRESETS)}), the name of a cluster "

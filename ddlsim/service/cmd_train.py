@@ -50,18 +50,21 @@ def _metrics_json(metrics: dict[str, Accuracy]) -> dict[str, Any]:
     return {name: m.to_json() for name, m in metrics.items()}
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    request = TrainRequest(
+def _train_request(args: argparse.Namespace, **extra: Any) -> TrainRequest:
+    """The training of :func:`_common`'s options (``extra``: the command's own)."""
+    return TrainRequest(
         dataset=args.dataset,
         db=args.db,
         epochs=args.epochs,
         hidden=args.hidden,
         layers=args.layers,
         seed=args.seed,
-        predictor=args.predictor,
-        workers=args.workers,
-        out=args.out,
+        **extra,
     )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    request = _train_request(args, predictor=args.predictor, workers=args.workers, out=args.out)
     with tqdm(total=request.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
 
         def tick(epoch: int, total: int, loss: float) -> None:
@@ -85,14 +88,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    request = TrainRequest(
-        dataset=args.dataset,
-        db=args.db,
-        epochs=args.epochs,
-        hidden=args.hidden,
-        layers=args.layers,
-        seed=args.seed,
-    )
+    request = _train_request(args)
     report, payload = evaluate_simulator(
         request, args.holdout, lambda fraction, message: progress(message)
     )

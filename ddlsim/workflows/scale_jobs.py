@@ -26,8 +26,7 @@ from ddlsim.data.store import (
     add_model_spec,
     add_strategy,
 )
-from ddlsim.plans.feasibility import check, cluster_target
-from ddlsim.plans.tp_plans import PLANS, tp_family
+from ddlsim.plans.feasibility import check, check_priceable, cluster_target
 from ddlsim.search.scale_plans import SpaceLimits
 from ddlsim.simulator.gpu.scale import (
     BREAKDOWN_KEYS,
@@ -47,18 +46,6 @@ change meaning)."""
 DEFAULT_TOP = 10
 MAX_TOP = 50
 _REPORT_EVERY_S = 0.5
-
-
-def check_priceable(model: ModelSpec) -> None:
-    """Raises:
-    InvalidStrategyError: when ``model``'s family has no tensor-parallel plan (the GPU path
-        splits it per layer), naming the families that have one.
-    """
-    if tp_family(model) is None:
-        raise InvalidStrategyError(
-            f"{model.label} ({model.cls}) has no tensor-parallel plan, so it cannot be priced "
-            f"on a GPU cluster; supported families: {', '.join(sorted(PLANS))}"
-        )
 
 
 def ordered_breakdown(breakdown: Mapping[str, float]) -> dict[str, float]:

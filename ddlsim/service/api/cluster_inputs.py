@@ -22,11 +22,11 @@ from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
 from ddlsim.data.store import Store
+from ddlsim.plans.feasibility import check_priceable
 from ddlsim.service.api.errors import BadRequestError
 from ddlsim.service.api.inputs import finite, resolve
 from ddlsim.simulator.gpu.scale import check_world_size
 from ddlsim.workflows.clusters import named_cluster
-from ddlsim.workflows.scale_jobs import check_priceable
 
 T = TypeVar("T")
 
