@@ -17,7 +17,7 @@ DEFAULTS = defaults(PredictRequest)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    if args.cluster:
+    if cmd_scale.gpu_cluster(args) is not None:
         return cmd_scale.predict_on_cluster(args)
     request = output.request_from(args, PredictRequest, strategy=output.strategy_argument(args))
     done = output.run_on_store(args, predict, request)

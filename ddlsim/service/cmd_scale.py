@@ -5,8 +5,9 @@ import argparse
 import sys
 from typing import Any
 
-from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.errors import InvalidClusterError, InvalidStrategyError
 from ddlsim.data.specs._serde import load_json_or_file
+from ddlsim.data.specs.cluster import EmulatedClusterSpec
 from ddlsim.data.specs.gpu_cluster import PRESETS, GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import PRECISIONS, ScalePlan
@@ -21,15 +22,58 @@ from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_sca
 from ddlsim.workflows.scale_jobs import scale_request_checked
 
 CLUSTER_HELP = (
-    f"a GPU cluster on paper: PRESET:NODES ({', '.join(PRESETS)}), the name of a cluster "
-    "profile measured with 'ddlsim profile collectives --launcher env --name NAME' "
-    "(NAME[:NODES]), inline JSON or a file; prices the job for it instead of measuring this "
-    "machine"
+    f"the cluster: a GPU cluster on paper, PRESET:NODES ({', '.join(PRESETS)}), the name of a "
+    "cluster profile measured with 'ddlsim profile collectives --launcher env --name NAME' "
+    "(NAME[:NODES]), inline JSON or a file, priced instead of measuring this machine; or an "
+    "emulated cluster of this machine (JSON naming world_size, one rank a node, and its "
+    "inter_node link), the same as --world-size and --bandwidth"
 )
+
+
+def gpu_cluster(args: argparse.Namespace) -> GpuClusterSpec | None:
+    """The GPU cluster ``--cluster`` names, or ``None``: no ``--cluster``, or an emulated
+    cluster, whose ranks and link then stand in ``args.world_size`` and ``args.bandwidth``
+    (the CPU path reads them there).
+
+    Raises:
+        InvalidClusterError: an emulated cluster of several ranks a node (this machine emulates
+            one a node), or one that contradicts ``--world-size``/``--bandwidth`` given too.
+    """
+    if not args.cluster:
+        return None
+    cluster = resolve_cluster(args.cluster, getattr(args, "db", None))
+    if isinstance(cluster, GpuClusterSpec):
+        return cluster
+    if not isinstance(cluster, EmulatedClusterSpec) or cluster.node_size != 1:
+        raise InvalidClusterError(
+            f"emulated cluster {cluster.to_json()} has {cluster.node_size} ranks a node; this "
+            "machine emulates one rank a node (devices_per_node 1)"
+        )
+    for name, value in (("world_size", cluster.world_size), ("bandwidth", cluster.link)):
+        given = getattr(args, name, None)
+        if given is not None and given != value and not _is_default(args, name, given):
+            raise InvalidClusterError(
+                f"--{name.replace('_', '-')} {given} contradicts --cluster's {name} {value}; "
+                "give one of them"
+            )
+        setattr(args, name, value)
+    return None
+
+
+def _is_default(args: argparse.Namespace, name: str, value: object) -> bool:
+    defaults = getattr(args, "cluster_defaults", {})
+    return bool(name in defaults and defaults[name] == value)
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, *, with_plan: bool) -> None:
     parser.add_argument("--cluster", help=CLUSTER_HELP)
+    parser.set_defaults(
+        cluster_defaults={
+            name: parser.get_default(name)
+            for name in ("world_size", "bandwidth")
+            if parser.get_default(name) is not None
+        }
+    )
     if with_plan:
         parser.add_argument(
             "--plan",
@@ -80,7 +124,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, with_plan: bool) -
 def _request_parts(args: argparse.Namespace) -> tuple[ModelSpec, GpuClusterSpec, int, int]:
     model = output.model_argument(args)
     check_priceable(model)
-    cluster = resolve_cluster(args.cluster, getattr(args, "db", None))
+    cluster = gpu_cluster(args)
+    if cluster is None:
+        raise InvalidClusterError(f"--cluster {args.cluster!r} is not a GPU cluster")
     seq_len = args.seq_len or model.inputs.seq_len
     if seq_len is None:
         raise InvalidStrategyError("--cluster needs --seq-len (the model's spec has none)")

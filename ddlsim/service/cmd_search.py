@@ -27,7 +27,7 @@ DEFAULTS = defaults(SearchRequest)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    if args.cluster:
+    if cmd_scale.gpu_cluster(args) is not None:
         return cmd_scale.search_on_cluster(args)
     args.algo = args.algo or DEFAULTS["algo"]
     if args.world_size is None:

@@ -9,7 +9,7 @@ import torch
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.models import build_model, count_parameters
-from ddlsim.data.specs.cluster import ClusterSpec
+from ddlsim.data.specs.clusters import parse_cluster
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO, resolve_model
 from ddlsim.service.output import emit_json, human, progress
@@ -54,7 +54,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
     if args.model:
         out["model"] = resolve_model(args.model).to_dict()
     strategy = Strategy.parse(args.strategy) if args.strategy else None
-    cluster = ClusterSpec.parse(args.cluster) if args.cluster else None
+    cluster = parse_cluster(args.cluster) if args.cluster else None
     if strategy is not None:
         out["strategy"] = strategy.to_dict()
     if cluster is not None:
@@ -83,6 +83,10 @@ def register(sub: Any) -> None:
     )
     spec.add_argument("--model", help="a zoo name or a model spec")
     spec.add_argument("--strategy", help="a strategy")
-    spec.add_argument("--cluster", help="a cluster spec")
+    spec.add_argument(
+        "--cluster",
+        help="a cluster spec: an emulated one (JSON naming world_size) or a GPU one "
+        "(PRESET:NODES, or JSON naming preset or gpu)",
+    )
     spec.add_argument("--json", action="store_true", help="print JSON only")
     spec.set_defaults(handler=cmd_spec)

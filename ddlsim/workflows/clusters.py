@@ -11,6 +11,8 @@ from ddlsim.cluster.external import ExternalRank
 from ddlsim.cluster.launcher import Launcher
 from ddlsim.data.comm_model import COLLECTIVES
 from ddlsim.data.errors import InvalidClusterError, InvalidOptionError
+from ddlsim.data.specs.cluster import ClusterSpec
+from ddlsim.data.specs.clusters import parse_cluster
 from ddlsim.data.specs.gpu_cluster import PRESETS, GpuClusterSpec, preset
 from ddlsim.data.store import Store, add_collective_profile
 from ddlsim.profiler.batch_jobs import collective_records
@@ -224,16 +226,17 @@ def collect_collectives(
     return measured, ids, store.url
 
 
-def resolve_cluster(text: str, db: str | None) -> GpuClusterSpec:
-    """``--cluster``: a preset (``PRESET:NODES``), inline JSON, a file, or the name of a
-    cluster profile stored in ``db`` (``NAME`` or ``NAME:NODES``, nodes as measured by
-    default).
+def resolve_cluster(text: str, db: str | None) -> ClusterSpec:
+    """``--cluster``: a preset (``PRESET:NODES``), inline JSON or a file of either kind (a
+    GPU cluster, an emulated one: :func:`ddlsim.data.specs.clusters.parse_cluster`), or the
+    name of a cluster profile stored in ``db`` (``NAME`` or ``NAME:NODES``, nodes as measured
+    by default).
 
     Raises:
         InvalidClusterError: none of those; the message lists the stored names.
     """
     try:
-        return GpuClusterSpec.parse(text)
+        return parse_cluster(text)
     except InvalidClusterError as exc:
         if _STORED.fullmatch(text) is None:
             raise

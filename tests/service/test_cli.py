@@ -110,6 +110,7 @@ def test_graph_strategy_inline(capsys: pytest.CaptureFixture[str]) -> None:
             r"tp\(3\) \* pp\(1\) != world_size\(4\)",
         ),
         (["spec", "--cluster", '{"world_size": 4, "backend": "nccl"}'], "needs device.type"),
+        (["spec", "--cluster", '{"nodes": 4}'], "neither an emulated cluster"),
         (["spec"], "give at least one of"),
     ],
 )
@@ -154,6 +155,10 @@ def test_spec_normalizes(capsys: pytest.CaptureFixture[str]) -> None:
     assert checked["cluster"]["devices_per_node"] == 4
     assert checked["strategy"]["tensor_fusion"]["bucket_cap_mb"] == 25.0
     assert checked["model"]["class"] == "BertForMaskedLM"
+    # A GPU cluster is a cluster spec too.
+    code, out, _ = run(capsys, "spec", "--cluster", "dgx-h100:2", "--strategy", "{}", "--json")
+    assert code == 0
+    assert json.loads(out)["data_parallel"] == 16
 
 
 def test_argument_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -117,6 +117,7 @@ def test_a_prediction_needs_the_token(client: TestClient) -> None:
         ({"cluster": "./cluster.json"}, "body.cluster", ["NAME:NODES", "dgx-a100-80g"]),
         ({"cluster": {"preset": "dgx-h100", "nodes": 1 << 20}}, "body.cluster", ["131072"]),
         ({"cluster": {"nodes": 1}}, "body.cluster", ["misses", "preset"]),
+        ({"cluster": {"world_size": 2}}, "body.cluster", ["emulated", "/v1/predictions"]),
         ({"strategy": {"parallel": {"dp": 3}}}, "body.strategy", ["dp(3)", "world_size(8)"]),
         (
             {"strategy": {"tensor_fusion": {"dear": True}}},

@@ -267,3 +267,19 @@ def test_validate_draws_parallel_plans_the_model_supports() -> None:
     assert any(s.parallel.fsdp for s in mlp)
     # a plan needing more ranks than there are is left out, not an error
     assert all(s.parallel.tp * s.parallel.pp == 1 for s in strategies_for(ZOO["mlp"], 1, 20))
+
+
+def test_an_emulated_cluster_spec_is_the_world_size_and_link(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    by_flags = _predict(capsys, "--world-size", "2", "--bandwidth", "1gbit", "--json")
+    spec = json.dumps({"world_size": 2, "nodes": 2, "inter_node": {"bandwidth_gbps": "1gbit"}})
+    by_spec = _predict(capsys, "--cluster", spec, "--json")
+    assert by_spec["iteration_time_ms"] == by_flags["iteration_time_ms"]
+    assert by_spec["world_size"] == 2
+    # Ranks sharing a node are not what this machine emulates; a contradiction is named.
+    shared = json.dumps({"world_size": 2, "nodes": 1})
+    assert main(["predict", "mlp", "--cluster", shared, "--simulator", "replay"]) == 2
+    assert "2 ranks a node" in capsys.readouterr().err
+    assert main(["predict", "mlp", "--cluster", spec, "--world-size", "4"]) == 2
+    assert "--world-size 4 contradicts --cluster's world_size 2" in capsys.readouterr().err

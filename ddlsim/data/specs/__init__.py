@@ -1,6 +1,13 @@
 """Declarative, validated, JSON round-tripping specs shared by every layer."""
 
-from ddlsim.data.specs.cluster import ClusterSpec, DeviceSpec, LinkSpec, parse_bandwidth_gbps
+from ddlsim.data.specs.cluster import (
+    ClusterSpec,
+    DeviceSpec,
+    EmulatedClusterSpec,
+    Level,
+    LinkSpec,
+    parse_bandwidth_gbps,
+)
 from ddlsim.data.specs.model import InputSpec, ModelSpec
 from ddlsim.data.specs.strategy import (
     Bucket,
@@ -14,7 +21,9 @@ __all__ = [
     "Bucket",
     "ClusterSpec",
     "DeviceSpec",
+    "EmulatedClusterSpec",
     "InputSpec",
+    "Level",
     "LinkSpec",
     "ModelSpec",
     "OpFusionPlan",

@@ -1,10 +1,22 @@
-"""``ClusterSpec``: the machines a strategy runs on and the links between them."""
+"""``ClusterSpec``: the machines a strategy runs on and the links between them, as levels.
 
+Every cluster is a tree of levels (:class:`Level`): the devices of a node, the nodes under a
+switch, the switches under the one above. Two kinds share the type:
+
+- :class:`EmulatedClusterSpec`: ranks on this machine's emulated cluster (network namespaces
+  behind rate-limited links), measured;
+- :class:`ddlsim.data.specs.gpu_cluster.GpuClusterSpec`: GPU nodes on paper (NVLink inside,
+  NICs on a leaf-spine fabric), priced from data sheets.
+
+:func:`ddlsim.data.specs.clusters.parse_cluster` reads either from one text.
+"""
+
+import abc
 import dataclasses
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ddlsim.data.errors import InvalidClusterError
 from ddlsim.data.specs._serde import (
@@ -50,6 +62,18 @@ def parse_bandwidth_gbps(text: str) -> float | None:
     return value * scale * _UNIT_BITS[match.group(3).lower()]
 
 
+def format_bandwidth(gbps: float | None) -> str:
+    """A rate in Gbit/s as ``tc`` (and ``--bandwidth``) write it: ``1gbit``, ``100mbit``,
+    ``2.5gbit``; ``none`` for an unshaped link. :func:`parse_bandwidth_gbps` reads it back."""
+    if gbps is None:
+        return "none"
+    if gbps >= 1:
+        return f"{gbps:g}gbit"
+    if gbps >= 1e-3:
+        return f"{gbps * 1e3:g}mbit"
+    return f"{gbps * 1e6:g}kbit"
+
+
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
 class DeviceSpec:
     """The accelerator (or CPU) each rank runs on; ``name`` is free text (``"H100"``)."""
@@ -85,8 +109,76 @@ class LinkSpec:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
-class ClusterSpec:
+class Level:
+    """One level of a cluster: ``fanout`` members of the level below (devices, nodes, leaves)
+    joined by one kind of link. A device sends across it at ``bandwidth_gbps`` (Gbit/s, each
+    direction; ``None``: unshaped), and one step of a collective across it takes
+    ``latency_us``."""
+
+    name: str
+    fanout: int
+    bandwidth_gbps: float | None
+    latency_us: float
+
+
+class ClusterSpec(abc.ABC):
+    """A cluster: ``world_size`` ranks, one a device, ``devices_per_node`` on each of ``nodes``
+    nodes, joined by :attr:`levels` (innermost first). The type every interface that takes a
+    cluster takes; :attr:`kind` says which of the two it is (``emulated``: measured on this
+    machine; ``gpu``: priced on paper)."""
+
+    __slots__ = ()
+    kind: ClassVar[str]
+
+    if TYPE_CHECKING:  # fields of the kinds (a property here would be their default)
+
+        @property
+        def name(self) -> str:
+            """What the cluster is called (a preset's, a stored profile's, ``emulated``)."""
+
+        @property
+        def world_size(self) -> int:
+            """Ranks: one a device."""
+
+        @property
+        def nodes(self) -> int:
+            """Machines."""
+
+    @property
+    @abc.abstractmethod
+    def node_size(self) -> int:
+        """Devices (ranks) a node."""
+
+    @property
+    @abc.abstractmethod
+    def levels(self) -> tuple[Level, ...]:
+        """The fabric, innermost level first: the node's, then each above it."""
+
+    @abc.abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form its kind's ``from_dict`` reads back."""
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def level_for(self, nodes: int) -> Level:
+        """The innermost level a group spanning ``nodes`` nodes stays inside (the node's for
+        one node): the slowest link its traffic crosses."""
+        span = 1
+        for level in self.levels:
+            span *= level.fanout
+            if nodes * self.node_size <= span:
+                return level
+        return self.levels[-1]
+
+
+@dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
+class EmulatedClusterSpec(ClusterSpec):
     """``nodes`` machines of ``devices_per_node`` devices each, one rank per device.
+
+    On this machine's emulated cluster a node is a network namespace (one rank each) behind a
+    link of ``inter_node``'s rate: :meth:`of_link` is the cluster ``--world-size`` and
+    ``--bandwidth`` name.
 
     Raises:
         InvalidClusterError: when ``nodes * devices_per_node != world_size``, the backend does not
@@ -123,11 +215,53 @@ class ClusterSpec:
                 "use backend 'gloo' on CPU"
             )
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True)
+    kind: ClassVar[str] = "emulated"
+
+    @property
+    def name(self) -> str:
+        return "emulated"
+
+    @property
+    def node_size(self) -> int:
+        return int(self.devices_per_node or 1)
+
+    @property
+    def levels(self) -> tuple[Level, ...]:
+        return (
+            Level(
+                name="node",
+                fanout=self.node_size,
+                bandwidth_gbps=self.intra_node.bandwidth_gbps,
+                latency_us=self.intra_node.latency_us,
+            ),
+            Level(
+                name="cluster",
+                fanout=self.nodes,
+                bandwidth_gbps=self.inter_node.bandwidth_gbps,
+                latency_us=self.inter_node.latency_us,
+            ),
+        )
+
+    @property
+    def link(self) -> str:
+        """The link rate between nodes as ``--bandwidth`` writes it (``1gbit``, ``none``)."""
+        return format_bandwidth(self.inter_node.bandwidth_gbps)
 
     @classmethod
-    def parse(cls, text: str) -> "ClusterSpec":
+    def of_link(cls, world_size: int, bandwidth: str | None) -> "EmulatedClusterSpec":
+        """The emulated cluster of ``world_size`` ranks, each its own node behind a link of
+        ``bandwidth`` (``None`` or ``none``: unshaped).
+
+        Raises:
+            InvalidClusterError: a bad rank count or rate.
+        """
+        rate = parse_bandwidth_gbps(bandwidth) if bandwidth is not None else None
+        return cls(
+            world_size=world_size, nodes=world_size, inter_node=LinkSpec(bandwidth_gbps=rate)
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> "EmulatedClusterSpec":
         """A cluster from inline JSON or a JSON/YAML file path."""
         return cls.from_dict(load_json_or_file(text, "cluster", InvalidClusterError))
 
@@ -143,7 +277,7 @@ class ClusterSpec:
         }
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> "ClusterSpec":
+    def from_dict(cls, raw: Mapping[str, Any]) -> "EmulatedClusterSpec":
         allowed = {
             "world_size",
             "nodes",

@@ -11,10 +11,11 @@ import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from ddlsim.data.errors import InvalidClusterError
 from ddlsim.data.specs._serde import check_keys, expect_int, expect_number, load_json_or_file
+from ddlsim.data.specs.cluster import ClusterSpec, Level
 
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 # Fields of a cluster spec a JSON spec may leave out (their defaults apply).
@@ -94,7 +95,7 @@ class AcceleratorSpec:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True, frozen=True)
-class GpuClusterSpec:
+class GpuClusterSpec(ClusterSpec):
     """``nodes`` machines of ``gpus_per_node`` GPUs, all-to-all NVLink (NVSwitch) inside a node,
     ``nics_per_node`` NICs of ``nic_gbits`` each across nodes (a rail-optimised fat tree: every
     NIC reaches every other node at its full rate), NCCL as the backend.
@@ -149,9 +150,41 @@ class GpuClusterSpec:
                 f"oversubscription must be a number >= 1 (1: non-blocking), got {over!r}"
             )
 
+    kind: ClassVar[str] = "gpu"
+
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def node_size(self) -> int:
+        return self.gpus_per_node
+
+    @property
+    def levels(self) -> tuple[Level, ...]:
+        """NVLink inside a node, the NICs to the nodes of a leaf, the spine above the leaves
+        (the leaves' rate over ``oversubscription``); rates per GPU in Gbit/s."""
+        nic_gbits = self.nic_gbps_per_gpu * 8
+        return (
+            Level(
+                name="node",
+                fanout=self.gpus_per_node,
+                bandwidth_gbps=self.nvlink_gbps * 8,
+                latency_us=self.nvlink_latency_us,
+            ),
+            Level(
+                name="leaf",
+                fanout=self.nodes_per_leaf,
+                bandwidth_gbps=nic_gbits,
+                latency_us=self.net_latency_us,
+            ),
+            Level(
+                name="spine",
+                fanout=max(1, -(-self.nodes // self.nodes_per_leaf)),
+                bandwidth_gbps=nic_gbits / self.oversubscription,
+                latency_us=self.net_latency_us,
+            ),
+        )
 
     @property
     def nic_gbps_per_gpu(self) -> float:

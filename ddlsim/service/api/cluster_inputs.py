@@ -91,6 +91,14 @@ def cluster_of(store: Store, ref: Any) -> GpuClusterSpec:
         cluster = refused(lambda: named_cluster(ref, store), field=field)
     elif isinstance(ref, dict):
         finite(ref, field=field)
+        if "world_size" in ref:
+            raise BadRequestError(
+                f"cluster {ref!r} names world_size: an emulated cluster of this machine, which "
+                "POST /v1/predictions predicts (world_size, bandwidth); a GPU cluster here is a "
+                "preset's name or an object naming preset or gpu",
+                field=field,
+                status=422,
+            )
         cluster = refused(lambda: GpuClusterSpec.from_dict(ref), field=field)
     else:
         raise BadRequestError(

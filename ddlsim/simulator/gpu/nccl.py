@@ -37,6 +37,7 @@ import dataclasses
 import math
 
 from ddlsim.data.errors import InvalidOptionError
+from ddlsim.data.specs.cluster import Level
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 
 COLLECTIVES: tuple[str, ...] = (
@@ -87,8 +88,17 @@ def _factor(collective: str, n: int) -> float:
     return factors[collective]
 
 
+def _gbytes(level: Level) -> float:
+    """A level's rate per GPU in GB/s (the fabric's levels give Gbit/s)."""
+    if level.bandwidth_gbps is None:
+        raise InvalidOptionError(f"the {level.name} level of a GPU cluster needs a rate")
+    return level.bandwidth_gbps / 8
+
+
 class NcclModel:
-    """Collective times on ``cluster`` (immutable, thread-safe)."""
+    """Collective times on ``cluster`` (immutable, thread-safe): its rates and step latencies
+    are its levels' (:attr:`GpuClusterSpec.levels`: NVLink, the leaf's rails, the spine);
+    NVLink SHARP, the launch cost and the tree's level are the GPU cluster's own."""
 
     def __init__(self, cluster: GpuClusterSpec) -> None:
         self.cluster = cluster
@@ -96,17 +106,17 @@ class NcclModel:
     def busbw_gbps(self, collective: str, group: Group) -> float:
         """The bus bandwidth (GB/s) a large message reaches, as nccl-tests reports it."""
         _factor(collective, group.size)
-        nvlink = self.cluster.nvlink_gbps * NVLINK_EFFICIENCY
+        node = self.cluster.levels[0]
+        nvlink = _gbytes(node) * NVLINK_EFFICIENCY
         if group.nodes == 1:
-            gpn = self.cluster.gpus_per_node
+            gpn = node.fanout
             if collective == "all_reduce" and self.cluster.nvls_gbps and group.size > 4 < gpn:
                 share = (group.size - 4) / (gpn - 4)
                 return max(nvlink, nvlink + share * (self.cluster.nvls_gbps - nvlink))
             return nvlink
-        net = self.cluster.nic_gbps_per_gpu * NET_EFFICIENCY
-        if group.nodes > self.cluster.nodes_per_leaf:
-            # Beyond one leaf the traffic crosses the spine, oversubscribed or not.
-            net /= self.cluster.oversubscription
+        # The level the group's nodes reach: the leaf's rails, or the spine above them
+        # (oversubscribed or not) for a group of more nodes than a leaf holds.
+        net = _gbytes(self.cluster.level_for(group.nodes)) * NET_EFFICIENCY
         if collective == "sendrecv":
             return net
         if collective == "all_to_all":
@@ -129,8 +139,8 @@ class NcclModel:
         if n == 1:
             return 0.0
         cluster = self.cluster
-        a_nvl = cluster.nvlink_latency_us
-        a_net = cluster.net_latency_us
+        a_nvl = cluster.levels[0].latency_us
+        a_net = cluster.levels[1].latency_us
         if collective == "sendrecv":
             return a_net if group.nodes > 1 else a_nvl
         base = cluster.collective_base_us
