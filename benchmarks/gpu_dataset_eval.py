@@ -17,54 +17,15 @@ Time: under a minute for the zoo file on this machine (4 folds, 200 epochs).
 """
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from ddlsim.data.specs.strategy import Strategy
-from ddlsim.data.zoo import ZOO
-from ddlsim.profiler.capture import capture_graph
-from ddlsim.simulator.dataset import Dataset, KernelEntry, RunEntry, load_dataset
+from ddlsim.simulator.dataset import load_dataset
 from ddlsim.simulator.gpu.learned import evaluate_holdout, gpu_of
 from ddlsim.simulator.train import TrainOptions
-
-ZOO_CUDA = Path(__file__).resolve().parents[1] / "ddlsim/data/measured/h100/zoo_cuda.json.gz"
-
-
-def zoo_cuda_dataset(path: Path = ZOO_CUDA) -> tuple[Dataset, str]:
-    """The shipped zoo runs on one H100 as a dataset, and the GPU's name."""
-    with gzip.open(path, "rt", encoding="utf-8") as handle:
-        raw = json.load(handle)
-    kernels = {}
-    runs = []
-    for model in raw["models"]:
-        spec = ZOO[model["model"]].with_inputs(**model["inputs"])
-        profile = model["kernel_profile"]
-        kernels[(spec.label, spec.inputs.batch_size)] = KernelEntry(
-            graph=capture_graph(spec), node_ms={}, iteration_time_ms=profile["iteration_time_ms"]
-        )
-        for mode, strategy in (("eager", Strategy()), ("compiled", Strategy(compile=True))):
-            samples = [ms for run in model["runs"][mode] for ms in run["samples_ms"]]
-            runs.append(
-                RunEntry(
-                    model=spec,
-                    strategy=strategy,
-                    world_size=1,
-                    bandwidth="none",
-                    samples_ms=tuple(samples),
-                    seed=0,
-                    created_at=raw["date"],
-                    extra={"launch_id": f"zoo_cuda:{spec.label}"},
-                )
-            )
-    return Dataset(runs=tuple(runs), kernels=kernels, links=(), meta={}), str(raw["device"])
-
-
-def _gpu_name(dataset: Dataset) -> str:
-    sheet = dataset.meta.get("datasheet") or {}
-    return str(sheet.get("gpu") or dataset.meta.get("gpu") or "")
+from ddlsim.workflows.gpu_simulator import gpu_name_of, shipped_gpu_runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the report (JSON)")
     args = parser.parse_args(argv)
     if args.zoo_cuda:
-        dataset, name = zoo_cuda_dataset()
+        dataset, name = shipped_gpu_runs()
     else:
         dataset = load_dataset(Path(args.dataset))
-        name = _gpu_name(dataset)
+        name = gpu_name_of(dataset)
     gpu = gpu_of(args.gpu or name)
     report: dict[str, Any] = evaluate_holdout(
         dataset,

@@ -18,7 +18,7 @@ from ddlsim.search.scale_plans import SpaceLimits
 from ddlsim.service import output
 from ddlsim.workflows.clusters import resolve_cluster
 from ddlsim.workflows.layout_search import LayoutJob, search_layouts_with
-from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
+from ddlsim.workflows.scale import ScaleRequest, layout_cost, predict_at_scale, search_at_scale
 from ddlsim.workflows.scale_jobs import scale_request_checked
 
 CLUSTER_HELP = (
@@ -150,7 +150,8 @@ def predict_on_cluster(args: argparse.Namespace) -> int:
     request = ScaleRequest(
         model=model, cluster=cluster, plan=plan, global_batch=batch, seq_len=seq_len
     )
-    prediction = predict_at_scale(scale_request_checked(request))
+    cost = layout_cost(args.simulator, cluster)
+    prediction = predict_at_scale(scale_request_checked(request), cost=cost)
     memory = prediction.memory
     if not prediction.fits:
         parts = ", ".join(f"{k.removesuffix('_gib')} {v} GiB" for k, v in memory.to_json().items())
@@ -187,6 +188,7 @@ def search_on_cluster(args: argparse.Namespace) -> int:
     the GPU path's bound-and-replay search, or with ``--algo`` by the search registry's
     algorithm (:mod:`ddlsim.workflows.layout_search`)."""
     model, cluster, batch, seq_len = _request_parts(args)
+    cost = layout_cost(args.simulator, cluster)
     limits = (
         SpaceLimits.from_dict(
             load_json_or_file(args.search_space, "search space", InvalidStrategyError)
@@ -211,7 +213,7 @@ def search_on_cluster(args: argparse.Namespace) -> int:
             evaluations=args.budget, time_limit_s=args.time_limit, top=args.top, seed=args.seed
         )
         found = search_layouts_with(
-            args.algo, job, budget, storage=args.storage, study_name=args.study_name
+            args.algo, job, budget, storage=args.storage, study_name=args.study_name, cost=cost
         )
         return _show_layouts(args, model, cluster, found)
     result = search_at_scale(
@@ -226,6 +228,7 @@ def search_on_cluster(args: argparse.Namespace) -> int:
         limits=limits,
         memory_margin_gib=args.memory_margin_gib,
         target=args.target,
+        cost=cost,
     )
     top = [
         {

@@ -39,6 +39,7 @@ from ddlsim.simulator.train import (
     TrainOptions,
     intra_op_threads,
 )
+from ddlsim.workflows.gpu_simulator import GpuTrainRequest, train_gpu_simulator
 from ddlsim.workflows.simulator_jobs import (
     TrainRequest,
     evaluate_simulator,
@@ -64,6 +65,8 @@ def _train_request(args: argparse.Namespace, **extra: Any) -> TrainRequest:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    if args.gpu is not None:
+        return _train_gpu(args)
     request = _train_request(args, predictor=args.predictor, workers=args.workers, out=args.out)
     with tqdm(total=request.epochs, desc="training", unit="epoch", file=sys.stderr) as bar:
 
@@ -84,6 +87,41 @@ def cmd_train(args: argparse.Namespace) -> int:
             f"{payload['elapsed_s']:.0f} s; predictor {payload['predictor']}; written to "
             f"{payload['out']}"
         )
+    return 0
+
+
+def _train_gpu(args: argparse.Namespace) -> int:
+    """``ddlsim simulator train --gpu``: the GPU path's cost model
+    (:mod:`ddlsim.workflows.gpu_simulator`)."""
+    if args.db:
+        raise InvalidOptionError(
+            "--gpu trains on a GPU dataset file (--dataset) or the shipped GPU runs, not on a "
+            "store's runs: drop --db"
+        )
+    request = GpuTrainRequest(
+        dataset=args.dataset,
+        gpu=args.gpu or None,
+        epochs=args.epochs,
+        seed=args.seed,
+        predictor=args.predictor,
+        out=args.out,
+    )
+    payload = train_gpu_simulator(request, progress)
+    if args.json:
+        emit_json(payload)
+        return 0
+    held = payload["holdout_mape"]
+    errors = (
+        f"held out by family: roofline MAPE {held['roofline']:.3f}, corrected "
+        f"{held['learned']:.3f}"
+        if held
+        else "one family: nothing held out"
+    )
+    print(
+        f"trained on {payload['iterations']} iterations of {len(payload['families'])} families "
+        f"on {payload['gpu']} in {payload['elapsed_s']:.0f} s; {errors}; predictor "
+        f"{payload['predictor']}; written to {payload['out']}"
+    )
     return 0
 
 
@@ -278,6 +316,15 @@ def register(commands: Any) -> None:
         default="auto",
         choices=("auto", *PREDICTORS),
         help="what predict uses; auto: the lowest error with each family held out in turn",
+    )
+    train.add_argument(
+        "--gpu",
+        nargs="?",
+        const="",
+        metavar="NAME",
+        help="train the GPU path's cost model (predict|search --cluster) on GPU iterations: "
+        "--dataset a GPU dataset, else the shipped H100 zoo runs; NAME the GPU where the "
+        "dataset names none; written to simulator/gpu_cost_model.pt in the data directory",
     )
     train.set_defaults(handler=cmd_train)
     evaluate = commands.add_parser(

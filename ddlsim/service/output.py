@@ -162,8 +162,9 @@ def add_simulator_argument(parser: argparse.ArgumentParser) -> None:
         "--simulator",
         metavar="replay|analytic|CKPT",
         help="'replay' alone, 'analytic' (closed form of grid plans), or a cost-model "
-        "checkpoint (default: yours if trained, else the "
-        "shipped one)",
+        "checkpoint (default: yours if trained, else the shipped one); with --cluster, "
+        "'replay' or a checkpoint trained on GPU iterations (simulator train --gpu; default: "
+        "yours where trained over the cluster's GPU, else replay)",
     )
 
 

@@ -47,6 +47,14 @@ Predictor = Literal["replay", "gnn", "blend", "analytic"]
 # The predictors held-out evaluation compares and a checkpoint may name.
 PREDICTORS: tuple[Predictor, ...] = ("replay", "gnn", "blend")
 ANALYTIC_VERSION = "analytic-1"
+GPU_TARGET = "gpu"
+"""A checkpoint's ``target`` when it corrects the GPU path's replay
+(:mod:`ddlsim.simulator.gpu.cost`); the CPU loop's checkpoints name none, or ``cpu``."""
+
+
+def target_of(meta: Mapping[str, Any] | None) -> str:
+    """Which replay a checkpoint's meta says it corrects: ``cpu`` (the CPU loop's) or ``gpu``."""
+    return str((meta or {}).get("target") or "cpu")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -259,6 +267,17 @@ def load_cost_model(choice: str | None) -> CostModel:
     if not path.is_file():
         return ReplayCostModel()
     network, meta = load_checkpoint(path)
+    if target_of(meta) != "cpu":
+        raise InvalidOptionError(
+            f"cost model checkpoint {path} corrects the GPU path (trained on GPU iterations); "
+            "it prices GPU clusters (--cluster), not this machine's emulated one"
+        )
+    return checkpoint_cost_model(network, meta)
+
+
+def checkpoint_cost_model(network: IterationCostModel, meta: Mapping[str, Any]) -> CostModel:
+    """The cost model a checkpoint's meta names (``gnn`` when it names none; the replay,
+    carrying the meta, for one that is not learned)."""
     predictor = str(meta.get("predictor", "gnn"))
     if predictor not in ("gnn", "blend"):
         return ReplayCostModel(network=network, meta=meta)

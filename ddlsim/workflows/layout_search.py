@@ -25,6 +25,7 @@ from ddlsim.data.specs.strategy import Strategy
 from ddlsim.search import SearchBudget, SearchProblem, Space, search_algorithm
 from ddlsim.search.registry import STUDY_ALGORITHMS
 from ddlsim.search.scale_plans import SpaceLimits, layouts
+from ddlsim.simulator.gpu.cost import LayoutCost
 from ddlsim.simulator.gpu.scale import ScalePrediction
 from ddlsim.workflows.scale import (
     ScaleRequest,
@@ -70,8 +71,9 @@ class LayoutEvaluator:
     by strategy, the job's precision, compilation and kernels applied; a layout the GPU path
     cannot price costs ``inf`` and fits nowhere. Not thread-safe."""
 
-    def __init__(self, job: LayoutJob) -> None:
+    def __init__(self, job: LayoutJob, cost: LayoutCost | None = None) -> None:
         self.job = job
+        self.cost = cost
         self.on_priced: Callable[[int], None] | None = None
         self._closed: dict[str, ScalePrediction | None] = {}
         self._replayed: dict[str, float] = {}
@@ -98,7 +100,7 @@ class LayoutEvaluator:
                 global_batch=job.global_batch,
                 seq_len=job.seq_len,
             )
-            return predict_at_scale(request, replay=replay)
+            return predict_at_scale(request, replay=replay, cost=self.cost)
         except DdlsimError:  # a layout the GPU path cannot price (its batch, its stages)
             return None
 
@@ -132,9 +134,12 @@ class LayoutEvaluator:
         return bool(self.memory(strategy).total_gib <= limit)
 
 
-def layout_problem(job: LayoutJob) -> tuple[SearchProblem, LayoutEvaluator, int]:
-    """The search problem of ``job``'s layouts, its evaluator, and how many layouts were left
-    out as not running on ``job.target``.
+def layout_problem(
+    job: LayoutJob, cost: LayoutCost | None = None
+) -> tuple[SearchProblem, LayoutEvaluator, int]:
+    """The search problem of ``job``'s layouts, its evaluator (pricing through ``cost``; the
+    replay alone without), and how many layouts were left out as not running on
+    ``job.target``.
 
     Raises:
         InvalidOptionError: a bad margin or target; InvalidModelSpecError: a model that
@@ -162,7 +167,7 @@ def layout_problem(job: LayoutJob) -> tuple[SearchProblem, LayoutEvaluator, int]
     # DDP's plan (all GPUs data-parallel) first, as every space starts.
     plans.sort(key=lambda plan: plan.label != Strategy().parallel.label)
     problem = SearchProblem(
-        evaluator=(evaluator := LayoutEvaluator(job)),
+        evaluator=(evaluator := LayoutEvaluator(job, cost)),
         space=Space(
             plans=tuple(dict.fromkeys(plans)),
             total_grad_mb=0.0,
@@ -185,9 +190,11 @@ def search_layouts_with(
     storage: str | None = None,
     study_name: str | None = None,
     progress: Callable[[int], None] | None = None,
+    cost: LayoutCost | None = None,
 ) -> dict[str, Any]:
-    """Search ``job``'s layouts with the registry's ``algo`` (an Optuna one on the study
-    ``study_name`` in ``storage``, which other searches may share); the payload: the best
+    """Search ``job``'s layouts (priced through ``cost``) with the registry's ``algo`` (an
+    Optuna one on the study ``study_name`` in ``storage``, which other searches may share);
+    the payload: the best
     layout and the ``budget.top`` fastest (``None`` when none fits), each with its time,
     throughput and memory, and what was searched.
 
@@ -199,7 +206,7 @@ def search_layouts_with(
             f"--algo {algo} does not search a GPU cluster's layouts; allowed: "
             f"{', '.join(LAYOUT_ALGORITHMS)}"
         )
-    problem, evaluator, left_out = layout_problem(job)
+    problem, evaluator, left_out = layout_problem(job, cost)
     config: dict[str, Any] = {}
     if algo in STUDY_ALGORITHMS:
         cluster = job.cluster

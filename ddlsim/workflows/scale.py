@@ -21,6 +21,8 @@ from ddlsim.search.scale_plans import (
     SpaceLimits,
     search_layouts,
 )
+from ddlsim.simulator.features import ModelGraph
+from ddlsim.simulator.gpu.cost import LayoutCost, layout_graph, load_gpu_cost_model
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.gpu.scale import (
     ModelDims,
@@ -131,8 +133,12 @@ def shard_pricing(
     return _costs(spec_json, tp, micro_batch, seq_len, precision, compiled, gpu_key, kernels)
 
 
-def predict_at_scale(request: ScaleRequest, *, replay: bool = True) -> ScalePrediction:
-    """One iteration of ``request`` on paper.
+def predict_at_scale(
+    request: ScaleRequest, *, replay: bool = True, cost: LayoutCost | None = None
+) -> ScalePrediction:
+    """One iteration of ``request`` on paper: the schedule replayed (``replay``; else its
+    closed form) and, replayed, corrected by ``cost``'s model where it is a learned one
+    (:mod:`ddlsim.simulator.gpu.cost`; ``None``: the replay alone).
 
     Raises:
         InvalidStrategyError: when the plan does not fit the cluster, model or batch.
@@ -153,7 +159,7 @@ def predict_at_scale(request: ScaleRequest, *, replay: bool = True) -> ScalePred
         compiled=plan.fused_kernels,
         kernels=plan.kernels,
     )
-    return predict_scale(
+    prediction = predict_scale(
         costs,
         dims,
         plan,
@@ -163,6 +169,34 @@ def predict_at_scale(request: ScaleRequest, *, replay: bool = True) -> ScalePred
         op_costs=op_costs,
         replay=replay,
     )
+    if not replay or cost is None or not cost.learned:
+        return prediction
+    dtype = "bf16" if plan.precision == "fp8" else plan.precision
+    shard_args = (
+        json.dumps(request.model.to_dict(), sort_keys=True),
+        plan.tp,
+        mbs,
+        request.seq_len // plan.cp,
+        dtype,
+    )
+
+    def graph() -> tuple[ModelGraph, str]:
+        shard = _shard(*shard_args)
+        return layout_graph(shard.graph, op_costs), shard.block
+
+    key = json.dumps([*shard_args, plan.precision, plan.kernels, request.cluster.gpu.name])
+    return cost.correct(prediction, plan, key=key, graph=graph)
+
+
+def layout_cost(choice: str | None, cluster: GpuClusterSpec) -> LayoutCost:
+    """The cost that prices layouts on ``cluster``: ``--simulator``'s choice (``replay``, a
+    checkpoint trained on GPU iterations; ``None``: the user's GPU checkpoint where one was
+    trained over the cluster's GPU, else the replay alone).
+
+    Raises:
+        InvalidOptionError: a checkpoint of the CPU loop's or of another GPU's.
+    """
+    return LayoutCost(load_gpu_cost_model(choice, cluster.gpu))
 
 
 def tp_options(model: ModelSpec, cluster: GpuClusterSpec) -> tuple[int, ...]:
@@ -243,11 +277,13 @@ def search_at_scale(
     memory_margin_gib: float = 0.0,
     progress: Callable[[int], None] | None = None,
     target: str = "paper",
+    cost: LayoutCost | None = None,
 ) -> ScaleSearchResult:
     """The fastest layout of ``model`` on ``cluster`` that fits its GPUs' memory with
     ``memory_margin_gib`` to spare (:mod:`ddlsim.search.scale_plans`); with ``target``
     ``cuda`` (a search for a run), only layouts this executor runs on those GPUs
-    (:func:`runs_on`).
+    (:func:`runs_on`). The replayed layouts are ranked by ``cost``'s model (a learned one
+    corrects them; the closed form that chooses which to replay is not corrected).
 
     Raises:
         InvalidOptionError: a negative margin, or one as large as the GPU's memory.
@@ -271,7 +307,7 @@ def search_at_scale(
         request = ScaleRequest(
             model=model, cluster=cluster, plan=plan, global_batch=global_batch, seq_len=seq_len
         )
-        prediction = predict_at_scale(request, replay=replay)
+        prediction = predict_at_scale(request, replay=replay, cost=cost)
         gib = prediction.memory.total_gib
         return prediction.iteration_s, gib, gib + memory_margin_gib <= cluster.gpu.memory_gib
 

@@ -36,6 +36,7 @@ from ddlsim.workflows.requests import Progress, no_progress
 from ddlsim.workflows.scale import (
     ScaleRequest,
     check_memory_margin,
+    layout_cost,
     predict_at_scale,
     search_at_scale,
 )
@@ -44,6 +45,16 @@ SCALE_SIMULATOR_VERSION = "gpu-scale-2"
 """What stored cluster predictions were priced with (bump it when the GPU path's figures
 change meaning)."""
 DEFAULT_TOP = 10
+
+
+def scale_version(predictor: str) -> str:
+    """The version a GPU prediction carries: the GPU path's, after the learned predictor
+    that corrected it (``gnn+gpu-scale-2``) where one did."""
+    if predictor == "replay":
+        return SCALE_SIMULATOR_VERSION
+    return f"{predictor}+{SCALE_SIMULATOR_VERSION}"
+
+
 MAX_TOP = 50
 _REPORT_EVERY_S = 0.5
 
@@ -95,7 +106,7 @@ def predict_and_store(request: ScaleRequest, store: Store) -> ClusterPredictionR
         InvalidStrategyError, InvalidModelSpecError: as :func:`predict_at_scale`.
     """
     scale_request_checked(request)
-    prediction = predict_at_scale(request)
+    prediction = predict_at_scale(request, cost=layout_cost(None, request.cluster))
     plan = request.plan
     with store.transaction() as session:
         record = ClusterPredictionRecord(
@@ -108,7 +119,7 @@ def predict_and_store(request: ScaleRequest, store: Store) -> ClusterPredictionR
             seq_len=request.seq_len,
             iteration_s=prediction.iteration_s,
             prediction={"layout": plan.label(), **figures(prediction)},
-            simulator_version=SCALE_SIMULATOR_VERSION,
+            simulator_version=scale_version(prediction.predictor),
         )
         prediction_id = add_cluster_prediction(session, prediction=record)
     return store.cluster_prediction(prediction_id=prediction_id)
@@ -249,6 +260,7 @@ def search_cluster(
             progress(None, f"{evaluated} layouts priced")
 
     progress(0.0, f"capturing {request.model.label}'s block")
+    cost = layout_cost(None, cluster)
     result = search_at_scale(
         request.model,
         cluster,
@@ -263,6 +275,7 @@ def search_cluster(
         memory_margin_gib=request.memory_margin_gib,
         progress=priced,
         target=request.target,
+        cost=cost,
     )
     top = result.ranked[: request.top]
     layouts = []
@@ -275,7 +288,7 @@ def search_cluster(
             global_batch=request.global_batch,
             seq_len=request.seq_len,
         )
-        prediction = predict_at_scale(scale, replay=ranked.replayed)
+        prediction = predict_at_scale(scale, replay=ranked.replayed, cost=cost)
         layouts.append(
             {
                 "rank": index + 1,
@@ -297,6 +310,6 @@ def search_cluster(
         "refused_memory": result.refused_memory,
         "failed": result.failed,
         "search_s": round(result.seconds, 3),
-        "simulator_version": SCALE_SIMULATOR_VERSION,
+        "simulator_version": scale_version(cost.cost_model.name),
         "layouts": layouts,
     }

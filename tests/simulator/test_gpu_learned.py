@@ -1,8 +1,6 @@
 """The GPU path's learned cost: iterations priced by the roofline and corrected by the GNN,
 held out by family."""
 
-import functools
-
 import pytest
 
 from ddlsim.data.errors import InvalidOptionError
@@ -10,37 +8,19 @@ from ddlsim.data.specs.gpu_cluster import H100_SXM, H200_SXM
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
-from ddlsim.profiler.capture import CaptureOptions, capture_graph
-from ddlsim.simulator.dataset import Dataset, KernelEntry, RunEntry
+from ddlsim.simulator.dataset import Dataset, RunEntry
+from ddlsim.simulator.gpu.cost import roofline_node_ms
 from ddlsim.simulator.gpu.learned import (
     evaluate_holdout,
     gpu_of,
     gpu_training_set,
-    roofline_node_ms,
 )
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.train import TrainOptions
+from tests.simulator.gpu_runs import graph_of, kernel_entry, synthetic_dataset
 
-FAMILIES = ("gpt2-tiny", "bert-tiny", "llama-tiny", "opt-tiny")
-
-
-@functools.cache
-def _graph(name: str, precision: str = "fp32"):  # type: ignore[no-untyped-def]
-    return capture_graph(ZOO[name], CaptureOptions(autocast=precision))
-
-
-def _truth(graph) -> float:  # type: ignore[no-untyped-def]
-    """A GPU the roofline misses the same way on every family: half again the roofline, and
-    40 us a parameter's optimizer launch."""
-    node_ms = roofline_node_ms(graph, GpuOpCosts(H100_SXM))
-    optimizer_nodes = sum(1 for n in graph.nodes if n.kind == "optimizer")
-    return 1.5 * sum(node_ms.values()) + 0.04 * optimizer_nodes
-
-
-def _kernel(name: str, precision: str = "fp32") -> KernelEntry:
-    graph = _graph(name, precision)
-    node_ms = roofline_node_ms(graph, GpuOpCosts(H100_SXM))
-    return KernelEntry(graph=graph, node_ms=node_ms, iteration_time_ms=_truth(graph))
+_graph = graph_of
+_kernel = kernel_entry
 
 
 def _launch(spec: ModelSpec, raw: dict, ms: float) -> RunEntry:
@@ -107,13 +87,7 @@ def test_launches_pair_with_the_profile_of_their_precision() -> None:
 
 
 def test_held_out_families_learn_what_the_roofline_misses() -> None:
-    kernels = {}
-    for name in FAMILIES:
-        for precision in ("fp32", "bf16"):
-            entry = _kernel(name, precision)
-            key = name if precision == "fp32" else f"{name}:{precision}"
-            kernels[(key, entry.graph.model.inputs.batch_size)] = entry
-    dataset = Dataset(runs=(), kernels=kernels, links=(), meta={})
+    dataset = synthetic_dataset()
     report = evaluate_holdout(dataset, H100_SXM, options=TrainOptions(epochs=150))
     assert report["families"] == 4 and report["iterations"] == 8
     # the roofline alone misses by a third or more; trained on three families, the

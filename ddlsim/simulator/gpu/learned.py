@@ -27,13 +27,14 @@ from typing import Any
 import torch
 
 from ddlsim.data.errors import InvalidOptionError
-from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.models import repeated_blocks
 from ddlsim.data.specs.gpu_cluster import H100_SXM, H200_SXM, AcceleratorSpec
+from ddlsim.simulator.cost_model import GPU_TARGET
 from ddlsim.simulator.dataset import Dataset, KernelEntry, RunEntry
 from ddlsim.simulator.features import GLOBAL_FEATURES, StrategySample, model_graph
 from ddlsim.simulator.gnn import IterationCostModel
-from ddlsim.simulator.gpu.roofline import KERNEL_FLOOR_MS, GpuOpCosts
+from ddlsim.simulator.gpu.cost import roofline_node_ms
+from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.train import TrainingSet, TrainOptions, train_cost_model
 
 _GLOBAL = {name: i for i, name in enumerate(GLOBAL_FEATURES)}
@@ -51,20 +52,6 @@ def gpu_of(name: str) -> AcceleratorSpec:
     raise InvalidOptionError(
         f"GPU {name!r} has no measured per-op times to price its roofline; allowed: H100, H200"
     )
-
-
-def roofline_node_ms(graph: IterationGraph, costs: GpuOpCosts) -> dict[int, float]:
-    """The roofline's time of each compute and optimizer node (ms). Matmuls run in their
-    operands' dtype (the graph's autocast decides it); an optimizer node is the step of its
-    parameter, at least a kernel (the executor's AdamW loops over parameters)."""
-    out: dict[int, float] = {}
-    for node in graph.nodes:
-        if node.kind == "compute":
-            out[node.id] = costs.node_ms(node, in_block=False)
-        elif node.kind == "optimizer":
-            params = node.param_bytes // 4
-            out[node.id] = max(KERNEL_FLOOR_MS, costs.optimizer_ms(params))
-    return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -279,3 +266,59 @@ def evaluate_holdout(
         "by_family": by_family,
         "rows": rows,
     }
+
+
+GPU_PREDICTORS: tuple[str, ...] = ("auto", "gnn", "blend", "replay")
+"""What a GPU checkpoint may predict with: ``auto`` lets held-out evaluation choose between
+the learned correction and the replay alone."""
+
+
+def train_gpu_cost_model(
+    dataset: Dataset,
+    gpu: AcceleratorSpec,
+    *,
+    options: TrainOptions | None = None,
+    predictor: str = "auto",
+    progress: Callable[[str], None] | None = None,
+) -> tuple[IterationCostModel, dict[str, Any]]:
+    """A cost model that corrects the GPU path's replay on clusters of ``gpu``: trained on
+    every iteration of ``dataset`` priced over ``gpu``'s op costs, and its checkpoint's meta
+    (``target`` ``gpu``, the GPU, the held-out errors). ``auto`` takes the learned correction
+    only where, each family held out in turn, it beats the roofline alone (two families or
+    more); else the replay alone, named in the meta.
+
+    Raises:
+        InvalidOptionError: an unknown predictor, or a dataset with no iteration to learn from.
+    """
+    if predictor not in GPU_PREDICTORS:
+        raise InvalidOptionError(
+            f"predictor {predictor!r} is not one of {', '.join(GPU_PREDICTORS)}"
+        )
+    data, samples = gpu_training_set(dataset, gpu)
+    if not samples:
+        raise InvalidOptionError(
+            "the GPU dataset has no iteration to learn from (kernel profiles, or one-rank "
+            "launches of a profiled model)"
+        )
+    families = sorted({s.sample.family for s in samples})
+    holdout = None
+    if len(families) >= 2:
+        holdout = evaluate_holdout(dataset, gpu, options=options, progress=progress)["mape"]
+    chosen = predictor
+    if predictor == "auto":
+        learned_wins = holdout is not None and holdout["learned"] < holdout["roofline"]
+        chosen = "gnn" if learned_wins else "replay"
+    if progress is not None:
+        progress(f"training on {len(samples)} iterations of {len(families)} families")
+    network = train_cost_model(data, options=options)
+    meta = {
+        "target": GPU_TARGET,
+        "gpu": gpu.name,
+        "measured": gpu.measured,
+        "predictor": chosen,
+        "holdout_mape": holdout,
+        "iterations": len(samples),
+        "families": families,
+        "skipped": data.skipped,
+    }
+    return network, meta

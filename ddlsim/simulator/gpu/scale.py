@@ -84,11 +84,38 @@ class ScalePrediction:
     micro_batch_size: int
     model_tflops_per_gpu: float = 0.0
     mfu: float = 0.0
+    # Set where a learned cost model corrected the replay: the replay's own time, and the
+    # predictor that corrected it (:mod:`ddlsim.simulator.gpu.cost`).
+    replay_s: float | None = None
+    predictor: str = "replay"
+
+    def corrected(self, iteration_s: float, predictor: str) -> "ScalePrediction":
+        """This prediction at ``iteration_s`` (a cost model's correction of the replay): the
+        rates scale with the time; memory and the replay's breakdown stay."""
+        ratio = self.iteration_s / iteration_s
+        return dataclasses.replace(
+            self,
+            iteration_s=iteration_s,
+            tokens_per_s_per_gpu=self.tokens_per_s_per_gpu * ratio,
+            tflops_per_gpu=self.tflops_per_gpu * ratio,
+            model_tflops_per_gpu=self.model_tflops_per_gpu * ratio,
+            mfu=self.mfu * ratio,
+            replay_s=self.iteration_s,
+            predictor=predictor,
+        )
 
     def to_json(self) -> dict[str, Any]:
         """``tflops_per_gpu`` counts recomputed FLOPs (as Megatron-LM's papers do);
-        ``model_tflops_per_gpu`` and ``mfu`` (against the GPU's dense 16-bit peak) do not."""
+        ``model_tflops_per_gpu`` and ``mfu`` (against the GPU's dense 16-bit peak) do not.
+        A corrected prediction also names its ``predictor`` and the ``replay_s`` it corrected
+        (``breakdown_ms`` is the replay's)."""
+        corrected = (
+            {"predictor": self.predictor, "replay_s": self.replay_s}
+            if self.replay_s is not None
+            else {}
+        )
         return {
+            **corrected,
             "iteration_s": self.iteration_s,
             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "tflops_per_gpu": self.tflops_per_gpu,
