@@ -22,13 +22,13 @@ import torch
 from torch import nn
 
 from ddlsim.cluster.allocator import use_rank_allocator
+from ddlsim.cluster.groups import world_of_one
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.models import build_model, make_batch
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Bucket, Strategy
 from ddlsim.executor.context import RankContext, disable_dropout
 from ddlsim.executor.data_parallel import BucketTrainer, DDPTrainer
-from ddlsim.executor.overheads import world_of_one
 
 MANY_SMALL_PARAMETERS = ModelSpec.from_dict(
     {

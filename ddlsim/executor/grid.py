@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from ddlsim.cluster import groups
 from ddlsim.data.specs.strategy import GRID_AXES
 from ddlsim.executor.context import (
     RankContext,
@@ -292,8 +293,6 @@ class GridTrainer(SynchronousTrainer):
     """
 
     def __init__(self, ctx: RankContext, model: nn.Module) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-
         parallel = ctx.strategy.parallel
         grid_layers(ctx.spec, parallel.grid_axes)
         family = tp_family(ctx.spec)
@@ -303,10 +302,10 @@ class GridTrainer(SynchronousTrainer):
         self.model = model
         self.parallel = parallel
         sizes = parallel.grid_axes
-        mesh = init_device_mesh(
+        mesh = groups.mesh(
             ctx.device.type,
             (ctx.dp, sizes["depth"], sizes["rows"], sizes["cols"]),
-            mesh_dim_names=("dp", "depth", "rows", "cols"),
+            ("dp", "depth", "rows", "cols"),
         )
         self.axes = GridAxes.from_mesh(mesh)
         self.styles, self.pending = apply_grid(

@@ -12,8 +12,8 @@ nothing to run posts nothing and its followers end (:meth:`Launcher.release`).
 import dataclasses
 import json
 from collections.abc import Callable
-from datetime import timedelta
 
+from ddlsim.cluster import groups
 from ddlsim.cluster.external import ExternalRank, agree, launch_store
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.specs.model import ModelSpec
@@ -106,7 +106,6 @@ class CompareJob:
         )
 
     def as_rank(self, launcher: str, progress: Say | None) -> list[RunResult] | None:
-        import torch.distributed as dist
 
         place, options = _in_group(self.options)
         store = launch_store(place)
@@ -116,12 +115,12 @@ class CompareJob:
         ]
         if not agreed:
             return [] if place.rank == 0 else None
-        dist.init_process_group(
+        groups.join(
             options.resolved_backend,
+            options.collective_timeout_s,
             store=store,
             rank=place.rank,
             world_size=place.world_size,
-            timeout=timedelta(seconds=options.collective_timeout_s),
         )
         return compare_joined(
             self.spec,

@@ -19,22 +19,18 @@ Times are single-threaded medians (a rank computes on one core) of ``iterations`
 ``warmup``.
 """
 
-import contextlib
 import statistics
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 from ddlsim.cluster.allocator import use_rank_allocator
+from ddlsim.cluster.groups import mesh as device_mesh
+from ddlsim.cluster.groups import world_of_one
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.models import build_model, make_batch
 from ddlsim.data.specs.model import ModelSpec
@@ -42,21 +38,6 @@ from ddlsim.executor.context import disable_dropout, local_loss, make_optimizer
 from ddlsim.executor.tensor_parallel import apply_tensor_parallel
 from ddlsim.plans.stages import default_groups
 from ddlsim.plans.tp_plans import tp_plan
-
-
-@contextlib.contextmanager
-def world_of_one() -> Iterator[None]:
-    """A gloo process group of this process alone (refused if one is already set up)."""
-    if dist.is_initialized():
-        raise InvalidOptionError("a process group is already initialized in this process")
-    with tempfile.TemporaryDirectory(prefix="ddlsim-overheads-") as tmp:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{Path(tmp) / 'store'}", rank=0, world_size=1
-        )
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 def _time_steps(
@@ -111,7 +92,7 @@ def measure_plan_overheads(
 
     try:
         with world_of_one():
-            mesh = init_device_mesh("cpu", (1,))
+            mesh = device_mesh("cpu", (1,))
             plain = fresh()
             batch = make_batch(spec, plain, seed=0)
             params = sum(1 for p in plain.parameters() if p.requires_grad)

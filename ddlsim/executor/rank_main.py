@@ -27,13 +27,13 @@ import resource
 import statistics
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ddlsim.cluster import groups
 from ddlsim.cluster.placement import report_placement
 from ddlsim.cluster.processes import die_with_parent
 from ddlsim.cluster.speed import probe_ms
@@ -70,11 +70,7 @@ def rank_context(
     dp = plan.resolve_dp(world_size)
     mesh = None
     if world_size > 1:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        mesh = init_device_mesh(
-            device.type, (plan.pp, dp, plan.tp), mesh_dim_names=("pp", "dp", "tp")
-        )
+        mesh = groups.mesh(device.type, (plan.pp, dp, plan.tp), ("pp", "dp", "tp"))
     with torch.device("meta"):
         shape_model = build_model(spec)
     return RankContext(
@@ -101,18 +97,6 @@ def _peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _rank_device(kind: str, rank: int, *, by_local_rank: bool = False) -> torch.device:
-    """This rank's device: the CPU, or GPU ``rank`` of this machine (every emulated host is this
-    machine; ranks beyond its GPU count share them round-robin, which only gloo allows); under
-    an external launcher (``by_local_rank``), GPU ``LOCAL_RANK`` of its node."""
-    if kind != "cuda":
-        return torch.device("cpu")
-    index = int(os.environ.get("LOCAL_RANK", "0")) if by_local_rank else rank
-    device = torch.device("cuda", index % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
 
 
 def _order(count: int, round_index: int, seed: int) -> list[int]:
@@ -150,16 +134,13 @@ def _join(config: dict[str, Any]) -> tuple[int, int, torch.device]:
         # Ranks of this machine's launches share its cores, one each; an external launcher
         # sets the threads of its own ranks (torchrun: OMP_NUM_THREADS).
         torch.set_num_threads(1)
-    device = _rank_device(
+    device = groups.rank_device(
         str(config.get("device", "cpu")),
         rank,
         by_local_rank=bool(config.get("device_by_local_rank")),
     )
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(
-            str(config.get("backend", "gloo")),
-            timeout=timedelta(seconds=float(config["collective_timeout_s"])),
-        )
+    if world_size > 1:
+        groups.join(str(config.get("backend", "gloo")), float(config["collective_timeout_s"]))
     report_placement()
     return rank, world_size, device
 

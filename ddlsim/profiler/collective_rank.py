@@ -26,13 +26,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ddlsim.cluster import groups
 from ddlsim.cluster.placement import report_placement
 from ddlsim.cluster.processes import die_with_parent
 from ddlsim.cluster.ring import CommThread, ring_all_gather, ring_reduce_scatter
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout_s))
+    groups.join(args.backend, args.timeout_s)
     if rank == args.test_crash_rank:
         print(f"rank {rank}: test crash with exit code {args.test_crash_code}", file=sys.stderr)
         return args.test_crash_code

@@ -16,14 +16,13 @@ import json
 import re
 import tempfile
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ddlsim.cluster import ClusterRunError, EmulatedCluster
+from ddlsim.cluster import ClusterRunError, EmulatedCluster, groups
 from ddlsim.cluster.namespaces import burst_bytes
 from ddlsim.data.comm_model import COLLECTIVES
 from ddlsim.data.errors import InvalidOptionError, one_line
@@ -353,12 +352,12 @@ def profile_collectives_joined(
     else:
         device = torch.device("cpu")
     say = progress if progress is not None and place.rank == 0 else None
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    groups.join(backend, timeout_s)
     measured: dict[str, tuple[int, list[dict[str, Any]]]] = {}
     try:
         if place.nodes > 1 and place.local_world_size > 1:
             node_ranks = list(range(place.local_world_size))
-            group = dist.new_group(node_ranks)  # every rank takes part in making it
+            group = groups.subgroup(node_ranks)
             in_node = [c for c in collective_list if c in GROUP_COLLECTIVES]
             if place.rank in node_ranks and in_node:
                 if say:

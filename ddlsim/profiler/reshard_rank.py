@@ -18,13 +18,13 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ddlsim.cluster import groups as process_groups
 from ddlsim.cluster.processes import die_with_parent
 from ddlsim.data.resharding import RESHARD_METHODS, MeshLayout, plan_transfers
 from ddlsim.data.shutdown import freeze_for_exit
@@ -156,11 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     if src.ranks + dst.ranks != world_size:
         print(f"the meshes need {src.ranks + dst.ranks} ranks, got {world_size}", file=sys.stderr)
         return 2
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout_s))
+    process_groups.join("gloo", args.timeout_s)
     destination = list(range(src.ranks, world_size))
     # Every rank makes every group, in the same order.
-    groups: dict[str, Any] = {"dst": dist.new_group(destination) if dst.ranks > 1 else None}
-    groups["broadcast"] = {i: dist.new_group([i, *destination]) for i in range(src.ranks)}
+    groups: dict[str, Any] = {
+        "dst": process_groups.subgroup(destination) if dst.ranks > 1 else None
+    }
+    groups["broadcast"] = {i: process_groups.subgroup([i, *destination]) for i in range(src.ranks)}
     mover = Mover(rank, src, dst, groups)
     samples = []
     for size in (int(s) for s in args.sizes.split(",")):
