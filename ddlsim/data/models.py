@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ddlsim.data.errors import InvalidModelSpecError, one_line
+from ddlsim.data.moe import use_grouped_experts
 from ddlsim.data.reference import REFERENCE_MODELS
 from ddlsim.data.specs.model import ModelSpec
 
@@ -36,6 +37,8 @@ _COMMON_CONFIG_KEYS = {
     "pad_token_id",
     "decoder_start_token_id",
     "tie_word_embeddings",
+    # Read by the modeling code (Qwen3-MoE, Llama) where the config class declares no field.
+    "head_dim",
 }
 # transformers' attention implementations that need nothing beyond torch.
 ATTENTION_IMPLEMENTATIONS: tuple[str, ...] = ("eager", "sdpa", "flex_attention")
@@ -184,6 +187,7 @@ def build_config(spec: ModelSpec, info: ModelInfo | None = None) -> Any:
         ) from None
     if attn is not None:
         config._attn_implementation = attn
+    use_grouped_experts(config)
     if hasattr(config, "use_cache"):
         # Training never reads the KV cache; with it on, GPT-2 returns extra outputs.
         config.use_cache = False

@@ -5,11 +5,12 @@ spaces, the executor (before any rank starts) and the GPU-cluster simulator.
 where the strategy is asked to run: ``cpu`` (executor ranks on CPUs, gloo), ``cuda``
 (executor ranks on GPUs, NCCL) or ``paper`` (priced by the GPU-cluster simulator, not run).
 The rules of every target come first, in this order, each message naming the field and the
-value: the ranks (``dp * tp * pp * cp`` against the world size), the batch (equal
-micro-batches on every rank), the tensor-parallel split (heads, key/value heads, widths,
-vocabulary), the pipeline's stages (a block each), the context-parallel split of the
-sequence, fp8 on a device that has it. Then the target's own: what this executor runs
-(:mod:`.runnable`), or what the GPU path prices (Megatron's and torchtitan's layouts of a
+value: the ranks (``dp * tp * pp * cp`` against the world size; the experts' ``ep * etp``
+dividing a stage's ranks), the batch (equal micro-batches on every rank), the tensor-parallel
+split (heads, key/value heads, widths, vocabulary), the experts' split (``ep`` dividing the
+experts, ``etp`` an expert's width), the pipeline's stages (a block each), the context-parallel
+split of the sequence, fp8 on a device that has it. Then the target's own: what this executor
+runs (:mod:`.runnable`), or what the GPU path prices (Megatron's and torchtitan's layouts of a
 family with a tensor-parallel plan). A plan that prices on paper but does not run
 (:func:`paper_only`) is refused for ``cpu`` and ``cuda`` with the reason.
 """
@@ -19,6 +20,7 @@ import functools
 from collections.abc import Callable
 
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
+from ddlsim.data.moe import experts_shape
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
@@ -88,7 +90,7 @@ def refusals(model: ModelSpec, strategy: Strategy, target: Target) -> list[str]:
     of every target first (a rule that needs an earlier one to hold is not asked when it
     does not); empty when it can run."""
     found: list[str] = []
-    for rule in (_ranks_and_batch, _tensor_parallel, _stages, _sequence, _precision):
+    for rule in (_ranks_and_batch, _tensor_parallel, _experts, _stages, _sequence, _precision):
         message = _refused(functools.partial(rule, model, strategy, target))
         if message is not None:
             found.append(message)
@@ -216,6 +218,35 @@ def _tensor_parallel(model: ModelSpec, strategy: Strategy, target: Target) -> No
     plan = strategy.parallel
     if plan.tp > 1 and not plan.grid:
         check_tensor_parallel(model, plan.tp)
+
+
+def _experts(model: ModelSpec, strategy: Strategy, target: Target) -> None:
+    plan = strategy.parallel
+    if plan.ep > 1 or plan.etp > 1:
+        check_experts_split(model, plan.ep, plan.etp)
+
+
+def check_experts_split(model: ModelSpec, ep: int, etp: int) -> None:
+    """Raises:
+    InvalidStrategyError: expert parallelism on a model without routed experts, ``ep`` not
+        dividing the experts, ``etp`` not dividing an expert's hidden width.
+    """
+    shape = experts_shape(model.config)
+    if shape is None:
+        raise InvalidStrategyError(
+            f"parallel.ep({ep}) and etp({etp}) split routed experts; {model.label} "
+            f"({model.cls}) has none (a dense model): use ep 1 and etp 1"
+        )
+    if shape.experts % ep:
+        raise InvalidStrategyError(
+            f"parallel.ep({ep}) does not divide the {shape.experts} experts of {model.label}: "
+            "each expert-parallel rank holds an equal share"
+        )
+    if shape.intermediate % etp:
+        raise InvalidStrategyError(
+            f"parallel.etp({etp}) does not divide an expert's hidden width "
+            f"({shape.intermediate}) of {model.label}"
+        )
 
 
 def _stages(model: ModelSpec, strategy: Strategy, target: Target) -> None:

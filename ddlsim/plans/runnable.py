@@ -64,6 +64,39 @@ def check_paper_only(strategy: Strategy) -> None:
     check_distributed_optimizer(plan)
 
 
+def check_expert_plan(plan: ParallelPlan) -> None:
+    """What this executor runs of a mixture of experts: whole experts split over ``ep``
+    data-parallel ranks (DDP or FSDP beside them), every token computed.
+
+    Raises:
+        InvalidStrategyError: ``etp`` > 1, a capacity factor, or ``ep`` beside tensor,
+            pipeline or context parallelism or the distributed optimizer (priced only).
+    """
+    if plan.etp > 1:
+        raise InvalidStrategyError(
+            f"parallel.etp({plan.etp}) is priced by the simulator but not run by this executor, "
+            "which keeps each expert whole on its expert-parallel rank (etp 1)"
+        )
+    if plan.capacity_factor is not None:
+        raise InvalidStrategyError(
+            f"parallel.capacity_factor({plan.capacity_factor:g}) drops tokens over an "
+            "expert's capacity; this executor runs dropless experts (capacity_factor null)"
+        )
+    beside = {
+        "tp": plan.tp > 1,
+        "pp": plan.pp > 1,
+        "cp": plan.cp > 1,
+        "distributed_optimizer": plan.distributed_optimizer,
+        "zero": bool(plan.zero),
+    }
+    named = [key for key, used in beside.items() if used]
+    if plan.ep > 1 and named:
+        raise InvalidStrategyError(
+            f"parallel.ep({plan.ep}) runs beside data parallelism and FSDP in this executor; "
+            f"with parallel.{', '.join(named)} it is priced by the simulator only"
+        )
+
+
 def check_scaled_precision(strategy: Strategy) -> None:
     """Raises:
     InvalidStrategyError: fp16 with a plan whose steps the gradient scaler does not drive
@@ -97,6 +130,7 @@ def check_runnable(spec: ModelSpec, strategy: Strategy, world_size: int) -> None
     """
     check_paper_only(strategy)
     check_scaled_precision(strategy)
+    check_expert_plan(strategy.parallel)
     plan = strategy.parallel
     rank_batch = plan.rank_batch_size(spec.inputs.batch_size, world_size)
     check_plan_shape(spec, strategy, rank_batch=rank_batch)

@@ -3,8 +3,13 @@
 On CPU, ``scaled_dot_product_attention`` runs ``_scaled_dot_product_flash_attention_for_cpu``,
 for which torch registers no formula: attention would count zero FLOPs. The formulas here are
 torch's own SDPA ones, registered for the CPU kernels, so ``FlopCounterMode`` and the graph
-capture both count attention (and still agree with each other).
+capture both count attention (and still agree with each other). The experts' grouped matmul outside
+bf16 (:mod:`ddlsim.data.moe`) runs transformers' own per-expert op, counted as the matmuls it
+does.
 """
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils import flop_counter
@@ -37,7 +42,35 @@ def _cpu_flash_backward(
     )
 
 
-_MISSING = {
+def _grouped_forward(
+    input_shape: torch.Size,
+    weight_shape: torch.Size,
+    *args: object,
+    out_shape: object = None,
+    **kwargs: object,
+) -> int:
+    """Each token's row through its expert's ``[in, out]`` matrix: ``2 S in out``."""
+    return 2 * int(input_shape[0]) * int(input_shape[1]) * int(weight_shape[2])
+
+
+def _grouped_backward(
+    input_shape: torch.Size,
+    weight_shape: torch.Size,
+    *args: object,
+    out_shape: object = None,
+    **kwargs: object,
+) -> int:
+    """The input's gradient and the weights': twice the forward."""
+    return 2 * _grouped_forward(input_shape, weight_shape)
+
+
+# The experts' grouped matmul (ddlsim.data.moe) outside bf16: transformers' per-expert loop op.
+_MISSING_CUSTOM = {
+    ("transformers", "grouped_mm_fallback"): _grouped_forward,
+    ("transformers", "grouped_mm_fallback_backward"): _grouped_backward,
+}
+
+_MISSING: dict[str, Callable[..., int]] = {
     "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_forward,
     "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_flash_backward,
 }
@@ -45,8 +78,12 @@ _MISSING = {
 
 def register_missing_flop_formulas() -> None:
     """Register the formulas above unless torch (or an earlier call) already has them."""
-    for name, formula in _MISSING.items():
-        packet = getattr(_aten, name, None)
+    packets: list[tuple[Any, Callable[..., int]]] = [
+        (getattr(_aten, name, None), formula) for name, formula in _MISSING.items()
+    ]
+    for (namespace, name), formula in _MISSING_CUSTOM.items():
+        packets.append((getattr(getattr(torch.ops, namespace), name, None), formula))
+    for packet, formula in packets:
         if packet is None or packet in flop_counter.flop_registry:
             continue
-        flop_counter.register_flop_formula(packet)(formula)  # type: ignore[arg-type]
+        flop_counter.register_flop_formula(packet)(formula)

@@ -58,6 +58,10 @@ def test_every_entry_builds_with_its_inputs(name: str) -> None:
         ("electra-small", 13.5e6),
         ("bart-base", 139.4e6),
         ("efficientnet-b0", 5.3e6),
+        ("mixtral-8x7b", 46.7e9),
+        ("qwen3-30b-a3b", 30.5e9),
+        ("gpt-oss-120b", 116.8e9),
+        ("deepseek-v3", 671e9),
     ],
 )
 def test_standard_sizes(name: str, parameters: float) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs._serde import expect_choice, expect_int
+from ddlsim.data.specs.experts import check_experts, expert_data_parallel, expert_features
 
 PipelineSchedule = Literal["gpipe", "1f1b", "eager_1f1b", "interleaved_1f1b"]
 PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "eager_1f1b", "interleaved_1f1b")
@@ -96,6 +97,10 @@ class ParallelPlan:
     cp: int = 1
     cp_comm: str = "ring"
     zero: int = 0
+    ep: int = 1
+    etp: int = 1
+    dispatcher: str = "all_to_all"
+    capacity_factor: float | None = None
 
     def __post_init__(self) -> None:
         if self.dp is not None:
@@ -121,6 +126,7 @@ class ParallelPlan:
         self._check_layouts()
         self._check_stages()
         self._check_gpu_grade()
+        check_experts(self)
         if self.pp > 1 and self.micro_batches < self.pp and self.pp_schedule != "gpipe":
             raise InvalidStrategyError(
                 f"parallel.micro_batches({self.micro_batches}) < pp({self.pp}): the "
@@ -307,6 +313,7 @@ class ParallelPlan:
             raise InvalidStrategyError(
                 f"dp({shown}) * tp({self.tp}) * pp({self.pp}){cp} != world_size({world_size})"
             )
+        expert_data_parallel(self, dp)
         return dp
 
     def rank_batch_size(self, batch_size: int, world_size: int) -> int:
@@ -356,6 +363,7 @@ class ParallelPlan:
         ]
         if self.cp > 1 and self.cp_comm != "ring":
             parts.append(f"cp {self.cp_comm}")
+        parts += expert_features(self)
         if self.grid:
             parts.append("grid " + "x".join(str(n) for n in self.grid))
             if not self.grid_overlap:

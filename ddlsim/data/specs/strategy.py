@@ -19,6 +19,7 @@ from ddlsim.data.specs._serde import (
     expect_number,
     load_json_or_file,
 )
+from ddlsim.data.specs.experts import EXPERT_DEFAULTS
 from ddlsim.data.specs.parallel import (
     DEFAULT_VIRTUAL_STAGES,
     GRID_AXES,
@@ -401,6 +402,7 @@ _GPU_GRADE_DEFAULTS: dict[str, Any] = {
     "cp": 1,
     "cp_comm": "ring",
     "zero": 0,
+    **EXPERT_DEFAULTS,
 }
 _SectionT = TypeVar("_SectionT", ParallelPlan, TensorFusionPlan, OpFusionPlan)
 _LIST_FIELDS = {

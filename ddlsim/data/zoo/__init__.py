@@ -3,7 +3,7 @@
 Transformers entries mirror the configs their authors published (sizes from the papers and
 model cards); they are built with random weights, never downloaded. Two plain-torch reference
 models serve fast tests. The entries are listed by family in :mod:`.classic_families` and
-:mod:`.structural_families`.
+:mod:`.structural_families`, the mixtures of experts in :mod:`.moe_families`.
 """
 
 import json
@@ -13,9 +13,12 @@ from ddlsim.data.errors import UnknownModelError
 from ddlsim.data.specs._serde import load_json_or_file
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.zoo.classic_families import CLASSIC_MODELS
+from ddlsim.data.zoo.moe_families import MOE_MODELS
 from ddlsim.data.zoo.structural_families import STRUCTURAL_MODELS
 
-ZOO: dict[str, ModelSpec] = {spec.label: spec for spec in [*CLASSIC_MODELS, *STRUCTURAL_MODELS]}
+ZOO: dict[str, ModelSpec] = {
+    spec.label: spec for spec in [*CLASSIC_MODELS, *STRUCTURAL_MODELS, *MOE_MODELS]
+}
 
 __all__ = ["ZOO", "resolve_model", "spec_json", "zoo_names"]
 
