@@ -64,6 +64,12 @@ def build_trainer(ctx: RankContext, buckets: list[Bucket]) -> Trainer:
         from ddlsim.executor.tensor_parallel import TensorParallelTrainer
 
         return TensorParallelTrainer(ctx, model)
+    if plan.ep > 1:
+        from ddlsim.executor.experts import ExpertFSDPTrainer, ExpertParallelTrainer
+
+        if plan.fsdp:
+            return ExpertFSDPTrainer(ctx, model)
+        return ExpertParallelTrainer(ctx, model)
     if plan.fsdp:
         from ddlsim.executor.fsdp import FSDPTrainer
 
