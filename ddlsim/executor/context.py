@@ -93,8 +93,18 @@ class RankContext:
         """
         return split_batch(self.global_batch, self.dp)[self.dp_rank]
 
-    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        return make_optimizer(self.optimizer, params)
+    def make_optimizer(self, params: Any, *, shard_over: Any = None) -> torch.optim.Optimizer:
+        """The run's optimizer over ``params``; with ``shard_over`` (a process group) its states
+        sharded over the group's ranks, ZeRO-1 (``ZeroRedundancyOptimizer``: each rank steps
+        its share of the parameters and broadcasts them)."""
+        if shard_over is None:
+            return make_optimizer(self.optimizer, params)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        cls, settings = optimizer_settings(self.optimizer)
+        return ZeroRedundancyOptimizer(
+            params, optimizer_class=cls, process_group=shard_over, **settings
+        )
 
     def build_model(self) -> nn.Module:
         """The whole model on this rank's device, identical on every rank (seeded).
@@ -176,17 +186,28 @@ def average_over_group(grads: Sequence[torch.Tensor], group: Any, size: int) -> 
 OPTIMIZERS = ("adamw", "sgd")
 
 
+def optimizer_settings(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The run's optimizer class and settings: AdamW (lr 1e-3, no fused or foreach kernels)
+    or SGD with momentum.
+
+    Raises:
+        ValueError: another name.
+    """
+    if name == "adamw":
+        return torch.optim.AdamW, {"lr": 1e-3, "foreach": False}
+    if name == "sgd":
+        return torch.optim.SGD, {"lr": 1e-2, "momentum": 0.9, "foreach": False}
+    raise ValueError(f"optimizer {name!r} is not supported; allowed: {', '.join(OPTIMIZERS)}")
+
+
 def make_optimizer(name: str, params: Any) -> torch.optim.Optimizer:
-    """The run's optimizer: AdamW (lr 1e-3, no fused or foreach kernels) or SGD with momentum.
+    """The run's optimizer (:func:`optimizer_settings`).
 
     Elementwise optimizers, so that one optimizer per parameter group (DeAR updates bucket by
     bucket) computes exactly what a single optimizer over all parameters does.
     """
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-3, foreach=False)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-2, momentum=0.9, foreach=False)
-    raise ValueError(f"optimizer {name!r} is not supported; allowed: {', '.join(OPTIMIZERS)}")
+    cls, settings = optimizer_settings(name)
+    return cls(params, **settings)
 
 
 def split_batch(batch: Mapping[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:

@@ -62,7 +62,11 @@ class DDPTrainer(SynchronousTrainer):
             kwargs["bucket_cap_mb_list"] = caps
         self.model = DistributedDataParallel(model, **kwargs)
         self.names = {id(p): n for n, p in model.named_parameters()}
-        self.optimizer = ctx.make_optimizer(self.model.parameters())
+        # ZeRO-1: the optimizer's states sharded over the data-parallel ranks.
+        zero = ctx.strategy.parallel.zero == 1
+        self.optimizer = ctx.make_optimizer(
+            self.model.parameters(), shard_over=self.model.process_group if zero else None
+        )
         self.launched: list[dict[str, Any]] = []
         self._recording: list[dict[str, Any]] = []
         self.model.register_comm_hook(None, self._hook)
@@ -97,7 +101,7 @@ class DDPTrainer(SynchronousTrainer):
 
     def applied(self) -> dict[str, Any]:
         return {
-            "plan": "ddp",
+            "plan": "zero1" if self.ctx.strategy.parallel.zero == 1 else "ddp",
             "fusion": "ddp",
             "buckets": self.launched,
             "collectives": ["all_reduce"],

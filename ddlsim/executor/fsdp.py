@@ -4,7 +4,9 @@ Each group of ``parallel.fsdp_groups`` (module paths) becomes one ``fully_shard`
 parameters are all-gathered before its forward and its gradients reduce-scattered after its
 backward together; without groups every element of the model's repeated blocks (each entry of an
 ``nn.ModuleList``, as torchtitan shards transformer blocks) is a group. The root module gets the
-remaining parameters (embeddings, heads).
+remaining parameters (embeddings, heads). ``parallel.zero`` 2 runs here too, as PyTorch-native
+code runs ZeRO-2: the same groups, their weights kept gathered from forward to backward
+(``reshard_after_forward=False``), gradients reduce-scattered and optimizer states sharded.
 """
 
 from typing import Any
@@ -31,9 +33,17 @@ class FSDPTrainer(SynchronousTrainer):
         check_groups(model, groups)
         mesh = ctx.mesh["dp"]
         policy = ctx.precision.fsdp_policy()
+        # ZeRO-2: weights kept gathered from forward to backward (no second all-gather),
+        # gradients reduce-scattered, optimizer states sharded.
+        reshard = plan.zero != 2
         for group in groups:
-            fully_shard([model.get_submodule(path) for path in group], mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+            fully_shard(
+                [model.get_submodule(path) for path in group],
+                mesh=mesh,
+                mp_policy=policy,
+                reshard_after_forward=reshard,
+            )
+        fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
         self.ctx = ctx
         self.groups = groups
         self.model = model
@@ -56,7 +66,7 @@ class FSDPTrainer(SynchronousTrainer):
 
     def applied(self) -> dict[str, Any]:
         return {
-            "plan": "fsdp",
+            "plan": "zero2" if self.ctx.strategy.parallel.zero == 2 else "fsdp",
             "dp": self.ctx.dp,
             "groups": self.groups,
             "buckets": [],

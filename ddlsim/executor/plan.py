@@ -70,7 +70,7 @@ def build_trainer(ctx: RankContext, buckets: list[Bucket]) -> Trainer:
         if plan.fsdp:
             return ExpertFSDPTrainer(ctx, model)
         return ExpertParallelTrainer(ctx, model)
-    if plan.fsdp:
+    if plan.fsdp or plan.zero == 2:
         from ddlsim.executor.fsdp import FSDPTrainer
 
         return FSDPTrainer(ctx, model)

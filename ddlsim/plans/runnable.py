@@ -38,8 +38,8 @@ def check_paper_only(strategy: Strategy) -> None:
 
     Raises:
         InvalidStrategyError: async tensor parallelism, kernels other than PyTorch's, context
-            parallelism, ZeRO stages 1-2, the distributed optimizer beside tensor or pipeline
-            parallelism.
+            parallelism, ZeRO stages 1-2 or the distributed optimizer beside tensor or
+            pipeline parallelism.
     """
     plan = strategy.parallel
     if plan.async_tp:
@@ -54,12 +54,15 @@ def check_paper_only(strategy: Strategy) -> None:
             "this executor, which runs PyTorch's kernels (kernels 'pytorch'; compile for fused "
             "blocks)"
         )
-    if plan.cp > 1 or plan.zero:
-        named = "parallel.cp" if plan.cp > 1 else "parallel.zero"
+    if plan.cp > 1:
         raise InvalidStrategyError(
-            f"{named} is priced by the GPU-cluster simulator but not run by this executor; "
-            "parallel.distributed_optimizer runs sharded optimizer states, and the plan "
-            "without context parallelism measures the rest"
+            "parallel.cp is priced by the GPU-cluster simulator but not run by this executor; "
+            "the plan without context parallelism measures the rest"
+        )
+    if plan.zero and (plan.tp > 1 or plan.pp > 1 or plan.grid):
+        raise InvalidStrategyError(
+            f"parallel.zero({plan.zero}) runs beside data parallelism in this executor; with "
+            f"tp({plan.tp}), pp({plan.pp}) or a grid it is priced by the simulator only"
         )
     check_distributed_optimizer(plan)
 
@@ -150,13 +153,15 @@ def check_runnable(spec: ModelSpec, strategy: Strategy, world_size: int) -> None
     if plan.fsdp and plan.fsdp_groups is not None:
         check_groups(meta_model(spec), [list(g) for g in plan.fsdp_groups])
     fusion = strategy.tensor_fusion
-    model_parallel = plan.tp > 1 or plan.pp > 1 or plan.fsdp or plan.distributed_optimizer
+    model_parallel = (
+        plan.tp > 1 or plan.pp > 1 or plan.fsdp or plan.distributed_optimizer or bool(plan.zero)
+    )
     hooks = fusion.buckets is not None or fusion.dear or fusion.implementation == "hooks"
     if model_parallel and hooks:
         raise InvalidStrategyError(
             "tensor_fusion.buckets, dear and implementation 'hooks' apply to pure data "
             f"parallelism; this plan has tp({plan.tp}), pp({plan.pp}), fsdp({plan.fsdp}), "
-            f"distributed_optimizer({plan.distributed_optimizer})"
+            f"distributed_optimizer({plan.distributed_optimizer}), zero({plan.zero})"
         )
 
 

@@ -132,7 +132,7 @@ def test_every_entry_refuses_with_one_message(
     [
         ({"parallel": {"dp": 2, "tp": 2, "async_tp": True, "sequence_parallel": True}}, "async"),
         ({"parallel": {"dp": 2, "cp": 2}}, "parallel.cp"),
-        ({"parallel": {"zero": 1}}, "parallel.zero"),
+        ({"parallel": {"dp": 2, "tp": 2, "zero": 1}}, "parallel.zero"),
         ({"parallel": {"dp": 2, "tp": 2, "distributed_optimizer": True}}, "distributed_optimizer"),
         ({"kernels": "transformer_engine", "precision": "bf16"}, "kernels 'transformer_engine'"),
     ],
