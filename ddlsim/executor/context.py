@@ -3,8 +3,9 @@
 ``SynchronousTrainer`` is the base of the trainers whose ``step`` leaves nothing in flight, and
 ``average_over_group`` the gradient average that the trainers which average by hand share.
 
-Ranks are laid out as torchtitan lays them out: ``rank = (pp_rank * dp + dp_rank) * tp +
-tp_rank``, tensor parallelism innermost (its ranks are neighbours), pipeline stages outermost.
+Ranks are laid out as torchtitan and Megatron-LM lay them out: ``rank = ((pp_rank * dp +
+dp_rank) * cp + cp_rank) * tp + tp_rank``, tensor parallelism innermost (its ranks are
+neighbours), then context parallelism, pipeline stages outermost.
 Every rank builds the same model from the same seed and the same global batch; a trainer takes
 its share of that batch (``dp_slice``) so that the losses can be compared with single-process
 training on the whole batch.
@@ -30,7 +31,8 @@ class RankContext:
     """One rank's place in the run.
 
     ``mesh`` is a ``DeviceMesh`` of shape ``(pp, dp, tp)`` with dimension names
-    ``("pp", "dp", "tp")``, or ``None`` for single-process training. ``global_batch`` is the
+    ``("pp", "dp", "tp")`` (``(pp, dp, cp, tp)`` with context parallelism), or ``None`` for
+    single-process training. ``global_batch`` is the
     whole global batch (identical on every rank). ``make_optimizer`` builds the run's optimizer
     over the given parameters (the same kind and settings for every plan).
     """
@@ -49,6 +51,7 @@ class RankContext:
     optimizer: str = "adamw"
     dropout: bool = False
     frozen: tuple[str, ...] = ()
+    cp: int = 1
     _precision: Precision | None = dataclasses.field(default=None, repr=False)
 
     @property
@@ -78,12 +81,16 @@ class RankContext:
         return self.rank % self.tp
 
     @property
+    def cp_rank(self) -> int:
+        return (self.rank // self.tp) % self.cp
+
+    @property
     def dp_rank(self) -> int:
-        return (self.rank // self.tp) % self.dp
+        return (self.rank // (self.tp * self.cp)) % self.dp
 
     @property
     def pp_rank(self) -> int:
-        return self.rank // (self.tp * self.dp)
+        return self.rank // (self.tp * self.cp * self.dp)
 
     def dp_slice(self) -> dict[str, torch.Tensor]:
         """This data-parallel rank's equal share of the global batch (split along dim 0).

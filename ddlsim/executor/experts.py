@@ -34,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlsim.cluster import groups as process_groups
 from ddlsim.data.moe import combine, experts_modules, run_experts
+from ddlsim.executor.autograd_collectives import AllGather, ReduceScatter, gather_rows
 from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
 from ddlsim.plans.stages import default_groups
 
@@ -135,9 +136,9 @@ def _all_gather_forward(  # noqa: PLR0917 (bound by functools.partial)
     """Shapes: hidden_states ``[T, hidden]``; top_k_index, top_k_weights ``[T, k]`` (every
     rank of the group the same ``T``: equal micro-batches)."""
     group = groups.ep_group
-    every = _AllGather.apply(hidden_states, group)  # [ep T, hidden]
-    indices = _gather_ints(top_k_index, group)
-    weights = _AllGather.apply(top_k_weights, group)
+    every = AllGather.apply(hidden_states, group)  # [ep T, hidden]
+    indices = gather_rows(top_k_index, group)
+    weights = AllGather.apply(top_k_weights, group)
     top_k = indices.shape[-1]
     pair_expert = indices.reshape(-1)
     mine = ((pair_expert >= first) & (pair_expert < first + local)).nonzero().squeeze(-1)
@@ -148,52 +149,7 @@ def _all_gather_forward(  # noqa: PLR0917 (bound by functools.partial)
     counts = torch.bincount(local_expert, minlength=local)
     out = run_experts(module, every[token_of], local_expert[order], counts)
     partial = combine(out, weights.reshape(-1)[chosen], token_of, every)
-    return _ReduceScatter.apply(partial, group)
-
-
-class _AllGather(torch.autograd.Function):
-    """The group's tensors stacked along dim 0 (every rank's the same shape); the backward
-    reduce-scatters the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        return _gather_ints(tensor, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        size = dist.get_world_size(ctx.group)
-        shard = grad.new_empty((grad.shape[0] // size, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(shard, grad.contiguous(), group=ctx.group)
-        return shard, None
-
-
-def _gather_ints(tensor: torch.Tensor, group: Any) -> torch.Tensor:
-    """The group's tensors stacked along dim 0, without autograd."""
-    size = dist.get_world_size(group)
-    out = tensor.new_empty((size * tensor.shape[0], *tensor.shape[1:]))
-    dist.all_gather_into_tensor(out, tensor.contiguous(), group=group)
-    return out
-
-
-class _ReduceScatter(torch.autograd.Function):
-    """The group's sum of a ``[size T, ...]`` tensor, this rank's ``T`` rows; the backward
-    all-gathers the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        size = dist.get_world_size(group)
-        shard = tensor.new_empty((tensor.shape[0] // size, *tensor.shape[1:]))
-        dist.reduce_scatter_tensor(shard, tensor.contiguous(), group=group)
-        return shard
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        size = dist.get_world_size(ctx.group)
-        out = grad.new_empty((size * grad.shape[0], *grad.shape[1:]))
-        dist.all_gather_into_tensor(out, grad.contiguous(), group=ctx.group)
-        return out, None
+    return ReduceScatter.apply(partial, group)
 
 
 @torch.no_grad()

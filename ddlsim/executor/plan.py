@@ -64,6 +64,10 @@ def build_trainer(ctx: RankContext, buckets: list[Bucket]) -> Trainer:
         from ddlsim.executor.tensor_parallel import TensorParallelTrainer
 
         return TensorParallelTrainer(ctx, model)
+    if plan.cp > 1:
+        from ddlsim.executor.context_parallel import ContextParallelTrainer
+
+        return ContextParallelTrainer(ctx, model)
     if plan.ep > 1:
         from ddlsim.executor.experts import ExpertFSDPTrainer, ExpertParallelTrainer
 

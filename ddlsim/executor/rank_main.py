@@ -69,7 +69,10 @@ def rank_context(
     plan = strategy.parallel
     dp = plan.resolve_dp(world_size)
     mesh = None
-    if world_size > 1:
+    if world_size > 1 and plan.cp > 1:
+        shape = (plan.pp, dp, plan.cp, plan.tp)
+        mesh = groups.mesh(device.type, shape, ("pp", "dp", "cp", "tp"))
+    elif world_size > 1:
         mesh = groups.mesh(device.type, (plan.pp, dp, plan.tp), ("pp", "dp", "tp"))
     with torch.device("meta"):
         shape_model = build_model(spec)
@@ -79,6 +82,7 @@ def rank_context(
         dp=dp,
         tp=plan.tp,
         pp=plan.pp,
+        cp=plan.cp,
         spec=spec,
         strategy=strategy,
         seed=int(config["seed"]),

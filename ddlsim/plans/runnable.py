@@ -54,10 +54,19 @@ def check_paper_only(strategy: Strategy) -> None:
             "this executor, which runs PyTorch's kernels (kernels 'pytorch'; compile for fused "
             "blocks)"
         )
-    if plan.cp > 1:
+    if plan.cp > 1 and plan.cp_comm != "all_gather":
         raise InvalidStrategyError(
-            "parallel.cp is priced by the GPU-cluster simulator but not run by this executor; "
-            "the plan without context parallelism measures the rest"
+            f"parallel.cp_comm {plan.cp_comm!r} (keys and values passed around a ring beside "
+            "attention) is priced by the GPU-cluster simulator but not run by this executor, "
+            "which runs cp_comm 'all_gather'"
+        )
+    beside = {"tp": plan.tp > 1, "pp": plan.pp > 1, "ep": plan.ep > 1, "fsdp": plan.fsdp}
+    beside |= {"distributed_optimizer": plan.distributed_optimizer, "zero": bool(plan.zero)}
+    named = [key for key, used in beside.items() if used]
+    if plan.cp > 1 and named:
+        raise InvalidStrategyError(
+            f"parallel.cp({plan.cp}) runs beside data parallelism in this executor; with "
+            f"parallel.{', '.join(named)} it is priced by the simulator only"
         )
     if plan.zero and (plan.tp > 1 or plan.pp > 1 or plan.grid):
         raise InvalidStrategyError(
@@ -100,6 +109,25 @@ def check_expert_plan(plan: ParallelPlan) -> None:
         )
 
 
+def check_context_parallel(spec: ModelSpec, cp: int) -> None:
+    """Raises:
+    InvalidStrategyError: a model that is not a causal language model (the split shifts its
+        labels over the whole sequence), or a sequence that does not cut into ``2 cp``
+        chunks.
+    """
+    if not spec.cls.endswith("ForCausalLM"):
+        raise InvalidStrategyError(
+            f"parallel.cp({cp}) splits the sequences of a causal language model (a "
+            f"...ForCausalLM class); {spec.label} is a {spec.cls}"
+        )
+    seq_len = spec.inputs.seq_len or 0
+    if seq_len % (2 * cp):
+        raise InvalidStrategyError(
+            f"inputs.seq_len({seq_len}) does not cut into 2 * cp({cp}) = {2 * cp} equal chunks: "
+            "each context-parallel rank holds an early and a late one"
+        )
+
+
 def check_scaled_precision(strategy: Strategy) -> None:
     """Raises:
     InvalidStrategyError: fp16 with a plan whose steps the gradient scaler does not drive
@@ -135,6 +163,8 @@ def check_runnable(spec: ModelSpec, strategy: Strategy, world_size: int) -> None
     check_scaled_precision(strategy)
     check_expert_plan(strategy.parallel)
     plan = strategy.parallel
+    if plan.cp > 1:
+        check_context_parallel(spec, plan.cp)
     rank_batch = plan.rank_batch_size(spec.inputs.batch_size, world_size)
     check_plan_shape(spec, strategy, rank_batch=rank_batch)
     if plan.pp > 1:
