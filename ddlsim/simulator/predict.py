@@ -12,6 +12,7 @@ from typing import Any
 
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.cluster import parse_bandwidth_gbps
+from ddlsim.data.specs.parallel import ParallelPlan
 from ddlsim.data.store import PredictionRecord, strategy_hash
 from ddlsim.simulator.cost_model import SIMULATOR_VERSION, CostModel, ReplayCostModel
 from ddlsim.simulator.costs import BackendFit, comm_models, scaled, uses_ring
@@ -24,7 +25,7 @@ from ddlsim.simulator.plans import (
 )
 from ddlsim.simulator.replay import replay, transfer_durations
 from ddlsim.simulator.runtime import shipped_runtime_costs
-from ddlsim.simulator.timeline import ReplayResult
+from ddlsim.simulator.timeline import ReplayResult, UnsupportedPlanError
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -97,6 +98,22 @@ class Prediction:
         )
 
 
+def check_replayed(plan: ParallelPlan) -> None:
+    """Raises:
+    UnsupportedPlanError: a plan this machine's executor runs but the replay does not
+        schedule yet (experts split over ranks, context parallelism, ZeRO), rather than
+        pricing it as plain data parallelism.
+    """
+    unscheduled = {"ep": plan.ep > 1, "cp": plan.cp > 1, "zero": bool(plan.zero)}
+    named = [f"parallel.{key}" for key, used in unscheduled.items() if used]
+    if named:
+        raise UnsupportedPlanError(
+            f"the replay does not schedule {', '.join(named)} yet: ddlsim run measures the "
+            "plan, and ddlsim predict --cluster prices context parallelism and ZeRO on GPU "
+            "clusters"
+        )
+
+
 def predict(
     graph: IterationGraph,
     *,
@@ -132,6 +149,7 @@ def predict(
         InvalidStrategyError: ``dp * tp * pp != world_size``.
     """
     dp = graph.strategy.parallel.resolve_dp(world_size)
+    check_replayed(graph.strategy.parallel)
     node_ms = scaled(node_ms, compute_scale)
     fits = [p for p in collective_profiles if p.backend == backend]
     models = _comm(graph, fits, dp=dp, bandwidth=bandwidth, backend=backend)

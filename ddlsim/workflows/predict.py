@@ -18,7 +18,7 @@ from ddlsim.plans.tp_plans import check_layouts, check_tensor_parallel
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.simulator.cost_model import CostModel, load_cost_model
 from ddlsim.simulator.costs import rank_spec
-from ddlsim.simulator.predict import Prediction
+from ddlsim.simulator.predict import Prediction, check_replayed
 from ddlsim.simulator.predict import predict as simulate
 from ddlsim.workflows.profiles import (
     Capture,
@@ -74,6 +74,7 @@ def predict_request(
             (:func:`ddlsim.plans.feasibility.check`).
     """
     check(request.model, request.strategy, run_target(request.world_size, "cpu"))
+    check_replayed(request.strategy.parallel)
     return predict_on_store(
         store,
         request.model,

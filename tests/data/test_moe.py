@@ -1,6 +1,8 @@
 """Mixtures of experts as ddlsim builds them: the experts a config declares, where a model
 keeps them, and the experts' forward that replaces transformers' grouped GEMM."""
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -24,10 +26,11 @@ def test_a_config_names_its_experts_by_its_familys_key() -> None:
 @pytest.mark.parametrize("name", MOE_TINY)
 def test_the_grouped_forward_computes_what_transformers_own_loop_does(name: str) -> None:
     model = build_model(ZOO[name], seed=3)
-    assert model.config._experts_implementation == EXPERTS_IMPLEMENTATION
+    config: Any = model.config
+    assert config._experts_implementation == EXPERTS_IMPLEMENTATION
     experts = experts_modules(model)
     # DeepSeek-V3's first layer is dense; every other layer has routed experts
-    layers = model.config.num_hidden_layers
+    layers = config.num_hidden_layers
     assert len(experts) == layers - (1 if name == "deepseek-v3-tiny" else 0)
     batch = make_batch(ZOO[name], model, seed=1)
 
@@ -39,7 +42,7 @@ def test_the_grouped_forward_computes_what_transformers_own_loop_does(name: str)
         return loss.detach(), grads
 
     ours, our_grads = loss_and_grads()
-    model.config._experts_implementation = "eager"  # transformers' loop over the experts
+    config._experts_implementation = "eager"  # transformers' loop over the experts
     theirs, their_grads = loss_and_grads()
     assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6)
     assert our_grads.keys() == their_grads.keys()

@@ -3,6 +3,7 @@ exchanges tokens (all-to-all or all-gather), two MoE families, two and four rank
 
 import pytest
 
+from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.executor.plan import build_trainer
@@ -32,8 +33,8 @@ QWEN3 = ZOO["qwen3-moe-tiny"].with_inputs(batch_size=8, seq_len=16)
     ],
 )
 def test_expert_parallel_training_matches_one_process(
-    spec, world_size: int, ep: int, dispatcher: str, fsdp: bool
-) -> None:  # type: ignore[no-untyped-def]
+    spec: ModelSpec, world_size: int, ep: int, dispatcher: str, fsdp: bool
+) -> None:
     raw = {"parallel": {"ep": ep, "dispatcher": dispatcher, "fsdp": fsdp}}
     strategy = Strategy.from_dict(raw)
     results = run_trainer(world_size, build_trainer_of, spec, strategy)

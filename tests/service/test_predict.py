@@ -283,3 +283,23 @@ def test_an_emulated_cluster_spec_is_the_world_size_and_link(
     assert "2 ranks a node" in capsys.readouterr().err
     assert main(["predict", "mlp", "--cluster", spec, "--world-size", "4"]) == 2
     assert "--world-size 4 contradicts --cluster's world_size 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model", "parallel", "named"),
+    [
+        ("mixtral-tiny", {"ep": 2}, "parallel.ep"),
+        ("llama-tiny", {"cp": 2, "cp_comm": "all_gather"}, "parallel.cp"),
+        ("llama-tiny", {"zero": 1}, "parallel.zero"),
+    ],
+)
+def test_plans_the_replay_does_not_schedule_are_refused_not_priced_as_ddp(
+    capsys: pytest.CaptureFixture[str], model: str, parallel: dict, named: str
+) -> None:
+    strategy = json.dumps({"parallel": parallel})
+    args = ["predict", model, "--world-size", "2", "--strategy", strategy, "--simulator", "replay"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"the replay does not schedule {named} yet" in err
+    with Store.open() as store:
+        assert store.predictions() == []
