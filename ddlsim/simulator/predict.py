@@ -114,6 +114,17 @@ def check_replayed(plan: ParallelPlan) -> None:
         )
 
 
+def replayed_dp(plan: ParallelPlan, world_size: int) -> int:
+    """The data-parallel degree of a plan the replay schedules.
+
+    Raises:
+        UnsupportedPlanError: as :func:`check_replayed`.
+        InvalidStrategyError: ``dp * tp * pp * cp != world_size``.
+    """
+    check_replayed(plan)
+    return plan.resolve_dp(world_size)
+
+
 def predict(
     graph: IterationGraph,
     *,
@@ -148,8 +159,7 @@ def predict(
         UnsupportedPlanError: a plan the replay does not schedule yet.
         InvalidStrategyError: ``dp * tp * pp != world_size``.
     """
-    dp = graph.strategy.parallel.resolve_dp(world_size)
-    check_replayed(graph.strategy.parallel)
+    dp = replayed_dp(graph.strategy.parallel, world_size)
     node_ms = scaled(node_ms, compute_scale)
     fits = [p for p in collective_profiles if p.backend == backend]
     models = _comm(graph, fits, dp=dp, bandwidth=bandwidth, backend=backend)

@@ -107,8 +107,8 @@ def test_explicit_buckets_must_partition(buckets: tuple, message: str) -> None:
         ({"op_fusion": {"backend": "xla"}}, "backend 'xla' is not supported"),
         (
             {"parallel": {"tpp": 2}},
-            "unknown key 'tpp' in parallel; allowed: async_tp, cp, cp_comm, "
-            "distributed_optimizer, dp, fsdp",
+            "unknown key 'tpp' in parallel; allowed: async_tp, capacity_factor, cp, cp_comm, "
+            "dispatcher, distributed_optimizer, dp, ep, etp, fsdp",
         ),
         ({"fusion": {}}, "unknown key 'fusion' in strategy"),
     ],

@@ -47,3 +47,12 @@ def test_expert_parallel_training_matches_one_process(
 
 def build_trainer_of(ctx):  # type: ignore[no-untyped-def]
     return build_trainer(ctx, [])
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_micro_batches_accumulate_the_experts_gradients_once(fsdp: bool) -> None:
+    raw = {"parallel": {"ep": 2, "fsdp": fsdp, "micro_batches": 2}}
+    results = run_trainer(4, build_trainer_of, MIXTRAL, Strategy.from_dict(raw))
+    want = reference_losses(MIXTRAL, STEPS)
+    for result in results:
+        assert_losses_match(result.losses, want, rtol=1e-5)
