@@ -16,7 +16,6 @@ and a rank's loss is scaled by ``cp`` before its backward, so the average is the
 mean gradient.
 """
 
-import contextlib
 import functools
 from typing import Any
 
@@ -26,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddlsim.executor.autograd_collectives import AllGather
 from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
+from ddlsim.executor.data_parallel import ddp_backward
 
 ATTENTION_IMPLEMENTATION = "ddlsim_context_parallel"
 IGNORE_INDEX = -100
@@ -123,14 +123,7 @@ class ContextParallelTrainer(SynchronousTrainer):
 
     def step(self) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.ctx.device)
-        for index, batch in enumerate(self.batches):
-            last = index == len(self.batches) - 1
-            context = self.model.no_sync() if not last else contextlib.nullcontext()
-            with context:
-                loss = self.ctx.loss(self.model, batch) / len(self.batches)
-                self.ctx.backward(loss * self.cp)
-            total += loss.detach()
+        total = ddp_backward(self.ctx, self.model, self.batches, scale=self.cp)
         self.ctx.step(self.optimizer)
         return total / self.ctx.dp
 

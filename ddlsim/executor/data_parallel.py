@@ -12,7 +12,7 @@ the first module that uses them in the next iteration.
 
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -37,6 +37,26 @@ Collective = Callable[[torch.Tensor, dist.ProcessGroup], torch.Tensor]
 
 def _micro_batches(ctx: RankContext) -> list[dict[str, torch.Tensor]]:
     return split_batch(ctx.dp_slice(), ctx.strategy.parallel.micro_batches)
+
+
+def ddp_backward(
+    ctx: RankContext,
+    model: DistributedDataParallel,
+    batches: Sequence[Mapping[str, Any]],
+    *,
+    scale: float = 1.0,
+) -> torch.Tensor:
+    """Forward and backward of every micro-batch under DDP, gradients synchronised on the last
+    only (``no_sync`` before it); each loss times ``scale`` for its backward. Returns the
+    micro-batches' mean loss (unscaled), detached."""
+    total = torch.zeros((), device=ctx.device)
+    for index, batch in enumerate(batches):
+        last = index == len(batches) - 1
+        with model.no_sync() if not last else contextlib.nullcontext():
+            loss = ctx.loss(model, batch) / len(batches)
+            ctx.backward(loss * scale if scale != 1.0 else loss)
+        total += loss.detach()
+    return total
 
 
 class DDPTrainer(SynchronousTrainer):
@@ -87,14 +107,7 @@ class DDPTrainer(SynchronousTrainer):
     def step(self) -> torch.Tensor:
         self._recording = []
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.ctx.device)
-        for index, batch in enumerate(self.batches):
-            last = index == len(self.batches) - 1
-            context = self.model.no_sync() if not last else contextlib.nullcontext()
-            with context:
-                loss = self.ctx.loss(self.model, batch) / len(self.batches)
-                self.ctx.backward(loss)
-            total += loss.detach()
+        total = ddp_backward(self.ctx, self.model, self.batches)
         self.ctx.step(self.optimizer)
         self.launched = self._recording
         return total / self.ctx.dp

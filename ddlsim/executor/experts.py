@@ -21,7 +21,6 @@ on a rank sums what every token it served contributed, so it is summed over the
 expert-data-parallel group and divided by ``dp``, which is the global batch's mean gradient.
 """
 
-import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -36,6 +35,8 @@ from ddlsim.cluster import groups as process_groups
 from ddlsim.data.moe import combine, experts_modules, run_experts
 from ddlsim.executor.autograd_collectives import AllGather, ReduceScatter, gather_rows
 from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
+from ddlsim.executor.data_parallel import ddp_backward
+from ddlsim.executor.fsdp import fsdp_backward
 from ddlsim.plans.stages import default_groups
 
 
@@ -190,14 +191,7 @@ class ExpertParallelTrainer(SynchronousTrainer):
 
     def step(self) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.ctx.device)
-        for index, batch in enumerate(self.batches):
-            last = index == len(self.batches) - 1
-            context = self.model.no_sync() if not last else contextlib.nullcontext()
-            with context:
-                loss = self.ctx.loss(self.model, batch) / len(self.batches)
-                self.ctx.backward(loss)
-            total += loss.detach()
+        total = ddp_backward(self.ctx, self.model, self.batches)
         reduce_expert_grads(self.expert_params, self.groups, self.ctx.dp)
         self.ctx.step(self.optimizer)
         return total / self.ctx.dp
@@ -263,17 +257,8 @@ class ExpertFSDPTrainer(SynchronousTrainer):
         self.optimizer = ctx.make_optimizer(model.parameters())
 
     def step(self) -> torch.Tensor:
-        from torch.distributed.fsdp import FSDPModule
-
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.ctx.device)
-        root = self.model
-        assert isinstance(root, FSDPModule)
-        for index, batch in enumerate(self.batches):
-            root.set_requires_gradient_sync(index == len(self.batches) - 1)
-            loss = self.ctx.loss(self.model, batch) / len(self.batches)
-            self.ctx.backward(loss)
-            total += loss.detach()
+        total = fsdp_backward(self.ctx, self.model, self.batches)
         reduce_expert_grads(self.whole, self.groups, self.ctx.dp)
         with torch.no_grad():
             for param in self.sharded:

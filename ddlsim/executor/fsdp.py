@@ -9,6 +9,7 @@ code runs ZeRO-2: the same groups, their weights kept gathered from forward to b
 (``reshard_after_forward=False``), gradients reduce-scattered and optimizer states sharded.
 """
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,6 +19,22 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
 from ddlsim.plans.runnable import check_groups
 from ddlsim.plans.stages import default_groups
+
+
+def fsdp_backward(
+    ctx: RankContext, root: nn.Module, batches: Sequence[Mapping[str, Any]]
+) -> torch.Tensor:
+    """Forward and backward of every micro-batch of an FSDP2 ``root``: gradients of all but
+    the last accumulate unsharded, unsynchronised. Returns the micro-batches' mean loss,
+    detached."""
+    assert isinstance(root, FSDPModule)
+    total = torch.zeros((), device=ctx.device)
+    for index, batch in enumerate(batches):
+        root.set_requires_gradient_sync(index == len(batches) - 1)
+        loss = ctx.loss(root, batch) / len(batches)
+        ctx.backward(loss)
+        total += loss.detach()
+    return total
 
 
 class FSDPTrainer(SynchronousTrainer):
@@ -52,15 +69,7 @@ class FSDPTrainer(SynchronousTrainer):
 
     def step(self) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.ctx.device)
-        root = self.model
-        assert isinstance(root, FSDPModule)
-        for index, batch in enumerate(self.batches):
-            # Gradients of all but the last micro-batch accumulate unsharded, unsynchronized.
-            root.set_requires_gradient_sync(index == len(self.batches) - 1)
-            loss = self.ctx.loss(self.model, batch) / len(self.batches)
-            self.ctx.backward(loss)
-            total += loss.detach()
+        total = fsdp_backward(self.ctx, self.model, self.batches)
         self.ctx.step(self.optimizer)
         return total / self.ctx.dp
 
