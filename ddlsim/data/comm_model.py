@@ -21,6 +21,7 @@ COLLECTIVES: tuple[str, ...] = (
     "sendrecv",
     "ring_reduce_scatter",
     "ring_all_gather",
+    "all_to_all",
 )
 
 
@@ -40,6 +41,8 @@ def bus_factor(collective: str, world_size: int) -> float:
         "sendrecv": 1.0,
         "ring_reduce_scatter": (n - 1) / n,
         "ring_all_gather": (n - 1) / n,
+        # Each rank keeps 1/n of its buffer and sends the rest, a share to every other rank.
+        "all_to_all": (n - 1) / n,
     }
     if collective not in factors:
         raise InvalidOptionError(

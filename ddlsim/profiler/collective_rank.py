@@ -110,7 +110,7 @@ def _comm_thread(device: torch.device) -> CommThread:
     return _comm[0]
 
 
-GROUP_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+GROUP_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 
 
 def _launcher(
@@ -153,6 +153,14 @@ def _launcher(
             ]
         return full.nbytes, lambda: [
             dist.all_gather_into_tensor(full, part, group=group, async_op=True)
+        ]
+    if collective == "all_to_all":
+        # An expert-parallel dispatch: each rank's buffer in equal parts, one to every rank.
+        chunk = max(1, numel // world_size)
+        send = torch.ones(chunk * world_size, device=device)
+        receive = torch.empty_like(send)
+        return send.nbytes, lambda: [
+            dist.all_to_all_single(receive, send, group=group, async_op=True)
         ]
     if collective == "broadcast":
         buffer = torch.ones(numel, device=device)

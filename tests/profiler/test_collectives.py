@@ -175,7 +175,7 @@ class _MustNotStart:
     ("kwargs", "error", "match"),
     [
         ({"world_size": 1}, InvalidOptionError, r"world_size\(1\)"),
-        ({"collectives": ["all_to_all"]}, InvalidOptionError, "all_to_all"),
+        ({"collectives": ["all_to_none"]}, InvalidOptionError, "all_to_none"),
         ({"backend": "mpi"}, InvalidOptionError, "'mpi'"),
         ({"sizes": [0, 4096]}, InvalidSizesError, r"\[0, 4096\]"),
         ({"repeats": 0}, InvalidOptionError, r"repeats\(0\)"),
