@@ -141,6 +141,12 @@ def check_priceable(model: ModelSpec) -> None:
     InvalidStrategyError: when ``model``'s family has no tensor-parallel plan (the GPU path
         splits it per layer), naming the families that have one.
     """
+    if experts_shape(model.config) is not None:
+        raise InvalidStrategyError(
+            f"{model.label} ({model.cls}) is a mixture of experts, which the GPU-cluster "
+            "simulator does not price yet (its dispatch, grouped GEMMs and expert memory); "
+            "ddlsim run trains it with parallel.ep on this machine's ranks"
+        )
     if tp_family(model) is None:
         raise InvalidStrategyError(
             f"{model.label} ({model.cls}) has no tensor-parallel plan, so it cannot be priced "

@@ -9,7 +9,7 @@ from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs.parallel import ParallelPlan
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
-from ddlsim.plans.feasibility import Target, refusals
+from ddlsim.plans.feasibility import Target, check_priceable, refusals
 
 MIXTRAL = ZOO["mixtral-tiny"]  # 4 experts, 2 a token, experts 128 wide, batch 8
 
@@ -72,3 +72,8 @@ def test_expert_parallelism_runs_beside_dp_and_fsdp() -> None:
     ):
         strategy = Strategy.from_dict({"parallel": parallel})
         assert refusals(MIXTRAL, strategy, Target(world_size=4)) == [], parallel
+
+
+def test_the_gpu_path_says_it_does_not_price_experts_yet() -> None:
+    with pytest.raises(InvalidStrategyError, match="mixture of experts, which the GPU-cluster"):
+        check_priceable(MIXTRAL)
