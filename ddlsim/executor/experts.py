@@ -34,7 +34,12 @@ from torch.nn.parallel import DistributedDataParallel
 from ddlsim.cluster import groups as process_groups
 from ddlsim.data.moe import combine, experts_modules, run_experts
 from ddlsim.executor.autograd_collectives import AllGather, ReduceScatter, gather_rows
-from ddlsim.executor.context import RankContext, SynchronousTrainer, split_batch
+from ddlsim.executor.context import (
+    RankContext,
+    SynchronousTrainer,
+    average_over_group,
+    split_batch,
+)
 from ddlsim.executor.data_parallel import ddp_backward
 from ddlsim.executor.fsdp import fsdp_backward
 from ddlsim.plans.stages import default_groups
@@ -157,17 +162,20 @@ def _all_gather_forward(  # noqa: PLR0917 (bound by functools.partial)
 def reduce_expert_grads(params: list[nn.Parameter], groups: ExpertGroups, dp: int) -> None:
     """Each expert parameter's gradient as the global batch's mean: summed over the ranks that
     hold the same experts, over ``dp`` (a parameter no token reached gets a zero gradient)."""
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    for param in params:
+        if param.grad is None:
+            param.grad = torch.zeros_like(param)
+    grads = [p.grad for p in params if p.grad is not None]
     if groups.edp_group is not None:
-        dist.all_reduce(flat, group=groups.edp_group)
-    flat.div_(dp)
-    offset = 0
-    for param, grad in zip(params, grads, strict=True):
-        param.grad = flat[offset : offset + grad.numel()].view_as(grad).clone()
-        offset += grad.numel()
+        average_over_group(grads, groups.edp_group, dp)
+    else:
+        for grad in grads:
+            grad.div_(dp)
+
+
+def _applied(parallel: Any, experts: ExpertGroups, **extra: Any) -> dict[str, Any]:
+    """What an expert-parallel trainer ran: the experts' groups, the dispatcher, ``extra``."""
+    return {"ep": experts.ep, "edp": experts.edp, "dispatcher": parallel.dispatcher, **extra}
 
 
 class ExpertParallelTrainer(SynchronousTrainer):
@@ -198,13 +206,9 @@ class ExpertParallelTrainer(SynchronousTrainer):
 
     def applied(self) -> dict[str, Any]:
         plan = self.ctx.strategy.parallel
-        return {
-            "plan": "expert_parallel",
-            "ep": self.groups.ep,
-            "edp": self.groups.edp,
-            "dispatcher": plan.dispatcher,
-            "collectives": ["all_reduce", plan.dispatcher],
-        }
+        return _applied(
+            plan, self.groups, plan="expert_parallel", collectives=["all_reduce", plan.dispatcher]
+        )
 
 
 class ExpertFSDPTrainer(SynchronousTrainer):
@@ -269,11 +273,11 @@ class ExpertFSDPTrainer(SynchronousTrainer):
 
     def applied(self) -> dict[str, Any]:
         plan = self.ctx.strategy.parallel
-        return {
-            "plan": "expert_parallel_fsdp",
-            "ep": self.groups.ep,
-            "edp": self.groups.edp,
-            "dispatcher": plan.dispatcher,
-            "groups": self.fsdp_groups,
-            "collectives": ["all_gather", "reduce_scatter", plan.dispatcher],
-        }
+        collectives = ["all_gather", "reduce_scatter", plan.dispatcher]
+        return _applied(
+            plan,
+            self.groups,
+            plan="expert_parallel_fsdp",
+            groups=self.fsdp_groups,
+            collectives=collectives,
+        )

@@ -41,7 +41,11 @@ def gpu_cluster(args: argparse.Namespace) -> GpuClusterSpec | None:
     """
     if not args.cluster:
         return None
-    cluster = resolve_cluster(args.cluster, getattr(args, "db", None))
+    # Resolved once a command (a stored profile's name opens the store).
+    cluster = getattr(args, "resolved_cluster", None) or resolve_cluster(
+        args.cluster, getattr(args, "db", None)
+    )
+    args.resolved_cluster = cluster
     if isinstance(cluster, GpuClusterSpec):
         return cluster
     if not isinstance(cluster, EmulatedClusterSpec) or cluster.node_size != 1:
