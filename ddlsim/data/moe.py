@@ -15,6 +15,7 @@ and summed back onto their tokens (the combine). Shapes stay static, so a captur
 """
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -150,3 +151,19 @@ def use_grouped_experts(config: Any) -> None:
     if EXPERTS_IMPLEMENTATION not in ALL_EXPERTS_FUNCTIONS:
         ExpertsInterface.register(EXPERTS_IMPLEMENTATION, grouped_experts_forward)
     config._experts_implementation = EXPERTS_IMPLEMENTATION
+
+
+def expert_param_names(params: Sequence[Any], config: Any) -> frozenset[str]:
+    """The routed experts' parameters among ``params`` (objects with ``name``, ``module`` and
+    ``shape``, as a graph's :class:`~ddlsim.data.graph.format.ParamInfo`): those whose first
+    dimension is the expert count in a module holding a 3-D such parameter (the fused
+    projections, and GPT-OSS's per-expert biases beside them). Empty for a dense model.
+
+    These are what expert parallelism splits over ``ep`` ranks, as the executor's
+    ``shard_experts`` does, and what DDP leaves to the expert-data-parallel group."""
+    shape = experts_shape(config)
+    if shape is None:
+        return frozenset()
+    per_expert = [p for p in params if len(p.shape) >= 2 and p.shape[0] == shape.experts]
+    fused = {p.module for p in per_expert if len(p.shape) == 3}
+    return frozenset(p.name for p in per_expert if p.module in fused)

@@ -59,28 +59,35 @@ def ddp_backward(
     return total
 
 
+def ddp_options(ctx: RankContext) -> dict[str, Any]:
+    """``DistributedDataParallel``'s arguments for ``ctx``: the data-parallel group, and the
+    strategy's bucket caps unless they are DDP's own defaults (passed as a user who passes
+    nothing gets them)."""
+    plan = ctx.strategy.tensor_fusion
+    caps: list[float] | None
+    if plan.bucket_caps_mb is not None:
+        caps = list(plan.bucket_caps_mb)
+    elif (plan.first_bucket_cap_mb, plan.bucket_cap_mb) == (
+        DEFAULT_FIRST_BUCKET_CAP_MB,
+        DEFAULT_BUCKET_CAP_MB,
+    ):
+        caps = None
+    else:
+        caps = [plan.first_bucket_cap_mb, plan.bucket_cap_mb]
+    group = ctx.mesh["dp"].get_group() if ctx.mesh is not None else None
+    kwargs: dict[str, Any] = {"process_group": group}
+    if caps is not None:
+        kwargs["bucket_cap_mb_list"] = caps
+    return kwargs
+
+
 class DDPTrainer(SynchronousTrainer):
     """``DistributedDataParallel`` with the strategy's bucket caps (the reference)."""
 
     def __init__(self, ctx: RankContext, model: nn.Module) -> None:
-        plan = ctx.strategy.tensor_fusion
         self.ctx = ctx
         self.batches = _micro_batches(ctx)
-        caps: list[float] | None
-        if plan.bucket_caps_mb is not None:
-            caps = list(plan.bucket_caps_mb)
-        elif (plan.first_bucket_cap_mb, plan.bucket_cap_mb) == (
-            DEFAULT_FIRST_BUCKET_CAP_MB,
-            DEFAULT_BUCKET_CAP_MB,
-        ):
-            caps = None  # DDP's own defaults, exactly as a user who passes nothing gets them
-        else:
-            caps = [plan.first_bucket_cap_mb, plan.bucket_cap_mb]
-        group = ctx.mesh["dp"].get_group() if ctx.mesh is not None else None
-        kwargs: dict[str, Any] = {"process_group": group}
-        if caps is not None:
-            kwargs["bucket_cap_mb_list"] = caps
-        self.model = DistributedDataParallel(model, **kwargs)
+        self.model = DistributedDataParallel(model, **ddp_options(ctx))
         self.names = {id(p): n for n, p in model.named_parameters()}
         # ZeRO-1: the optimizer's states sharded over the data-parallel ranks.
         zero = ctx.strategy.parallel.zero == 1

@@ -40,7 +40,7 @@ from ddlsim.executor.context import (
     average_over_group,
     split_batch,
 )
-from ddlsim.executor.data_parallel import ddp_backward
+from ddlsim.executor.data_parallel import ddp_backward, ddp_options
 from ddlsim.executor.fsdp import fsdp_backward
 from ddlsim.plans.stages import default_groups
 
@@ -181,7 +181,7 @@ def _applied(parallel: Any, experts: ExpertGroups, **extra: Any) -> dict[str, An
 class ExpertParallelTrainer(SynchronousTrainer):
     """Experts split over ``parallel.ep`` of the data-parallel ranks (the dispatcher the plan
     names), the rest of the model under ``DistributedDataParallel`` with the strategy's
-    buckets; micro-batches accumulate as DDP's trainer does."""
+    bucket caps; micro-batches accumulate as DDP's trainer does."""
 
     def __init__(self, ctx: RankContext, model: nn.Module) -> None:
         plan = ctx.strategy.parallel
@@ -194,7 +194,7 @@ class ExpertParallelTrainer(SynchronousTrainer):
         params = dict(model.named_parameters())
         self.expert_params = [params[name] for name in names if params[name].requires_grad]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
-        self.model = DistributedDataParallel(model, process_group=group)
+        self.model = DistributedDataParallel(model, **ddp_options(ctx))
         self.optimizer = ctx.make_optimizer(self.model.parameters())
 
     def step(self) -> torch.Tensor:

@@ -94,6 +94,12 @@ def check_expert_plan(plan: ParallelPlan) -> None:
             f"parallel.capacity_factor({plan.capacity_factor:g}) drops tokens over an "
             "expert's capacity; this executor runs dropless experts (capacity_factor null)"
         )
+    if plan.ep_overlap:
+        raise InvalidStrategyError(
+            "parallel.ep_overlap (one micro-batch's dispatch beside another's compute, "
+            "Megatron-Core's combined 1F1B) is priced by the simulator but not run by this "
+            "executor, whose exchanges block"
+        )
     beside = {
         "tp": plan.tp > 1,
         "pp": plan.pp > 1,
@@ -106,6 +112,20 @@ def check_expert_plan(plan: ParallelPlan) -> None:
         raise InvalidStrategyError(
             f"parallel.ep({plan.ep}) runs beside data parallelism and FSDP in this executor; "
             f"with parallel.{', '.join(named)} it is priced by the simulator only"
+        )
+
+
+def check_expert_buckets(strategy: Strategy) -> None:
+    """Raises:
+    InvalidStrategyError: expert parallelism with DeAR or explicit buckets (its gradients go
+        through DDP, at the plan's bucket caps).
+    """
+    fusion = strategy.tensor_fusion
+    if strategy.parallel.ep > 1 and not strategy.parallel.fsdp and not fusion.uses_ddp:
+        raise InvalidStrategyError(
+            f"parallel.ep({strategy.parallel.ep}) reduces the other gradients with DDP at the "
+            "plan's bucket caps; tensor_fusion's dear or explicit buckets are not run beside it "
+            "(set tensor_fusion.bucket_cap_mb instead)"
         )
 
 
@@ -162,6 +182,7 @@ def check_runnable(spec: ModelSpec, strategy: Strategy, world_size: int) -> None
     check_paper_only(strategy)
     check_scaled_precision(strategy)
     check_expert_plan(strategy.parallel)
+    check_expert_buckets(strategy)
     plan = strategy.parallel
     if plan.cp > 1:
         check_context_parallel(spec, plan.cp)

@@ -40,6 +40,7 @@ from typing import Any
 from torch import nn
 
 from ddlsim.data.errors import InvalidStrategyError
+from ddlsim.data.moe import is_experts
 from ddlsim.plans.tp_fused import FUSED_MLP_PARTS, Heads, fused_qkv_parts
 
 _Q_NAMES = frozenset({"q_proj", "query", "q", "wq", "query_proj"})
@@ -120,7 +121,8 @@ def derive_split(model: nn.Module) -> DerivedSplit:
         block.get_submodule(attention_path), at, groups[attention_path], config, found
     )
     mlp = block.get_submodule(mlp_path) if mlp_path else block
-    _mlp(mlp, f"{block_path}.{mlp_path}".rstrip("."), groups[mlp_path], bool(mlp_path), found)
+    if mlp_path in groups:
+        _mlp(mlp, f"{block_path}.{mlp_path}".rstrip("."), groups[mlp_path], bool(mlp_path), found)
     _vocabulary(model, found)
     local_keys = tuple(key for key in (heads.heads_key, heads.kv_key) if key is not None)
     pattern = re.escape(stack) + r"\.\d+"
@@ -203,10 +205,14 @@ def _attention_and_mlp(
             f"holders of linear layers ({where}); the derived plan splits one self-attention"
         )
     if not others:
-        # An MLP without linear layers: experts held as 3-D tensors, a router.
+        # An MLP without linear layers: a layer of routed experts (3-D tensors and a router,
+        # left whole on every tensor-parallel rank: expert tensor parallelism 1, as
+        # Megatron-Core's default), or something the split cannot place.
         for name, child in block.named_children():
             params = [n for n, _ in child.named_parameters()]
             if name != attention[0].partition(".")[0] and params and not _is_norm(child):
+                if any(is_experts(m) for m in child.modules()):
+                    return attention[0], name
                 raise InvalidStrategyError(
                     f"MLP {block_path}.{name} ({type(child).__name__}) has no recognisable "
                     f"input and output projections (its parameters: {', '.join(params)}): "

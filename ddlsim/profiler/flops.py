@@ -64,6 +64,27 @@ def _grouped_backward(
     return 2 * _grouped_forward(input_shape, weight_shape)
 
 
+def _aten_grouped_mm(
+    a_shape: torch.Size,
+    b_shape: torch.Size,
+    *args: object,
+    out_shape: object = None,
+    **kwargs: object,
+) -> int:
+    """torch's grouped GEMM (the experts' matmuls in bf16; torch registers no formula): a
+    ``[S, in]`` input through ``[G, in, out]`` weights (``2 S in out``), the weights' gradient
+    ``[in, S]`` by ``[S, out]`` into ``[G, in, out]`` (``2 in S out``), or ``G`` batched
+    ``[m, k]`` by ``[k, n]`` (``2 G m k n``)."""
+    a, b = [int(x) for x in a_shape], [int(x) for x in b_shape]
+    if len(a) == 2 and len(b) == 3:
+        return 2 * a[0] * a[1] * b[2]
+    if len(a) == 2 and len(b) == 2:
+        return 2 * a[0] * a[1] * b[1]
+    if len(a) == 3 and len(b) == 3:
+        return 2 * a[0] * a[1] * a[2] * b[2]
+    return 2 * a[-2] * a[-1] * b[-1]  # [G, m, k] by [k, n] rows of a 2-D operand
+
+
 # The experts' grouped matmul (ddlsim.data.moe) outside bf16: transformers' per-expert loop op.
 _MISSING_CUSTOM = {
     ("transformers", "grouped_mm_fallback"): _grouped_forward,
@@ -73,6 +94,7 @@ _MISSING_CUSTOM = {
 _MISSING: dict[str, Callable[..., int]] = {
     "_scaled_dot_product_flash_attention_for_cpu": _cpu_flash_forward,
     "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_flash_backward,
+    "_grouped_mm": _aten_grouped_mm,
 }
 
 

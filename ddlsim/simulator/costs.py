@@ -86,6 +86,7 @@ def comm_models(
     bandwidth: str,
     bandwidth_gbps: float | None,
     ring: bool,
+    ops: Sequence[str] = REPLAY_OPS,
 ) -> CommModels:
     """Collective models over ``world_size`` ranks on a link of ``bandwidth``.
 
@@ -99,7 +100,8 @@ def comm_models(
     free of latency, DeAR's many small buckets looked free, and the quickstart's search, whose
     store has only all-reduce fits, picked 28 of them measured at 0.51x of DDP's defaults).
     Without an all-reduce fit either, the link's nominal rate (``UNSHAPED_GBPS`` for an
-    unshaped link) with no latency.
+    unshaped link) with no latency. ``ops``: the collectives to model (the replay's by
+    default; expert parallelism adds ``all_to_all``).
     """
     newest: dict[str, LinkFitLike] = {}
     for profile in profiles:
@@ -109,7 +111,7 @@ def comm_models(
     models: dict[str, AlphaBeta] = {}
     sources: dict[str, str] = {}
     n = world_size
-    for op in REPLAY_OPS:
+    for op in ops:
         fitted = op
         if ring and op in ("reduce_scatter", "all_gather"):
             fitted = f"ring_{op}" if f"ring_{op}" in newest else "sendrecv"

@@ -17,6 +17,7 @@ from ddlsim.data.store import PredictionRecord, strategy_hash
 from ddlsim.simulator.cost_model import SIMULATOR_VERSION, CostModel, ReplayCostModel
 from ddlsim.simulator.costs import BackendFit, comm_models, scaled, uses_ring
 from ddlsim.simulator.dp_replay import DataParallelReplay, ReplaySummary
+from ddlsim.simulator.experts import EXPERT_OPS, ExpertSchedule, expert_schedule
 from ddlsim.simulator.features import block_sample, model_graph, strategy_sample
 from ddlsim.simulator.plans import (
     analytic_parallel_plan,
@@ -101,10 +102,14 @@ class Prediction:
 def check_replayed(plan: ParallelPlan) -> None:
     """Raises:
     UnsupportedPlanError: a plan this machine's executor runs but the replay does not
-        schedule yet (experts split over ranks, context parallelism, ZeRO), rather than
+        schedule yet (experts split over ranks beside FSDP, context parallelism, ZeRO), rather than
         pricing it as plain data parallelism.
     """
-    unscheduled = {"ep": plan.ep > 1, "cp": plan.cp > 1, "zero": bool(plan.zero)}
+    unscheduled = {
+        "ep beside fsdp": plan.ep > 1 and plan.fsdp,
+        "cp": plan.cp > 1,
+        "zero": bool(plan.zero),
+    }
     named = [f"parallel.{key}" for key, used in unscheduled.items() if used]
     if named:
         raise UnsupportedPlanError(
@@ -136,6 +141,7 @@ def predict(
     backend: str = "gloo",
     cost_model: CostModel | None = None,
     compute_scale: float = 1.0,
+    routing: Mapping[str, float] | None = None,
 ) -> Prediction:
     """Replay ``graph`` (captured with its strategy at the rank's micro-batch).
 
@@ -152,7 +158,10 @@ def predict(
         cost_model: a learned one (``gnn`` or ``blend``) corrects the replay of any plan and
             prices each compiled block (its fused-block head); the analytical one prices grid
             plans in closed form; the replay's (:class:`ReplayCostModel`, the default) leaves
-            the replay as it is.
+            the replay as it is. Expert-parallel plans are replayed alone (no learned model
+            has seen one).
+        routing: expert parallelism's measured router imbalance by experts module
+            (:func:`profiler.routing.routing_load`); balanced where missing.
 
     Raises:
         InvalidOptionError: the profiled graph is of another model or inputs.
@@ -165,8 +174,13 @@ def predict(
     models = _comm(graph, fits, dp=dp, bandwidth=bandwidth, backend=backend)
     durations = transfer_durations(profiled, node_ms, graph)
     runtime = shipped_runtime_costs().scaled(compute_scale)
+    experts = None
+    if graph.strategy.parallel.ep > 1:
+        experts, sources = _experts(graph, fits, dp=dp, bandwidth=bandwidth, routing=routing)
+        durations = experts.scaled(durations)
+        models = dataclasses.replace(models, sources={**models.sources, **sources})
     if is_data_parallel(graph.strategy.parallel):
-        result = replay(graph, durations, models.models, runtime=runtime)
+        result = replay(graph, durations, models.models, runtime=runtime, experts=experts)
     else:
         result = replay_parallel_plan(
             graph, durations, fits, models.models, world_size=world_size, bandwidth=bandwidth,
@@ -194,7 +208,7 @@ def predict(
             corrected_ms=analytic_ms,
             simulator_version=cost_model.version,
         )
-    if not cost_model.learned:
+    if not cost_model.learned or experts is not None:
         return prediction
     return _corrected(
         prediction,
@@ -218,6 +232,40 @@ def _comm(
         bandwidth_gbps=parse_bandwidth_gbps(bandwidth),
         ring=uses_ring(graph.strategy, backend),
     )
+
+
+def _experts(
+    graph: IterationGraph,
+    fits: Sequence[BackendFit],
+    *,
+    dp: int,
+    bandwidth: str,
+    routing: Mapping[str, float] | None,
+) -> tuple[ExpertSchedule, dict[str, str]]:
+    """Expert parallelism's schedule, with its collectives over the expert-parallel and
+    expert-data-parallel groups, and where each model came from."""
+    plan = graph.strategy.parallel
+    gbps = parse_bandwidth_gbps(bandwidth)
+
+    def over(ranks: int) -> Any:
+        return comm_models(
+            fits, world_size=ranks, bandwidth=bandwidth, bandwidth_gbps=gbps, ring=False,
+            ops=EXPERT_OPS,
+        )  # fmt: skip
+
+    ep_models = over(plan.ep)
+    edp = dp // plan.ep
+    edp_models = over(edp) if edp > 1 else None
+    schedule = expert_schedule(
+        graph,
+        routing or {},
+        ep_comm=ep_models.models,
+        edp_comm=edp_models.models if edp_models is not None else None,
+    )
+    sources = {f"{op} over ep {plan.ep}": ep_models.sources[op] for op in EXPERT_OPS[:-1]}
+    if edp_models is not None:
+        sources[f"all_reduce over edp {edp}"] = edp_models.sources["all_reduce"]
+    return schedule, sources
 
 
 def _corrected(

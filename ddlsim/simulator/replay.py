@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.errors import InvalidOptionError
 from ddlsim.data.graph.format import GraphNode, IterationGraph
+from ddlsim.simulator.experts import Blocking, ExpertSchedule
 from ddlsim.simulator.runtime import RuntimeCosts
 from ddlsim.simulator.timeline import Event, ReplayResult, UnsupportedPlanError
 
@@ -130,6 +131,7 @@ def replay(
     *,
     iterations: int = 4,
     runtime: RuntimeCosts | None = None,
+    experts: ExpertSchedule | None = None,
 ) -> ReplayResult:
     """Replay ``iterations`` training iterations of ``graph`` and read the steady state.
 
@@ -141,6 +143,8 @@ def replay(
         iterations: how many to unroll (>= 3: the first fills the pipeline of overlaps, the
             last may end early; the iteration time is read between the second and the last).
         runtime: the cost of the runtime's gradient copies (none charged by default).
+        experts: what expert parallelism adds (its exchanges, the busiest rank's experts):
+            :func:`simulator.experts.expert_schedule`; ``node_ms`` already scaled by it.
 
     Raises:
         UnsupportedPlanError: FSDP, tensor or pipeline parallelism.
@@ -159,7 +163,9 @@ def replay(
         raise InvalidOptionError(
             f"no collective model for {', '.join(missing)}; given: {', '.join(sorted(comm))}"
         )
-    return _Replayer(graph, node_ms, comm, iterations, runtime or RuntimeCosts()).run()
+    replayer = _Replayer(graph, node_ms, comm, iterations, runtime or RuntimeCosts())
+    replayer.experts = experts
+    return replayer.run()
 
 
 class _Replayer:
@@ -192,6 +198,7 @@ class _Replayer:
         # DeAR: the copy each bucket's first update waits for, by (iteration, bucket)
         self._land_ms: dict[tuple[int, int | None], float] = {}
         self.events: list[Event] = []
+        self.experts: ExpertSchedule | None = None
 
     def run(self) -> ReplayResult:
         starts: list[float] = []
@@ -270,6 +277,9 @@ class _Replayer:
                 )
             elif node.kind == "grad_ready":
                 self.end[(it, mb, node.id)] = self._deps_end(it, mb, node)
+            if self.experts is not None:
+                for exchange in self.experts.after.get(node.id, ()):
+                    self._blocking((it, mb), exchange)
             if node.id in comm_of_ready:
                 for collective in comm_of_ready[node.id]:
                     ready = self._deps_end(it, mb, collective)
@@ -332,6 +342,10 @@ class _Replayer:
         # One optimizer step after every bucket's collective (DDP and the hooks alike); the
         # runtime waits for each in launch order and copies it back into the gradients.
         barrier = max((self.end[(it, mb, n.id)] for n in self.collectives), default=0.0)
+        if self.experts is not None:
+            self.free["compute"] = max(self.free["compute"], barrier)
+            for exchange in self.experts.before_step:
+                barrier = self._blocking((it, mb), exchange)
         for node in self.collectives:
             copy_ms = self.runtime.land_ms(self.fusion, node.grad_bytes)
             if copy_ms > 0:
@@ -340,6 +354,19 @@ class _Replayer:
         for node in self.optimizer:
             ready = max(barrier, self._deps_end(it, mb, node))
             self._run("compute", (it, mb), node, ms=self._ms(node), ready=ready)
+
+    def _blocking(self, at: tuple[int, int], exchange: Blocking) -> float:
+        """A collective the rank waits for (expert parallelism's exchanges, on their own group
+        beside DDP's buckets in flight): compute resumes when it ends."""
+        it, mb = at
+        start = self.free["compute"]
+        end = start + exchange.ms
+        self.free["compute"] = end
+        self.events.append(
+            Event(node=-1, iteration=it, micro_batch=mb, stream="exchange", name=exchange.name,
+                  start_ms=start, end_ms=end)
+        )  # fmt: skip
+        return end
 
     # -- costs -------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from ddlsim.search import SearchBudget, SearchProblem, Space, search_algorithm
 from ddlsim.search.registry import STUDY_ALGORITHMS
 from ddlsim.search.scale_plans import SpaceLimits, layouts
 from ddlsim.simulator.gpu.cost import LayoutCost
-from ddlsim.simulator.gpu.scale import ScalePrediction
+from ddlsim.simulator.gpu.prediction import ScalePrediction
 from ddlsim.workflows.scale import (
     ScaleRequest,
     check_memory_margin,

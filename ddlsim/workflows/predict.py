@@ -16,6 +16,7 @@ from ddlsim.data.store import (
 from ddlsim.plans.feasibility import check, run_target
 from ddlsim.plans.tp_plans import check_layouts, check_tensor_parallel
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
+from ddlsim.profiler.routing import routing_load
 from ddlsim.simulator.cost_model import CostModel, load_cost_model
 from ddlsim.simulator.costs import rank_spec
 from ddlsim.simulator.predict import Prediction, check_replayed
@@ -131,6 +132,9 @@ def predict_on_store(
         progress=progress,
     )
     options = CaptureOptions(strategy=strategy, optimizer="sgd" if optimizer == "sgd" else "adamw")
+    routing = None
+    if plan.ep > 1:  # the routers' imbalance, as the executor's first iteration routes
+        routing = routing_load(spec, plan, world_size).imbalance
     prediction = simulate(
         capture(rank, options),
         profiled=profiled,
@@ -140,5 +144,6 @@ def predict_on_store(
         bandwidth=bandwidth,
         cost_model=cost_model,
         compute_scale=machine_scale(world_size),
+        routing=routing,
     )
     return prediction, profile, profiled_now

@@ -115,11 +115,13 @@ def profile_link(
     bandwidth: str,
     collectives: Sequence[str],
     sizes: Sequence[int] = SEARCH_LINK_SIZES,
+    repeats: int = 5,
     progress: Progress = no_progress,
 ) -> bool:
     """Profile ``collectives`` on ``world_size`` ranks over links of ``bandwidth`` (this
     machine's emulated cluster) and store their fits, unless the store has a fit of each; whether
-    it profiled now.
+    it profiled now. ``repeats``: timed runs of each collective and size (more steady the
+    latency of small messages where ranks share cores).
 
     Raises:
         ClusterRunError: a rank failed or the profile ran out of time.
@@ -143,6 +145,7 @@ def profile_link(
         bandwidth=bandwidth,
         sizes=list(sizes),
         collectives=missing,
+        repeats=repeats,
         cpu_repeats=CPU_REPEATS,
         progress=lambda message: progress(None, message),
     )

@@ -23,10 +23,9 @@ from ddlsim.search.scale_plans import (
 )
 from ddlsim.simulator.features import ModelGraph
 from ddlsim.simulator.gpu.cost import LayoutCost, layout_graph, load_gpu_cost_model
+from ddlsim.simulator.gpu.prediction import ModelDims, ScalePrediction
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.gpu.scale import (
-    ModelDims,
-    ScalePrediction,
     check_sequence,
     check_world_size,
     micro_batch_size,

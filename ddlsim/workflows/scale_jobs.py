@@ -28,10 +28,7 @@ from ddlsim.data.store import (
 )
 from ddlsim.plans.feasibility import check, check_priceable, cluster_target
 from ddlsim.search.scale_plans import SpaceLimits
-from ddlsim.simulator.gpu.scale import (
-    BREAKDOWN_KEYS,
-    ScalePrediction,
-)
+from ddlsim.simulator.gpu.prediction import BREAKDOWN_KEYS, ScalePrediction
 from ddlsim.workflows.requests import Progress, no_progress
 from ddlsim.workflows.scale import (
     ScaleRequest,

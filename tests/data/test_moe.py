@@ -48,3 +48,35 @@ def test_the_grouped_forward_computes_what_transformers_own_loop_does(name: str)
     assert our_grads.keys() == their_grads.keys()
     for key, grad in our_grads.items():
         assert torch.allclose(grad, their_grads[key], rtol=1e-4, atol=1e-6), key
+
+
+@pytest.mark.parametrize("name", MOE_TINY)
+def test_the_expert_parameters_are_those_expert_parallelism_splits(name: str) -> None:
+    from ddlsim.data.graph.format import ParamInfo
+    from ddlsim.data.moe import expert_param_names
+
+    model = build_model(ZOO[name], seed=0)
+    params = [
+        ParamInfo(
+            name=n,
+            module=n.rpartition(".")[0],
+            shape=tuple(p.shape),
+            dtype="float32",
+            numel=p.numel(),
+            nbytes=p.numel() * 4,
+        )
+        for n, p in model.named_parameters()
+    ]
+    shape = experts_shape(model.config)
+    assert shape is not None
+    # what the executor's shard_experts keeps 1 / ep of: every per-expert tensor of an
+    # experts module (GPT-OSS's biases too), never the router's [experts, hidden] weight
+    expected = {
+        f"{path}.{n}"
+        for path, module in experts_modules(model).items()
+        for n, p in module.named_parameters(recurse=False)
+        if p.dim() >= 2 and p.shape[0] == shape.experts
+    }
+    assert expert_param_names(params, model.config) == expected
+    assert not any(".gate.weight" in n or "router" in n for n in expected)
+    assert expert_param_names(params, ZOO["llama-tiny"].config) == frozenset()

@@ -108,7 +108,7 @@ def test_explicit_buckets_must_partition(buckets: tuple, message: str) -> None:
         (
             {"parallel": {"tpp": 2}},
             "unknown key 'tpp' in parallel; allowed: async_tp, capacity_factor, cp, cp_comm, "
-            "dispatcher, distributed_optimizer, dp, ep, etp, fsdp",
+            "dispatcher, distributed_optimizer, dp, ep, ep_overlap, etp, fsdp",
         ),
         ({"fusion": {}}, "unknown key 'fusion' in strategy"),
     ],

@@ -79,6 +79,25 @@ def test_qwen2_splits_like_llama() -> None:
     assert tp_family(QWEN2) == "qwen2"
 
 
+def test_a_layer_of_experts_stays_whole_beside_split_attention() -> None:
+    """Expert tensor parallelism 1 (Megatron-Core's default): the router and the experts' 3-D
+    tensors are on every tensor-parallel rank; attention and the vocabulary split as usual."""
+    spec = _spec("MixtralForCausalLM", intermediate_size=96, num_key_value_heads=2,
+                 num_local_experts=2)  # fmt: skip
+    check_tensor_parallel(spec, 2)
+    styles = _styles(
+        spec,
+        [
+            "model.layers.1.self_attn.q_proj",
+            "model.layers.1.self_attn.o_proj",
+            "model.layers.1.mlp.gate",
+            "model.layers.1.mlp.experts",
+            "lm_head",
+        ],
+    )
+    assert list(styles.values()) == ["colwise", "rowwise", None, None, "vocab_head"]
+
+
 def test_nemotron_squared_relu_mlp_has_no_gate() -> None:
     styles = _styles(
         NEMOTRON,
@@ -144,16 +163,6 @@ def test_fused_projections_of_known_layout(
             ),
             r"model\.layers\.0\.self_attn\.q_layernorm\.norms\.0\.weight .* holds parameters per "
             "head",
-        ),
-        (
-            _spec(
-                "MixtralForCausalLM",
-                intermediate_size=96,
-                num_key_value_heads=2,
-                num_local_experts=2,
-            ),
-            r"MLP model\.layers\.0\.mlp \(MixtralSparseMoeBlock\) has no recognisable input and "
-            "output projections",
         ),
     ],
 )

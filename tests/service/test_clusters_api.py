@@ -14,7 +14,7 @@ from ddlsim.data.specs.gpu_cluster import preset
 from ddlsim.data.store import Store
 from ddlsim.service.api import Settings, create_app
 from ddlsim.service.worker import Worker
-from ddlsim.simulator.gpu.scale import BREAKDOWN_KEYS
+from ddlsim.simulator.gpu.prediction import BREAKDOWN_KEYS
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

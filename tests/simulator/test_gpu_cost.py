@@ -24,7 +24,7 @@ from ddlsim.simulator.gpu.cost import (
 )
 from ddlsim.simulator.gpu.learned import train_gpu_cost_model
 from ddlsim.simulator.gpu.memory import MemoryEstimate
-from ddlsim.simulator.gpu.scale import ScalePrediction
+from ddlsim.simulator.gpu.prediction import ScalePrediction
 from ddlsim.simulator.train import TrainOptions, save_checkpoint
 from tests.simulator.gpu_runs import synthetic_dataset
 

@@ -16,7 +16,7 @@ from ddlsim.search.scale_plans import ScaleSpace, SpaceLimits, layouts
 from ddlsim.simulator.gpu.memory import weight_bytes
 from ddlsim.simulator.gpu.nccl import Group, NcclModel
 from ddlsim.simulator.gpu.overlap import CONTENTION, decomposed_tp_ms, exposed_ms, overlapped_ms
-from ddlsim.simulator.gpu.scale import ScalePrediction
+from ddlsim.simulator.gpu.prediction import ScalePrediction
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale
 
 LLAMA = ModelSpec.from_dict(

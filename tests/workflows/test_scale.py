@@ -12,7 +12,7 @@ from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
-from ddlsim.simulator.gpu.scale import BREAKDOWN_KEYS
+from ddlsim.simulator.gpu.prediction import BREAKDOWN_KEYS
 from ddlsim.workflows.scale import ScaleRequest, predict_at_scale, search_at_scale
 
 GPT = ModelSpec.from_dict(

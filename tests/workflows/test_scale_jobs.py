@@ -12,7 +12,7 @@ from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
 from ddlsim.data.store import Store
 from ddlsim.data.zoo import ZOO
-from ddlsim.simulator.gpu.scale import BREAKDOWN_KEYS
+from ddlsim.simulator.gpu.prediction import BREAKDOWN_KEYS
 from ddlsim.workflows.scale import ScaleRequest
 from ddlsim.workflows.scale_jobs import (
     LayoutSearchRequest,

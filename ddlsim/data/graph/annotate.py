@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ddlsim.data.graph.format import GraphNode, IterationGraph, ParamInfo
+from ddlsim.data.moe import expert_param_names
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Bucket, Strategy
 
@@ -56,9 +57,13 @@ def assemble(
         InvalidStrategyError: when the strategy's buckets do not partition the gradients.
     """
     sizes = {p.name: p.nbytes for p in params}
-    buckets = strategy.tensor_fusion.assign([(name, sizes[name]) for name in ready])
+    ep = strategy.parallel.ep
+    experts = expert_param_names(params, model.config) if ep > 1 else frozenset()
+    bucketed = [name for name in ready if name not in experts]
+    buckets = strategy.tensor_fusion.assign([(name, sizes[name]) for name in bucketed])
     nodes = _place_collectives(recorded, ready, buckets, strategy)
     _append_optimizer(nodes, buckets, sizes, optimizer)
+    _append_expert_optimizer(nodes, ready, experts, sizes=sizes, optimizer=optimizer, ep=ep)
     out: list[GraphNode] = []
     edges: list[tuple[int, int]] = []
     for index, rec in enumerate(nodes):
@@ -163,32 +168,59 @@ def _collective(op: str, bucket: Bucket, deps: list[int]) -> PendingNode:
     )
 
 
+def _append_expert_optimizer(
+    recorded: list[PendingNode],
+    ready: Mapping[str, int],
+    experts: frozenset[str],
+    *,
+    sizes: dict[str, int],
+    optimizer: str,
+    ep: int,
+) -> None:
+    """Expert parallelism: each routed-experts parameter's step over this rank's ``1 / ep`` of
+    it, after backward (no data-parallel bucket carries it: the expert-data-parallel group
+    reduces these gradients once backward ends)."""
+    if not experts:
+        return
+    last_ready = max(
+        i
+        for i, rec in enumerate(recorded)
+        if rec.node.kind == "grad_ready" and rec.node.param in experts
+    )
+    for name in (n for n in ready if n in experts):
+        recorded.append(_optimizer_node(name, sizes[name] // ep, optimizer, [last_ready], None))
+
+
 def _append_optimizer(
     recorded: list[PendingNode], buckets: list[Bucket], sizes: dict[str, int], optimizer: str
 ) -> None:
     """One optimizer-step node per parameter, after the collective that delivers its gradient."""
-    flops_per_elem, reads, writes = _OPTIMIZER_COST[optimizer]
     delivering: dict[int, int] = {}
     for index, rec in enumerate(recorded):
         if rec.node.kind == "comm" and rec.node.bucket is not None:
             delivering[rec.node.bucket] = index  # the last collective of a bucket wins
     for bucket in buckets:
         for name in bucket.params:
-            nbytes = sizes[name]
-            recorded.append(
-                pending(
-                    [delivering[bucket.index]],
-                    kind="optimizer",
-                    phase="optimizer",
-                    op=f"optimizer.{optimizer}",
-                    module=name.rpartition(".")[0],
-                    flops=flops_per_elem * (nbytes // 4),
-                    bytes_read=reads * nbytes,
-                    bytes_written=writes * nbytes,
-                    param=name,
-                    params=(name,),
-                    param_bytes=nbytes,
-                    grad_bytes=nbytes,
-                    bucket=bucket.index,
-                )
-            )
+            deps = [delivering[bucket.index]]
+            recorded.append(_optimizer_node(name, sizes[name], optimizer, deps, bucket.index))
+
+
+def _optimizer_node(
+    name: str, nbytes: int, optimizer: str, deps: list[int], bucket: int | None
+) -> PendingNode:
+    flops_per_elem, reads, writes = _OPTIMIZER_COST[optimizer]
+    return pending(
+        deps,
+        kind="optimizer",
+        phase="optimizer",
+        op=f"optimizer.{optimizer}",
+        module=name.rpartition(".")[0],
+        flops=flops_per_elem * (nbytes // 4),
+        bytes_read=reads * nbytes,
+        bytes_written=writes * nbytes,
+        param=name,
+        params=(name,),
+        param_bytes=nbytes,
+        grad_bytes=nbytes,
+        bucket=bucket,
+    )

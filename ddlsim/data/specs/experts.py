@@ -13,7 +13,9 @@ ranks of its top-k experts (counts exchanged first, then uneven all-to-alls, for
 backward); ``all_gather`` gathers every token on every expert-parallel rank, each computes its
 own experts' share and the outputs are reduce-scattered back. ``capacity_factor`` caps the
 tokens an expert takes to that multiple of an even share, the rest dropped (``None``:
-dropless, every token computed).
+dropless, every token computed). ``ep_overlap`` runs one micro-batch's dispatch and combine
+beside another's compute (Megatron-Core's ``overlap_moe_expert_parallel_comm`` with delayed
+weight gradients, its combined 1F1B schedule): priced on GPU clusters, not run here.
 """
 
 from typing import Any
@@ -27,6 +29,7 @@ EXPERT_DEFAULTS: dict[str, Any] = {
     "etp": 1,
     "dispatcher": "all_to_all",
     "capacity_factor": None,
+    "ep_overlap": False,
 }
 """The experts' fields and their defaults (a strategy's JSON leaves a default out)."""
 
@@ -49,6 +52,14 @@ def check_experts(plan: Any) -> None:
     ):
         raise InvalidStrategyError(
             f"parallel.capacity_factor must be a number > 0 (or null: dropless), got {factor!r}"
+        )
+    if not isinstance(plan.ep_overlap, bool):
+        raise InvalidStrategyError(
+            f"parallel.ep_overlap must be true or false, got {plan.ep_overlap!r}"
+        )
+    if plan.ep_overlap and plan.ep == 1:
+        raise InvalidStrategyError(
+            "parallel.ep_overlap overlaps the experts' dispatch with compute; it needs ep > 1"
         )
     if (plan.ep > 1 or plan.etp > 1) and (plan.grid or plan.per_layer or plan.stages):
         raise InvalidStrategyError(
@@ -81,4 +92,6 @@ def expert_features(plan: Any) -> list[str]:
         parts.append(plan.dispatcher)
     if plan.capacity_factor is not None:
         parts.append(f"cf{plan.capacity_factor:g}")
+    if plan.ep_overlap:
+        parts.append("ep-overlap")
     return parts

@@ -101,6 +101,7 @@ class ParallelPlan:
     etp: int = 1
     dispatcher: str = "all_to_all"
     capacity_factor: float | None = None
+    ep_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.dp is not None:

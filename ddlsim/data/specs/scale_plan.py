@@ -13,6 +13,7 @@ from typing import Any
 
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs._serde import expect_choice, expect_int, load_json_or_file
+from ddlsim.data.specs.experts import expert_data_parallel, expert_features
 from ddlsim.data.specs.strategy import RECOMPUTE, ParallelPlan, Strategy
 
 # The schedules the GPU path replays, in the strategy's names.
@@ -50,6 +51,11 @@ class ScalePlan:
     precision: str = "bf16"
     compile: bool = False
     kernels: str = "pytorch"
+    ep: int = 1
+    etp: int = 1
+    dispatcher: str = "all_to_all"
+    capacity_factor: float | None = None
+    ep_overlap: bool = False
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp", "micro_batches", "virtual_stages"):
@@ -69,6 +75,7 @@ class ScalePlan:
             )
         # The rest (flags, their combinations) is the strategy's to check.
         self.to_strategy()
+        expert_data_parallel(self, self.dp)
 
     @property
     def world_size(self) -> int:
@@ -142,7 +149,17 @@ class ScalePlan:
             precision=strategy.precision,
             compile=strategy.compile,
             kernels=strategy.kernels,
+            ep=plan.ep,
+            etp=plan.etp,
+            dispatcher=plan.dispatcher,
+            capacity_factor=plan.capacity_factor,
+            ep_overlap=plan.ep_overlap,
         )
+
+    @property
+    def edp(self) -> int:
+        """How many ranks hold each expert shard (Megatron-Core's expert data parallelism)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     def to_strategy(self) -> Strategy:
         """The strategy this plan is: what ``ddlsim run`` takes."""
@@ -168,6 +185,11 @@ class ScalePlan:
                 cp=self.cp,
                 cp_comm=self.cp_comm,
                 zero=self.zero,
+                ep=self.ep,
+                etp=self.etp,
+                dispatcher=self.dispatcher,
+                capacity_factor=self.capacity_factor,
+                ep_overlap=self.ep_overlap,
             ),
             precision=self.precision,
             compile=self.compile,
@@ -215,6 +237,7 @@ class ScalePlan:
             parts.append(f"zero{self.zero}")
         if self.async_tp:
             parts.append("async-tp")
+        parts += expert_features(self)
         if self.compile:
             parts.append("compiled")
         if self.kernels == "transformer_engine":

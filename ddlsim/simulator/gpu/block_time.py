@@ -17,12 +17,15 @@ recomputation and exposed communication per fabric level.
   included), its attention core (selective), or every other matmul and all memory-bound ops
   (selective_op, torchtitan's);
 - FSDP: the block's weights all-gathered before its forward and backward and its gradients
-  reduce-scattered after, overlapped with its compute (:mod:`.overlap`).
+  reduce-scattered after, overlapped with its compute (:mod:`.overlap`);
+- a mixture of experts' routed experts: their grouped GEMMs and their dispatch and combine on
+  the layout (:mod:`.experts`), in the block's compute and exposed communication.
 """
 
 import dataclasses
 
 from ddlsim.data.specs.scale_plan import ScalePlan
+from ddlsim.simulator.gpu.experts import ExpertsTime
 from ddlsim.simulator.gpu.nccl import Group, NcclModel
 from ddlsim.simulator.gpu.overlap import Exposed, decomposed_tp_ms, exposed_ms, overlapped_ms
 from ddlsim.simulator.gpu.shard_costs import ShardCosts
@@ -75,6 +78,8 @@ class BlockTime:
     recompute: float
     exposed: Exposed
     sharded_exposed: Exposed
+    # The experts' dispatch and combine exposed in it (part of ``exposed``), forward and backward.
+    dispatch: Exposed = dataclasses.field(default_factory=Exposed)
 
 
 def block_time(
@@ -85,10 +90,12 @@ def block_time(
     *,
     act_bytes: float,
     kv_bytes: float,
+    experts: ExpertsTime | None = None,
 ) -> BlockTime:
     """Price one block; ``act_bytes`` is one micro-batch's activations at the block's border
     on one context-parallel rank (tokens x hidden x dtype), ``kv_bytes`` its keys and values on
-    one tensor-parallel shard."""
+    one tensor-parallel shard; ``experts``: its routed experts on this layout (:mod:`.experts`).
+    """
     block = costs.block
     cp = plan.cp
     attention_f = costs.attention_forward_ms * cp
@@ -123,6 +130,16 @@ def block_time(
         cp_b = nccl.time_us("reduce_scatter", kv_bytes * cp, groups.cp) / 1e3
     exposed_f = Exposed.at(tp_network, tp_f) + Exposed.at(cp_network, cp_f)
     exposed_b = Exposed.at(tp_network, tp_b) + Exposed.at(cp_network, cp_b)
+    dispatch_f = dispatch_b = Exposed()
+    if experts is not None:
+        compute_f += experts.compute_f
+        compute_b += experts.compute_b
+        # With ep_overlap a forward's exchanges run beside another micro-batch's backward, and
+        # a backward's beside a forward.
+        hide = (compute_b, compute_f) if plan.ep_overlap else (0.0, 0.0)
+        dispatch_f, dispatch_b = experts.exposed(hide_f=hide[0], hide_b=hide[1])
+        exposed_f += dispatch_f
+        exposed_b += dispatch_b
     forward = compute_f + exposed_f.total
     recompute = {
         "none": 0.0,
@@ -132,6 +149,7 @@ def block_time(
         "full": compute_f,
     }[plan.recompute]
     recompute_exposed = exposed_f if plan.recompute == "full" else Exposed()
+    dispatch = dispatch_f + dispatch_b + (dispatch_f if plan.recompute == "full" else Exposed())
     backward = compute_b + exposed_b.total + recompute + recompute_exposed.total
     exposed = exposed_f + exposed_b + recompute_exposed
 
@@ -155,4 +173,5 @@ def block_time(
         recompute=recompute,
         exposed=exposed,
         sharded_exposed=sharded_exposed,
+        dispatch=dispatch,
     )

@@ -33,8 +33,8 @@ from ddlsim.simulator.cost_model import (
 )
 from ddlsim.simulator.default import data_dir
 from ddlsim.simulator.features import GLOBAL_FEATURES, ModelGraph, StrategySample, model_graph
+from ddlsim.simulator.gpu.prediction import ScalePrediction
 from ddlsim.simulator.gpu.roofline import KERNEL_FLOOR_MS, GpuOpCosts
-from ddlsim.simulator.gpu.scale import ScalePrediction
 from ddlsim.simulator.train import load_checkpoint
 
 _GLOBAL = {name: i for i, name in enumerate(GLOBAL_FEATURES)}

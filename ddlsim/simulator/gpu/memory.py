@@ -119,9 +119,13 @@ def layer_parts(layers: int, parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
-def weight_bytes(plan: "ScalePlan", params: int, block_params: int) -> float:
-    """Weights, gradients and optimizer states of ``params`` parameters on one GPU."""
-    shards = plan.dp * plan.cp
+def weight_bytes(
+    plan: "ScalePlan", params: float, block_params: float, *, shards: int | None = None
+) -> float:
+    """Weights, gradients and optimizer states of ``params`` parameters on one GPU, their
+    sharded states split over ``shards`` ranks (the data- and context-parallel ones by default;
+    the expert-data-parallel ones for routed experts)."""
+    shards = shards or plan.dp * plan.cp
     if plan.fsdp and plan.pp > 1:
         # Pipelined, FSDP keeps the stage's weights gathered (16-bit) and its gradients whole
         # (fp32, reduced once after the last micro-batch) through the iteration.
@@ -150,12 +154,17 @@ def estimate_memory(
     stage_params: list[int],
     dropout: bool = True,
     kv_share: float = 1.0,
+    expert_params: list[float] | None = None,
 ) -> MemoryEstimate:
     """The busiest GPU's memory: the first stage's, or the last's where the logits outweigh
-    it; ``seq_len`` is the whole sequence (a context-parallel rank holds ``1 / cp`` of it)."""
+    it; ``seq_len`` is the whole sequence (a context-parallel rank holds ``1 / cp`` of it);
+    ``expert_params``: each stage's routed-expert parameters on one GPU, their states sharded
+    over the expert-data-parallel ranks."""
     p, v = plan.pp, plan.virtual_stages
     tokens = seq_len // plan.cp
     weights = [weight_bytes(plan, n, costs.block.params) for n in stage_params]
+    for stage, held in enumerate(expert_params or []):
+        weights[stage] += weight_bytes(plan, held, held, shards=plan.edp)
     shape = {
         "seq": tokens,
         "batch": mbs,

@@ -45,6 +45,9 @@ ATTENTION_OPS = ("scaled_dot_product", "flash_attention", "efficient_attention")
 # The least time a kernel takes in a training step: launch to completion of an empty-ish
 # kernel on a busy stream (the smallest timed calls, 13 us, also include two CUDA events).
 KERNEL_FLOOR_MS = 0.005
+# The rows of a grouped GEMM's tile (CUTLASS's and cuBLAS's grouped kernels on Hopper tile the
+# token dimension by 128): an expert's rows are padded up to a multiple of it.
+GROUPED_TILE_ROWS = 128
 # ATen op name fragments and the measured memory-bound class whose bandwidth curve prices them.
 _MEMORY_CLASSES: tuple[tuple[str, str], ...] = (
     ("layer_norm", "layer_norm"),
@@ -197,6 +200,22 @@ class GpuOpCosts:
         eff = _nearest(table, (math.log(m), math.log(k), math.log(n)))
         peak = self.gpu.peak(dtype) * 1e9
         return max(KERNEL_FLOOR_MS, node.flops / (peak * eff))
+
+    def grouped_gemm_ms(
+        self, flops: float, *, rows: float, k: int, n: int, groups: int, dtype: str
+    ) -> float:
+        """A grouped GEMM (a layer's local experts): ``groups`` matmuls of ``rows`` rows each
+        (token copies an expert got), ``k`` by ``n``, ``flops`` in all. It fills the GPU as one
+        matmul of ``groups x rows`` rows would, at the efficiency measured for that shape, less
+        what each expert's last row tile (128 rows) leaves idle: few tokens an expert waste most
+        of a tile, many fill them."""
+        if flops <= 0 or rows <= 0:
+            return 0.0
+        table = self._gemm.get(dtype) or self._gemm["bf16"]
+        total = max(1.0, groups * rows)
+        eff = _nearest(table, (math.log(total), math.log(max(k, 1)), math.log(max(n, 1))))
+        tile = rows / (math.ceil(rows / GROUPED_TILE_ROWS) * GROUPED_TILE_ROWS)
+        return max(KERNEL_FLOOR_MS, flops / (self.gpu.peak(dtype) * 1e9 * eff * tile))
 
     def fp8_cast_ms(self, node: GraphNode) -> float:
         """Float8 training's casts of a matmul's two operands with dynamic scaling,

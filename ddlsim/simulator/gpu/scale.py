@@ -31,101 +31,24 @@ from ddlsim.data.specs.strategy import ParallelPlan
 from ddlsim.plans.feasibility import check_batch, check_fp8, check_ranks, check_stage_count
 from ddlsim.plans.feasibility import check_sequence as check_cp_sequence
 from ddlsim.simulator.gpu.block_time import DTYPE_BYTES, block_time, place_groups
+from ddlsim.simulator.gpu.experts import (
+    expert_layer_flops,
+    expert_params_per_gpu,
+    experts_gradient_sync,
+    experts_optimizer_ms,
+    experts_time,
+)
 from ddlsim.simulator.gpu.grad_sync import gradient_sync
 from ddlsim.simulator.gpu.memory import GIB, MemoryEstimate, estimate_memory, layer_parts
 from ddlsim.simulator.gpu.nccl import Group, NcclModel
 from ddlsim.simulator.gpu.overlap import Exposed
+from ddlsim.simulator.gpu.prediction import ModelDims, ScalePrediction
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
 from ddlsim.simulator.gpu.schedule import StageTimes, analytic_pipeline_ms, replay_pipeline
 from ddlsim.simulator.gpu.shard_costs import ShardCosts
 
 # Above this many ops the schedule is priced in closed form (equal stages make them agree).
 REPLAY_LIMIT_OPS = 200_000
-BREAKDOWN_KEYS: tuple[str, ...] = (
-    "compute",
-    "recompute",
-    "exposed_comm_node",
-    "exposed_comm_network",
-    "pipeline_bubble",
-    "optimizer",
-)
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ModelDims:
-    """What the memory model and the collectives need to know of the model."""
-
-    layers: int
-    hidden: int
-    heads: int
-    vocab: int
-    fused_attention: bool
-    kv_heads: int = 0
-    dropout: bool = True
-    label: str = "the model"
-    stack: str = "its stack"
-
-    @property
-    def kv_hidden(self) -> int:
-        """Keys' (or values') width: the key-value heads times the head size."""
-        return (self.kv_heads or self.heads) * self.hidden // self.heads
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class ScalePrediction:
-    """One iteration: its time, throughput, FLOP rate and memory, and where the time goes."""
-
-    iteration_s: float
-    tokens_per_s_per_gpu: float
-    tflops_per_gpu: float
-    memory: MemoryEstimate
-    fits: bool
-    breakdown_ms: dict[str, float]
-    micro_batch_size: int
-    model_tflops_per_gpu: float = 0.0
-    mfu: float = 0.0
-    # Set where a learned cost model corrected the replay: the replay's own time, and the
-    # predictor that corrected it (:mod:`ddlsim.simulator.gpu.cost`).
-    replay_s: float | None = None
-    predictor: str = "replay"
-
-    def corrected(self, iteration_s: float, predictor: str) -> "ScalePrediction":
-        """This prediction at ``iteration_s`` (a cost model's correction of the replay): the
-        rates scale with the time; memory and the replay's breakdown stay."""
-        ratio = self.iteration_s / iteration_s
-        return dataclasses.replace(
-            self,
-            iteration_s=iteration_s,
-            tokens_per_s_per_gpu=self.tokens_per_s_per_gpu * ratio,
-            tflops_per_gpu=self.tflops_per_gpu * ratio,
-            model_tflops_per_gpu=self.model_tflops_per_gpu * ratio,
-            mfu=self.mfu * ratio,
-            replay_s=self.iteration_s,
-            predictor=predictor,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        """``tflops_per_gpu`` counts recomputed FLOPs (as Megatron-LM's papers do);
-        ``model_tflops_per_gpu`` and ``mfu`` (against the GPU's dense 16-bit peak) do not.
-        A corrected prediction also names its ``predictor`` and the ``replay_s`` it corrected
-        (``breakdown_ms`` is the replay's)."""
-        corrected = (
-            {"predictor": self.predictor, "replay_s": self.replay_s}
-            if self.replay_s is not None
-            else {}
-        )
-        return {
-            **corrected,
-            "iteration_s": self.iteration_s,
-            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-            "tflops_per_gpu": self.tflops_per_gpu,
-            "model_tflops_per_gpu": self.model_tflops_per_gpu,
-            "mfu": self.mfu,
-            "memory": self.memory.to_json(),
-            "fits": self.fits,
-            "micro_batch_size": self.micro_batch_size,
-            "breakdown_ms": {key: round(value, 3) for key, value in self.breakdown_ms.items()},
-        }
 
 
 def micro_batch_size(plan: ScalePlan, global_batch: int) -> int:
@@ -310,10 +233,14 @@ def _flops(costs: ShardCosts, dims: ModelDims, plan: ScalePlan) -> tuple[float, 
         part.forward_flops + part.backward_flops for part in (costs.first, costs.last)
     )
     replicas = plan.dp * plan.cp * plan.micro_batches * plan.tp
-    model_flops = replicas * (dims.layers * block_model_flops + edge_flops)
+    # The experts' captured FLOPs are the whole micro-batch's, not one tensor-parallel shard's.
+    expert_flops = expert_layer_flops(costs.experts) / plan.tp
+    model_flops = replicas * (dims.layers * (block_model_flops + expert_flops) + edge_flops)
     flops = model_flops
     if plan.recompute == "full":
         forward_flops = block.forward_flops + (plan.cp - 1) * attention_model / 3
+        if costs.experts is not None:
+            forward_flops += costs.experts.forward_flops / plan.tp
         flops += replicas * dims.layers * forward_flops
     return model_flops, flops
 
@@ -344,11 +271,13 @@ def _breakdown(
     recompute_ms = m * layers_b * one.recompute
     embed = Exposed.at(groups.tp.nodes > 1, m * embed_ms if busiest == 0 else 0.0)
     comm = block_parts + embed
+    dispatch = one.dispatch.scaled(layers_b * m)
     return {
         "compute": compute_ms,
         "recompute": recompute_ms,
-        "node": comm.node,
-        "network": comm.network,
+        "node": comm.node - dispatch.node,
+        "network": comm.network - dispatch.network,
+        "dispatch": dispatch.total,
         "bubble": max(0.0, pipeline_ms - compute_ms - recompute_ms - comm.total),
     }
 
@@ -361,6 +290,7 @@ def _memory(
     mbs: int,
     seq_len: int,
     stage_params: list[int],
+    expert_params: list[float] | None = None,
 ) -> MemoryEstimate:
     """The busiest GPU's memory (:func:`.memory.estimate_memory`) for the model's dimensions."""
     return estimate_memory(
@@ -376,6 +306,7 @@ def _memory(
         mbs=mbs,
         seq_len=seq_len,
         stage_params=stage_params,
+        expert_params=expert_params,
     )
 
 
@@ -406,7 +337,13 @@ def predict_scale(
     tokens = mbs * seq_len // plan.cp
     act_bytes = tokens * dims.hidden * dtype_bytes
     kv_bytes = 2 * tokens * dims.kv_hidden * dtype_bytes / plan.tp
-    one = block_time(costs, plan, nccl, groups, act_bytes=act_bytes, kv_bytes=kv_bytes)
+    experts = None
+    if costs.experts is not None:
+        gpn = cluster.gpus_per_node
+        experts = experts_time(costs.experts, plan, op_costs, nccl, gpus_per_node=gpn)
+    one = block_time(
+        costs, plan, nccl, groups, act_bytes=act_bytes, kv_bytes=kv_bytes, experts=experts
+    )
     embed_ms = nccl.time_us("all_reduce", act_bytes, groups.tp) / 1e3 if plan.tp > 1 else 0.0
     stages = _place_stages(costs, plan, dims, one, embed_ms)
     pipeline_ms = _pipeline_ms(plan, stages, nccl, groups, act_bytes, replay=replay)
@@ -420,9 +357,23 @@ def predict_scale(
         last_backward_ms=sum(stages.backward[busiest]),
         first_forward_ms=sum(stages.forward[busiest]),
     )
+    held = [n * expert_params_per_gpu(costs.experts, plan) for n in stages.layers]
+    dp_exposed += experts_gradient_sync(
+        plan,
+        nccl,
+        params=held[busiest],
+        gpus_per_node=cluster.gpus_per_node,
+        dtype_bytes=dtype_bytes,
+        last_backward_ms=sum(stages.backward[busiest]),
+        first_forward_ms=sum(stages.forward[busiest]),
+    )
     optimizer_ms = _optimizer_ms(plan, op_costs, max(stages.params))
+    optimizer_ms += experts_optimizer_ms(plan, op_costs, held[busiest])
     iteration_ms = pipeline_ms + dp_exposed.total + optimizer_ms
-    memory = _memory(costs, dims, plan, mbs=mbs, seq_len=seq_len, stage_params=stages.params)
+    memory = _memory(
+        costs, dims, plan, mbs=mbs, seq_len=seq_len, stage_params=stages.params,
+        expert_params=held,
+    )  # fmt: skip
     model_flops, flops = _flops(costs, dims, plan)
     iteration_s = iteration_ms / 1e3
     world = cluster.world_size
@@ -444,6 +395,8 @@ def predict_scale(
             "exposed_comm_network": parts["network"] + dp_exposed.network,
             "pipeline_bubble": parts["bubble"],
             "optimizer": optimizer_ms,
+            # Mixtures of experts: the dispatch and combine left exposed.
+            **({"expert_dispatch": parts["dispatch"]} if costs.experts is not None else {}),
         },
         micro_batch_size=mbs,
     )

@@ -11,6 +11,8 @@ import dataclasses
 import re
 
 from ddlsim.data.graph.format import GraphNode, IterationGraph
+from ddlsim.data.moe import expert_param_names
+from ddlsim.simulator.gpu.experts import ExpertsCost, experts_cost
 from ddlsim.simulator.gpu.roofline import ATTENTION_OPS, FREE_OPS, GEMM_OPS, GpuOpCosts
 
 
@@ -41,6 +43,9 @@ class ShardCosts:
     op_policy_saved_bytes: float = 0.0
     attention_backward_ms: float = 0.0
     attention_flops: int = 0
+    # A mixture of experts' routed experts, priced per layout (:mod:`.experts`); the block's
+    # own times and parameters leave them out.
+    experts: ExpertsCost | None = None
 
 
 def _in_block(pattern: str, module: str) -> bool:
@@ -82,9 +87,12 @@ def shard_costs(
     attention_flops = 0
     attention_ids: set[int] = set()
     parts = {node.id: _part(node, part_of, block) for node in nodes if node.kind == "compute"}
+    experts, expert_ids = experts_cost(graph, costs)
+    for index in expert_ids:
+        parts[index] = "experts"  # fused with nothing of the block's
     fused = fused_groups(graph, parts, costs) if compiled else {}
     for node in nodes:
-        if node.kind != "compute":
+        if node.kind != "compute" or node.id in expert_ids:
             continue
         part = parts[node.id]
         if compiled and part == "block" and not _is_heavy(node):
@@ -114,7 +122,10 @@ def shard_costs(
             attention_flops += node.flops
     params = {"block": 0, "first": 0, "last": 0}
     last_modules = {n.module for n in nodes if part_of.get(n.id) == "last"}
+    expert_params = expert_param_names(graph.params, graph.model.config) if experts else set()
     for info in graph.params:
+        if info.name in expert_params:
+            continue
         if _in_block(block, info.module):
             params["block"] += info.numel
         elif info.module in last_modules:
@@ -139,6 +150,7 @@ def shard_costs(
         attention_forward_ms=attention,
         attention_backward_ms=attention_backward,
         attention_flops=attention_flops,
+        experts=experts,
         # torchtitan's op-level policy keeps every other matmul's output (the first, third,
         # ...) and the attention's, plus the block's input.
         op_policy_saved_bytes=sum(saved_mm[0::2])

@@ -1,0 +1,184 @@
+"""Expert parallelism in the replay: what a layer of experts split over ``ep`` ranks adds to a
+data-parallel iteration, as the executor runs it (``executor/experts.py``).
+
+Each routed-experts layer exchanges its tokens with the other ranks of its expert-parallel group
+in forward and again in backward. The exchanges are synchronous (the layer cannot go on without
+the tokens), so the rank's compute waits for each; they share the rank's link with DDP's
+buckets in flight, so each waits for the link as well. By ``parallel.dispatcher``:
+
+- ``all_to_all``: forward, the counts (a few bytes each expert), the token copies (dispatch) and
+  the outputs back (combine); backward, the combine's gradient and the dispatch's.
+- ``all_gather``: forward, the group's tokens, expert choices and router weights gathered, the
+  partial outputs reduce-scattered back; backward, the reverse of each.
+
+The busiest rank paces every exchange and computes longest: the router's measured imbalance
+(:class:`ddlsim.profiler.routing.RoutingLoad`) scales the exchanged token copies and the
+experts' compute. The experts' parameters are out of DDP's buckets (the graph's annotation
+leaves them out); each rank steps ``1 / ep`` of them, after an all-reduce of their gradients over
+the expert-data-parallel group (``edp`` ranks holding the same experts) once backward ends.
+"""
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+from ddlsim.data.comm_model import AlphaBeta
+from ddlsim.data.graph.format import GraphNode, IterationGraph
+from ddlsim.data.moe import ExpertsShape, expert_param_names, experts_shape
+from ddlsim.data.specs.strategy import ParallelPlan
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+_INDEX_BYTES = 8  # int64 expert choices and counts
+_WEIGHT_BYTES = 4  # fp32 router weights
+# The collectives expert parallelism runs: the exchanges over an expert-parallel group, then the
+# experts' gradients over an expert-data-parallel group.
+EXPERT_OPS: tuple[str, ...] = ("all_to_all", "all_gather", "reduce_scatter", "all_reduce")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Blocking:
+    """A collective the rank waits for: its label and duration (ms)."""
+
+    name: str
+    ms: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertSchedule:
+    """What expert parallelism adds to the replay of a graph.
+
+    ``after``: compute node id -> the collectives the rank runs and waits for right after it
+    (every micro-batch); ``before_step``: those after backward's buckets, before the optimizer
+    (once an iteration); ``scale``: node id -> factor on its profiled time (the busiest rank's
+    experts, and ``1 / ep`` of the experts' optimizer steps)."""
+
+    after: Mapping[int, tuple[Blocking, ...]]
+    before_step: tuple[Blocking, ...]
+    scale: Mapping[int, float]
+
+    def scaled(self, node_ms: Mapping[int, float]) -> dict[int, float]:
+        return {i: ms * self.scale.get(i, 1.0) for i, ms in node_ms.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layer:
+    """One routed-experts module's nodes in one phase and what it exchanges."""
+
+    phase: str
+    nodes: list[GraphNode]  # the experts' compute: first to last grouped matmul
+    before: int  # the node after which the first exchange goes
+    last: int  # the last grouped matmul
+    pairs: int  # token copies on this rank (tokens x top-k)
+    row_bytes: int  # one token's hidden state
+
+
+def expert_schedule(
+    graph: IterationGraph,
+    imbalance: Mapping[str, float],
+    *,
+    ep_comm: Mapping[str, AlphaBeta],
+    edp_comm: Mapping[str, AlphaBeta] | None,
+) -> ExpertSchedule:
+    """The schedule of ``graph``'s plan (``parallel.ep > 1``) with ``ep_comm`` the collectives
+    over an expert-parallel group (``all_to_all``, ``all_gather``, ``reduce_scatter``) and
+    ``edp_comm`` over an expert-data-parallel group (``None`` when ``edp`` is 1);
+    ``imbalance``: the busiest rank's token copies over the mean, by experts module."""
+    plan = graph.strategy.parallel
+    shape = experts_shape(graph.model.config)
+    assert shape is not None and plan.ep > 1
+    after: dict[int, list[Blocking]] = {}
+    scale: dict[int, float] = {}
+    for path in _experts_paths(graph):
+        factor = max(1.0, imbalance.get(path, 1.0))
+        for phase in ("forward", "backward"):
+            layer = _layer(graph, path, phase)
+            if layer is None:
+                continue
+            for node in layer.nodes:
+                scale[node.id] = factor
+            first, last = _exchanges(layer, factor, shape, plan, ep_comm)
+            after.setdefault(layer.before, []).extend(first)
+            after.setdefault(layer.last, []).extend(last)
+    experts = expert_param_names(graph.params, graph.model.config)
+    for node in graph.nodes_of("optimizer"):
+        if node.param in experts:
+            scale[node.id] = 1.0 / plan.ep
+    before_step: tuple[Blocking, ...] = ()
+    if edp_comm is not None:
+        nbytes = sum(p.nbytes for p in graph.params if p.name in experts) // plan.ep
+        ms = edp_comm["all_reduce"].time_us(nbytes) / 1e3
+        before_step = (Blocking("experts' gradients all_reduce (edp)", ms),)
+    return ExpertSchedule(
+        after={k: tuple(v) for k, v in after.items()}, before_step=before_step, scale=scale
+    )
+
+
+def _experts_paths(graph: IterationGraph) -> list[str]:
+    experts = expert_param_names(graph.params, graph.model.config)
+    return sorted({p.module for p in graph.params if p.name in experts})
+
+
+def _layer(graph: IterationGraph, path: str, phase: str) -> _Layer | None:
+    inside = [
+        i
+        for i, n in enumerate(graph.nodes)
+        if n.kind == "compute"
+        and n.phase == phase
+        and (n.module == path or n.module.startswith(path + "."))
+    ]
+    grouped = [i for i in inside if "grouped_mm" in graph.nodes[i].op]
+    if not grouped:
+        return None
+    first, last = grouped[0], grouped[-1]
+    tokens = graph.nodes[first].inputs[0]  # [token copies, width], as the tokens' dtype
+    hidden = int(graph.model.config["hidden_size"])
+    return _Layer(
+        phase=phase,
+        nodes=[graph.nodes[i] for i in range(first, last + 1) if graph.nodes[i].kind == "compute"],
+        before=graph.nodes[first - 1].id,
+        last=graph.nodes[last].id,
+        pairs=int(tokens.shape[0]),
+        row_bytes=hidden * _DTYPE_BYTES.get(tokens.dtype, 4),
+    )
+
+
+def _exchanges(
+    layer: _Layer,
+    factor: float,
+    shape: ExpertsShape,
+    plan: ParallelPlan,
+    comm: Mapping[str, AlphaBeta],
+) -> tuple[list[Blocking], list[Blocking]]:
+    """The collectives before the layer's experts and after them, in its phase."""
+    ep, phase = plan.ep, layer.phase
+    busiest = math.ceil(layer.pairs * factor) * layer.row_bytes
+
+    def run(op: str, label: str, nbytes: int) -> Blocking:
+        return Blocking(f"{op} {label} ({phase})", comm[op].time_us(nbytes) / 1e3)
+
+    if plan.dispatcher == "all_to_all":
+        if phase == "forward":
+            counts = run("all_to_all", "counts", _INDEX_BYTES * shape.experts)
+            return [counts, run("all_to_all", "dispatch", busiest)], [
+                run("all_to_all", "combine", busiest)
+            ]
+        return [run("all_to_all", "combine", busiest)], [run("all_to_all", "dispatch", busiest)]
+    tokens = layer.pairs // shape.top_k
+    gathered = ep * tokens * layer.row_bytes
+    choices = ep * layer.pairs
+    if phase == "forward":
+        return [
+            run("all_gather", "tokens", gathered),
+            run("all_gather", "choices", choices * _INDEX_BYTES),
+            run("all_gather", "weights", choices * _WEIGHT_BYTES),
+        ], [run("reduce_scatter", "outputs", gathered)]
+    return [run("all_gather", "outputs", gathered)], [
+        run("reduce_scatter", "tokens", gathered),
+        run("reduce_scatter", "weights", choices * _WEIGHT_BYTES),
+    ]
+
+
+def blocking_total_ms(schedule: ExpertSchedule, micro_batches: int) -> float:
+    """The exchanges' time in one iteration, unhidden (the dashboard's dispatch/combine bar)."""
+    per_micro = sum(b.ms for items in schedule.after.values() for b in items)
+    return per_micro * micro_batches + sum(b.ms for b in schedule.before_step)
