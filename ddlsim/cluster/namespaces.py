@@ -23,16 +23,11 @@ from pathlib import Path
 
 from ddlsim.cluster.processes import kill_pids, process_alive
 from ddlsim.data.errors import DdlsimError
+from ddlsim.data.specs.cluster import burst_bytes
 
 NAMESPACE_PREFIX = "ddlsim-"
 HOST_INTERFACE = "eth0"
 
-# Burst: 1 ms of line rate, at least 32 KiB. Measured with a 200 MB TCP stream between two
-# hosts: 1gbit → 0.957 Gb/s (a 32 KiB burst gives 0.86), 100mbit → 0.096, 10gbit → 9.6; the
-# ceiling is TCP payload over Ethernet frames (1448 / 1514 bytes). A larger burst only lets the
-# first ~burst bytes of each message through unshaped.
-_BURST_S = 1e-3
-_MIN_BURST_BYTES = 32 * 1024
 _TBF_LATENCY = "100ms"
 
 
@@ -113,14 +108,6 @@ def build_network(
         if bandwidth_gbps is not None:
             _shape(host, HOST_INTERFACE, bandwidth, bandwidth_gbps)
             _shape(switch, port, bandwidth, bandwidth_gbps)
-
-
-def burst_bytes(bandwidth_gbps: float | None) -> int:
-    """The bytes a link shaped to ``bandwidth_gbps`` lets through at line rate after it has
-    been idle (its token bucket); 0 for an unshaped link (``None``)."""
-    if bandwidth_gbps is None:
-        return 0
-    return max(int(bandwidth_gbps * 1e9 / 8 * _BURST_S), _MIN_BURST_BYTES)
 
 
 def _shape(namespace: str, device: str, bandwidth: str, bandwidth_gbps: float) -> None:

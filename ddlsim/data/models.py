@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ddlsim.data.errors import InvalidModelSpecError, one_line
-from ddlsim.data.moe import use_grouped_experts
+from ddlsim.data.moe import ExpertsShape, experts_shape, use_grouped_experts
 from ddlsim.data.reference import REFERENCE_MODELS
 from ddlsim.data.specs.model import ModelSpec
 
@@ -162,6 +162,12 @@ def _check_inputs(spec: ModelSpec, info: ModelInfo) -> None:
         raise InvalidModelSpecError(
             f"inputs.image_size({inputs.image_size}) does not apply to {spec.cls} ({kind})"
         )
+
+
+def spec_experts(spec: ModelSpec) -> ExpertsShape | None:
+    """The routed experts of ``spec``'s model, its family's defaults included (a zoo spec
+    names only what differs from them); ``None`` for a dense model."""
+    return experts_shape(build_config(spec))
 
 
 def build_config(spec: ModelSpec, info: ModelInfo | None = None) -> Any:

@@ -20,7 +20,7 @@ import functools
 from collections.abc import Callable
 
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
-from ddlsim.data.moe import experts_shape
+from ddlsim.data.models import spec_experts
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
@@ -141,12 +141,6 @@ def check_priceable(model: ModelSpec) -> None:
     InvalidStrategyError: when ``model``'s family has no tensor-parallel plan (the GPU path
         splits it per layer), naming the families that have one.
     """
-    if experts_shape(model.config) is not None:
-        raise InvalidStrategyError(
-            f"{model.label} ({model.cls}) is a mixture of experts, which the GPU-cluster "
-            "simulator does not price yet (its dispatch, grouped GEMMs and expert memory); "
-            "ddlsim run trains it with parallel.ep on this machine's ranks"
-        )
     if tp_family(model) is None:
         raise InvalidStrategyError(
             f"{model.label} ({model.cls}) has no tensor-parallel plan, so it cannot be priced "
@@ -237,7 +231,7 @@ def check_experts_split(model: ModelSpec, ep: int, etp: int) -> None:
     InvalidStrategyError: expert parallelism on a model without routed experts, ``ep`` not
         dividing the experts, ``etp`` not dividing an expert's hidden width.
     """
-    shape = experts_shape(model.config)
+    shape = spec_experts(model)
     if shape is None:
         raise InvalidStrategyError(
             f"parallel.ep({ep}) and etp({etp}) split routed experts; {model.label} "

@@ -94,6 +94,11 @@ def check_expert_plan(plan: ParallelPlan) -> None:
             f"parallel.capacity_factor({plan.capacity_factor:g}) drops tokens over an "
             "expert's capacity; this executor runs dropless experts (capacity_factor null)"
         )
+    if plan.dispatcher == "flex":
+        raise InvalidStrategyError(
+            "parallel.dispatcher 'flex' (DeepEP's or HybridEP's GPU kernels) is priced by the "
+            "simulator but not run by this executor; allowed here: all_to_all, all_gather"
+        )
     if plan.ep_overlap:
         raise InvalidStrategyError(
             "parallel.ep_overlap (one micro-batch's dispatch beside another's compute, "

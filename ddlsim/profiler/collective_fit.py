@@ -217,7 +217,7 @@ def fit_latency_bandwidth(
     one link) while the mean holds. The bandwidth stays fitted on medians.
 
     ``burst_bytes`` is what the shaped link lets through at line rate after an idle moment (its
-    token bucket, :func:`ddlsim.cluster.namespaces.burst_bytes`): a message below it
+    token bucket, :func:`ddlsim.data.specs.cluster.burst_bytes`): a message below it
     costs its latency alone, and one above it a burst's wire time less than its bytes say.
     The times are fitted as ``alpha_us + slope * max(0, factor * bytes - burst_bytes)``;
     fitted without the burst, a 64 KiB message looks faster than the link and the alpha came

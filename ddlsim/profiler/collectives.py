@@ -23,10 +23,9 @@ import torch
 import torch.distributed as dist
 
 from ddlsim.cluster import ClusterRunError, EmulatedCluster, groups
-from ddlsim.cluster.namespaces import burst_bytes
 from ddlsim.data.comm_model import COLLECTIVES
 from ddlsim.data.errors import InvalidOptionError, one_line
-from ddlsim.data.specs.cluster import BACKENDS, parse_bandwidth_gbps
+from ddlsim.data.specs.cluster import BACKENDS, burst_bytes, parse_bandwidth_gbps
 from ddlsim.profiler.collective_fit import CollectiveProfile, fit_latency_bandwidth, make_sample
 
 RANK_MODULE = "ddlsim.profiler.collective_rank"

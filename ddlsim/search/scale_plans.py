@@ -26,6 +26,7 @@ from typing import Any
 
 from ddlsim.data.errors import DdlsimError, InvalidStrategyError
 from ddlsim.data.specs._serde import check_keys
+from ddlsim.data.specs.experts import DISPATCHERS
 from ddlsim.data.specs.scale_plan import ScalePlan
 
 TOP_REPLAYED = 8
@@ -33,6 +34,10 @@ MAX_REPLAYED = 64
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 RECOMPUTE_OPTIONS = ("none", "selective", "selective_op", "full")
 CP_OPTIONS = (1, 2, 4, 8)
+# Expert-parallel degrees a mixture of experts is searched over (those dividing its experts and
+# a stage's ranks), and the dispatchers and overlaps the search may pick where a framework
+# offers them (by default what this executor runs: all-to-all, no overlap).
+EP_OPTIONS = (1, 2, 4, 8, 16, 32, 64)
 # Context parallelism splits only sequences this long or longer into parts of at least this.
 MIN_CP_TOKENS = 4096
 SHARDINGS = ("none", "distributed_optimizer", "fsdp")
@@ -55,6 +60,7 @@ class ScaleSpace:
     seq_len: int = 0
     kernels: str = "pytorch"
     limits: "SpaceLimits | None" = None
+    experts: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +80,9 @@ class SpaceLimits:
     cp: tuple[int, ...] = CP_OPTIONS
     sequence_parallel: bool = True
     interleaved: bool = True
+    ep: tuple[int, ...] = EP_OPTIONS
+    dispatcher: tuple[str, ...] = ("all_to_all",)
+    ep_overlap: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
         for name, allowed in (
@@ -89,6 +98,23 @@ class SpaceLimits:
                 )
             for value in values:
                 if value not in allowed:
+                    raise InvalidStrategyError(
+                        f"search space {name} {value!r} is not one of {list(allowed)}"
+                    )
+            object.__setattr__(self, name, tuple(values))
+        for name, allowed in (
+            ("ep", EP_OPTIONS),
+            ("dispatcher", DISPATCHERS),
+            ("ep_overlap", (False, True)),
+        ):
+            values = getattr(self, name)
+            if isinstance(values, (str, int, bool)) or not values:
+                raise InvalidStrategyError(
+                    f"search space {name} must be a non-empty list of {list(allowed)}, got "
+                    f"{values!r}"
+                )
+            for value in values:
+                if value not in allowed or type(value) is not type(allowed[0]):
                     raise InvalidStrategyError(
                         f"search space {name} {value!r} is not one of {list(allowed)}"
                     )
@@ -118,6 +144,28 @@ def _cp_options(space: ScaleSpace, ranks: int) -> list[int]:
         if ranks % cp == 0
         and (cp == 1 or (space.seq_len % (2 * cp) == 0 and space.seq_len // cp >= MIN_CP_TOKENS))
     ]
+
+
+def _expert_options(space: ScaleSpace, ranks: int) -> list[dict[str, Any]]:
+    """How a stage's ``ranks`` may split a mixture of experts (MoE layers folded apart from
+    attention): every ``ep`` dividing the experts and the ranks, with each dispatcher and
+    overlap the space allows; a dense model's one way, no split."""
+    limits = space.limits or SpaceLimits()
+    if not space.experts:
+        return [{}]
+    out: list[dict[str, Any]] = []
+    for ep in limits.ep:
+        if space.experts % ep or ranks % ep:
+            continue
+        if ep == 1:
+            out.append({})
+            continue
+        out.extend(
+            {"ep": ep, "dispatcher": dispatcher, "ep_overlap": overlap}
+            for dispatcher in limits.dispatcher
+            for overlap in limits.ep_overlap
+        )
+    return out
 
 
 def layouts(space: ScaleSpace) -> Iterator[ScalePlan]:
@@ -151,23 +199,25 @@ def layouts(space: ScaleSpace) -> Iterator[ScalePlan]:
                     for schedule, chunks in schedules:
                         for recompute in limits.recompute:
                             for sharding in shardings if dp * cp > 1 else ["none"]:
-                                yield ScalePlan(
-                                    dp=dp,
-                                    tp=tp,
-                                    pp=pp,
-                                    cp=cp,
-                                    micro_batches=m,
-                                    pp_schedule=schedule,
-                                    virtual_stages=chunks,
-                                    recompute=recompute,
-                                    sequence_parallel=tp > 1 and limits.sequence_parallel,
-                                    fsdp=sharding == "fsdp",
-                                    distributed_optimizer=sharding == "distributed_optimizer",
-                                    async_tp=space.allow_async_tp and tp > 1,
-                                    precision=space.precision,
-                                    compile=space.compile,
-                                    kernels=space.kernels,
-                                )
+                                for experts in _expert_options(space, tp * cp * dp):
+                                    yield ScalePlan(
+                                        dp=dp,
+                                        tp=tp,
+                                        pp=pp,
+                                        cp=cp,
+                                        micro_batches=m,
+                                        pp_schedule=schedule,
+                                        virtual_stages=chunks,
+                                        recompute=recompute,
+                                        sequence_parallel=tp > 1 and limits.sequence_parallel,
+                                        fsdp=sharding == "fsdp",
+                                        distributed_optimizer=sharding == "distributed_optimizer",
+                                        async_tp=space.allow_async_tp and tp > 1,
+                                        precision=space.precision,
+                                        compile=space.compile,
+                                        kernels=space.kernels,
+                                        **experts,
+                                    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import GraphNode, IterationGraph
-from ddlsim.data.moe import ExpertsShape, expert_param_names, experts_shape
+from ddlsim.data.models import build_config, spec_experts
+from ddlsim.data.moe import ExpertsShape, expert_param_names
 from ddlsim.data.specs.strategy import ParallelPlan
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -37,10 +38,32 @@ EXPERT_OPS: tuple[str, ...] = ("all_to_all", "all_gather", "reduce_scatter", "al
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Blocking:
-    """A collective the rank waits for: its label and duration (ms)."""
+    """What the rank waits for: a collective (``stream`` "exchange") or its own bookkeeping
+    around one (``compute``); its label and duration (ms)."""
 
     name: str
     ms: float
+    stream: str = "exchange"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpertMeasures:
+    """What was measured of a plan's experts on this machine: the routers' imbalance by
+    experts module (:func:`ddlsim.profiler.routing.routing_load`) and the expert-parallel
+    forward's and backward's own compute a layer, ms
+    (:func:`ddlsim.executor.expert_overheads.measure_expert_overheads`)."""
+
+    imbalance: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    forward_ms: float = 0.0
+    backward_ms: float = 0.0
+
+    def scaled(self, compute_scale: float) -> "ExpertMeasures":
+        """The same with its compute at ``compute_scale`` of the profile's speed."""
+        return dataclasses.replace(
+            self,
+            forward_ms=self.forward_ms * compute_scale,
+            backward_ms=self.backward_ms * compute_scale,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,17 +97,22 @@ class _Layer:
 
 def expert_schedule(
     graph: IterationGraph,
-    imbalance: Mapping[str, float],
+    measures: ExpertMeasures,
     *,
     ep_comm: Mapping[str, AlphaBeta],
     edp_comm: Mapping[str, AlphaBeta] | None,
+    burst_bytes: int = 0,
 ) -> ExpertSchedule:
     """The schedule of ``graph``'s plan (``parallel.ep > 1``) with ``ep_comm`` the collectives
     over an expert-parallel group (``all_to_all``, ``all_gather``, ``reduce_scatter``) and
     ``edp_comm`` over an expert-data-parallel group (``None`` when ``edp`` is 1);
-    ``imbalance``: the busiest rank's token copies over the mean, by experts module."""
+    ``measures``: the busiest rank's token copies over the mean by experts module, and the
+    bookkeeping a layer costs (run right after the layer's first exchanges); ``burst_bytes``:
+    what an emulated link lets through at once after an idle moment (the exchanges come
+    between stretches of compute that refill it), 0 for a link without a token bucket."""
+    imbalance = measures.imbalance
     plan = graph.strategy.parallel
-    shape = experts_shape(graph.model.config)
+    shape = spec_experts(graph.model)
     assert shape is not None and plan.ep > 1
     after: dict[int, list[Blocking]] = {}
     scale: dict[int, float] = {}
@@ -96,10 +124,13 @@ def expert_schedule(
                 continue
             for node in layer.nodes:
                 scale[node.id] = factor
-            first, last = _exchanges(layer, factor, shape, plan, ep_comm)
+            first, last = _exchanges(layer, factor, shape, plan, _Link(ep_comm, burst_bytes))
+            own = measures.forward_ms if phase == "forward" else measures.backward_ms
+            if own > 0:
+                first.append(Blocking(f"experts' bookkeeping ({phase})", own, "compute"))
             after.setdefault(layer.before, []).extend(first)
             after.setdefault(layer.last, []).extend(last)
-    experts = expert_param_names(graph.params, graph.model.config)
+    experts = expert_param_names(graph.params, build_config(graph.model))
     for node in graph.nodes_of("optimizer"):
         if node.param in experts:
             scale[node.id] = 1.0 / plan.ep
@@ -114,7 +145,7 @@ def expert_schedule(
 
 
 def _experts_paths(graph: IterationGraph) -> list[str]:
-    experts = expert_param_names(graph.params, graph.model.config)
+    experts = expert_param_names(graph.params, build_config(graph.model))
     return sorted({p.module for p in graph.params if p.name in experts})
 
 
@@ -131,7 +162,7 @@ def _layer(graph: IterationGraph, path: str, phase: str) -> _Layer | None:
         return None
     first, last = grouped[0], grouped[-1]
     tokens = graph.nodes[first].inputs[0]  # [token copies, width], as the tokens' dtype
-    hidden = int(graph.model.config["hidden_size"])
+    hidden = int(build_config(graph.model).hidden_size)
     return _Layer(
         phase=phase,
         nodes=[graph.nodes[i] for i in range(first, last + 1) if graph.nodes[i].kind == "compute"],
@@ -142,19 +173,30 @@ def _layer(graph: IterationGraph, path: str, phase: str) -> _Layer | None:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class _Link:
+    """The collectives' models over a group, and the link's burst."""
+
+    comm: Mapping[str, AlphaBeta]
+    burst_bytes: int
+
+    def ms(self, op: str, nbytes: float) -> float:
+        """``op`` over ``nbytes``, the first ``burst_bytes`` on the wire free of the rate."""
+        alpha_us, factor, per_us, _, _ = self.comm[op].terms()
+        if nbytes <= 0 or per_us <= 0:
+            return 0.0
+        return (alpha_us + max(0.0, factor * nbytes - self.burst_bytes) / per_us) / 1e3
+
+
 def _exchanges(
-    layer: _Layer,
-    factor: float,
-    shape: ExpertsShape,
-    plan: ParallelPlan,
-    comm: Mapping[str, AlphaBeta],
+    layer: _Layer, factor: float, shape: ExpertsShape, plan: ParallelPlan, link: _Link
 ) -> tuple[list[Blocking], list[Blocking]]:
     """The collectives before the layer's experts and after them, in its phase."""
     ep, phase = plan.ep, layer.phase
     busiest = math.ceil(layer.pairs * factor) * layer.row_bytes
 
     def run(op: str, label: str, nbytes: int) -> Blocking:
-        return Blocking(f"{op} {label} ({phase})", comm[op].time_us(nbytes) / 1e3)
+        return Blocking(f"{op} {label} ({phase})", link.ms(op, nbytes))
 
     if plan.dispatcher == "all_to_all":
         if phase == "forward":
@@ -180,5 +222,7 @@ def _exchanges(
 
 def blocking_total_ms(schedule: ExpertSchedule, micro_batches: int) -> float:
     """The exchanges' time in one iteration, unhidden (the dashboard's dispatch/combine bar)."""
-    per_micro = sum(b.ms for items in schedule.after.values() for b in items)
+    per_micro = sum(
+        b.ms for items in schedule.after.values() for b in items if b.stream == "exchange"
+    )
     return per_micro * micro_batches + sum(b.ms for b in schedule.before_step)

@@ -11,13 +11,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.data.specs.cluster import parse_bandwidth_gbps
+from ddlsim.data.specs.cluster import burst_bytes, parse_bandwidth_gbps
 from ddlsim.data.specs.parallel import ParallelPlan
 from ddlsim.data.store import PredictionRecord, strategy_hash
 from ddlsim.simulator.cost_model import SIMULATOR_VERSION, CostModel, ReplayCostModel
 from ddlsim.simulator.costs import BackendFit, comm_models, scaled, uses_ring
 from ddlsim.simulator.dp_replay import DataParallelReplay, ReplaySummary
-from ddlsim.simulator.experts import EXPERT_OPS, ExpertSchedule, expert_schedule
+from ddlsim.simulator.experts import (
+    EXPERT_OPS,
+    ExpertMeasures,
+    ExpertSchedule,
+    expert_schedule,
+)
 from ddlsim.simulator.features import block_sample, model_graph, strategy_sample
 from ddlsim.simulator.plans import (
     analytic_parallel_plan,
@@ -141,7 +146,7 @@ def predict(
     backend: str = "gloo",
     cost_model: CostModel | None = None,
     compute_scale: float = 1.0,
-    routing: Mapping[str, float] | None = None,
+    experts_measured: ExpertMeasures | None = None,
 ) -> Prediction:
     """Replay ``graph`` (captured with its strategy at the rank's micro-batch).
 
@@ -160,8 +165,8 @@ def predict(
             plans in closed form; the replay's (:class:`ReplayCostModel`, the default) leaves
             the replay as it is. Expert-parallel plans are replayed alone (no learned model
             has seen one).
-        routing: expert parallelism's measured router imbalance by experts module
-            (:func:`profiler.routing.routing_load`); balanced where missing.
+        experts_measured: what was measured of expert parallelism here (the routers'
+            imbalance, its bookkeeping a layer at the profile's speed); none: balanced, free.
 
     Raises:
         InvalidOptionError: the profiled graph is of another model or inputs.
@@ -176,7 +181,8 @@ def predict(
     runtime = shipped_runtime_costs().scaled(compute_scale)
     experts = None
     if graph.strategy.parallel.ep > 1:
-        experts, sources = _experts(graph, fits, dp=dp, bandwidth=bandwidth, routing=routing)
+        measured = (experts_measured or ExpertMeasures()).scaled(compute_scale)
+        experts, sources = _experts(graph, fits, dp=dp, bandwidth=bandwidth, measures=measured)
         durations = experts.scaled(durations)
         models = dataclasses.replace(models, sources={**models.sources, **sources})
     if is_data_parallel(graph.strategy.parallel):
@@ -240,7 +246,7 @@ def _experts(
     *,
     dp: int,
     bandwidth: str,
-    routing: Mapping[str, float] | None,
+    measures: ExpertMeasures,
 ) -> tuple[ExpertSchedule, dict[str, str]]:
     """Expert parallelism's schedule, with its collectives over the expert-parallel and
     expert-data-parallel groups, and where each model came from."""
@@ -258,9 +264,10 @@ def _experts(
     edp_models = over(edp) if edp > 1 else None
     schedule = expert_schedule(
         graph,
-        routing or {},
+        measures,
         ep_comm=ep_models.models,
         edp_comm=edp_models.models if edp_models is not None else None,
+        burst_bytes=burst_bytes(gbps),
     )
     sources = {f"{op} over ep {plan.ep}": ep_models.sources[op] for op in EXPERT_OPS[:-1]}
     if edp_models is not None:

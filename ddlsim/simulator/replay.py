@@ -358,6 +358,8 @@ class _Replayer:
     def _blocking(self, at: tuple[int, int], exchange: Blocking) -> float:
         """A collective the rank waits for (expert parallelism's exchanges, on their own group
         beside DDP's buckets in flight): compute resumes when it ends."""
+        if exchange.stream == "compute":
+            return self._span(at, exchange.name, self.free["compute"], exchange.ms)
         it, mb = at
         start = self.free["compute"]
         end = start + exchange.ms

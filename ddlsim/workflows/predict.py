@@ -13,12 +13,14 @@ from ddlsim.data.store import (
     add_prediction,
     add_strategy,
 )
+from ddlsim.executor.expert_overheads import measure_expert_overheads
 from ddlsim.plans.feasibility import check, run_target
 from ddlsim.plans.tp_plans import check_layouts, check_tensor_parallel
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
 from ddlsim.profiler.routing import routing_load
 from ddlsim.simulator.cost_model import CostModel, load_cost_model
 from ddlsim.simulator.costs import rank_spec
+from ddlsim.simulator.experts import ExpertMeasures
 from ddlsim.simulator.predict import Prediction, check_replayed
 from ddlsim.simulator.predict import predict as simulate
 from ddlsim.workflows.profiles import (
@@ -132,9 +134,14 @@ def predict_on_store(
         progress=progress,
     )
     options = CaptureOptions(strategy=strategy, optimizer="sgd" if optimizer == "sgd" else "adamw")
-    routing = None
-    if plan.ep > 1:  # the routers' imbalance, as the executor's first iteration routes
-        routing = routing_load(spec, plan, world_size).imbalance
+    measured = None
+    if plan.ep > 1:  # the routers' imbalance and the bookkeeping a layer, measured here
+        overheads = measure_expert_overheads(rank, plan.dispatcher)
+        measured = ExpertMeasures(
+            imbalance=routing_load(spec, plan, world_size).imbalance,
+            forward_ms=overheads.forward_ms,
+            backward_ms=overheads.backward_ms,
+        )
     prediction = simulate(
         capture(rank, options),
         profiled=profiled,
@@ -144,6 +151,6 @@ def predict_on_store(
         bandwidth=bandwidth,
         cost_model=cost_model,
         compute_scale=machine_scale(world_size),
-        routing=routing,
+        experts_measured=measured,
     )
     return prediction, profile, profiled_now

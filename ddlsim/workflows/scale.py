@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddlsim.data.errors import InvalidOptionError, InvalidStrategyError
+from ddlsim.data.models import spec_experts
 from ddlsim.data.specs.gpu_cluster import GpuClusterSpec
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.scale_plan import ScalePlan
@@ -258,6 +259,7 @@ def scale_space(
         seq_len=seq_len,
         kernels=kernels,
         limits=limits,
+        experts=shape.experts if (shape := spec_experts(model)) is not None else 0,
     )
 
 

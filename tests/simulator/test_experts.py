@@ -12,7 +12,12 @@ from ddlsim.data.moe import expert_param_names
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
-from ddlsim.simulator.experts import EXPERT_OPS, blocking_total_ms, expert_schedule
+from ddlsim.simulator.experts import (
+    EXPERT_OPS,
+    ExpertMeasures,
+    blocking_total_ms,
+    expert_schedule,
+)
 from ddlsim.simulator.predict import check_replayed
 from ddlsim.simulator.replay import replay
 from ddlsim.simulator.timeline import UnsupportedPlanError
@@ -54,7 +59,9 @@ def test_expert_parameters_leave_ddps_buckets_and_step_a_shard_each() -> None:
 def test_each_layer_exchanges_its_token_copies_five_times_with_all_to_all() -> None:
     graph = _graph('{"parallel": {"dp": 2, "ep": 2}}')
     imbalance = {f"model.layers.{i}.mlp.experts": 1.5 for i in range(LAYERS)}
-    schedule = expert_schedule(graph, imbalance, ep_comm=_comm(2), edp_comm=None)
+    schedule = expert_schedule(
+        graph, ExpertMeasures(imbalance=imbalance), ep_comm=_comm(2), edp_comm=None
+    )
     names = [b.name for items in schedule.after.values() for b in items]
     # forward: counts, dispatch, combine; backward: the combine's and the dispatch's gradients
     assert len(names) == 5 * LAYERS
@@ -75,7 +82,9 @@ def test_each_layer_exchanges_its_token_copies_five_times_with_all_to_all() -> N
 
 def test_all_gather_dispatch_and_the_expert_data_parallel_reduction() -> None:
     graph = _graph('{"parallel": {"dp": 4, "ep": 2, "dispatcher": "all_gather"}}')
-    schedule = expert_schedule(graph, {}, ep_comm=_comm(2), edp_comm=_comm(2, alpha_us=7.0))
+    schedule = expert_schedule(
+        graph, ExpertMeasures(), ep_comm=_comm(2), edp_comm=_comm(2, alpha_us=7.0)
+    )
     ops = [b.name.split()[0] for items in schedule.after.values() for b in items]
     assert ops.count("all_gather") == 4 * LAYERS  # tokens, choices, weights; outputs' grad
     assert ops.count("reduce_scatter") == 3 * LAYERS
@@ -93,7 +102,7 @@ def test_the_rank_waits_for_every_exchange() -> None:
     comm = _comm(2)
     base = replay(graph, node_ms, comm)
     slow = _comm(2, alpha_us=5_000.0)  # 5 ms a collective
-    schedule = expert_schedule(graph, {}, ep_comm=slow, edp_comm=None)
+    schedule = expert_schedule(graph, ExpertMeasures(), ep_comm=slow, edp_comm=None)
     with_experts = replay(graph, schedule.scaled(node_ms), comm, experts=schedule)
     exchanges = blocking_total_ms(schedule, micro_batches=1)
     assert exchanges > 5 * LAYERS * 5.0
@@ -108,3 +117,19 @@ def test_plans_the_replay_does_not_schedule_are_named() -> None:
     check_replayed(Strategy.from_dict({"parallel": {"ep": 2}}).parallel)
     with pytest.raises(UnsupportedPlanError, match="ep beside fsdp"):
         check_replayed(Strategy.from_dict({"parallel": {"ep": 2, "fsdp": True}}).parallel)
+
+
+def test_the_layers_own_bookkeeping_runs_on_the_rank_after_its_first_exchanges() -> None:
+    graph = _graph('{"parallel": {"dp": 2, "ep": 2}}')
+    measures = ExpertMeasures(forward_ms=0.4, backward_ms=0.3)
+    schedule = expert_schedule(graph, measures, ep_comm=_comm(2), edp_comm=None)
+    own = [b for items in schedule.after.values() for b in items if b.stream == "compute"]
+    assert sorted(b.ms for b in own) == [0.3] * LAYERS + [0.4] * LAYERS
+    node_ms = {n.id: 0.01 for n in graph.nodes if n.kind in ("compute", "optimizer")}
+    bare = expert_schedule(graph, ExpertMeasures(), ep_comm=_comm(2), edp_comm=None)
+    with_own = replay(graph, node_ms, _comm(2), experts=schedule)
+    without = replay(graph, node_ms, _comm(2), experts=bare)
+    # compute the rank does itself: the iteration grows by all of it
+    grown = with_own.iteration_time_ms - without.iteration_time_ms
+    assert grown == pytest.approx(LAYERS * 0.7, rel=1e-6)
+    assert measures.scaled(2.0).forward_ms == 0.8

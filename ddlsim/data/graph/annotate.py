@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ddlsim.data.graph.format import GraphNode, IterationGraph, ParamInfo
+from ddlsim.data.models import build_config
 from ddlsim.data.moe import expert_param_names
 from ddlsim.data.specs.model import ModelSpec
 from ddlsim.data.specs.strategy import Bucket, Strategy
@@ -58,7 +59,7 @@ def assemble(
     """
     sizes = {p.name: p.nbytes for p in params}
     ep = strategy.parallel.ep
-    experts = expert_param_names(params, model.config) if ep > 1 else frozenset()
+    experts = expert_param_names(params, build_config(model)) if ep > 1 else frozenset()
     bucketed = [name for name in ready if name not in experts]
     buckets = strategy.tensor_fusion.assign([(name, sizes[name]) for name in bucketed])
     nodes = _place_collectives(recorded, ready, buckets, strategy)

@@ -11,7 +11,10 @@ etp)`` replicates each expert shard (its gradients are reduced over those ranks)
 ``dispatcher`` says how tokens reach their experts: ``all_to_all`` sends each token only to the
 ranks of its top-k experts (counts exchanged first, then uneven all-to-alls, forward and
 backward); ``all_gather`` gathers every token on every expert-parallel rank, each computes its
-own experts' share and the outputs are reduce-scattered back. ``capacity_factor`` caps the
+own experts' share and the outputs are reduce-scattered back; ``flex`` is Megatron-Core's flex
+dispatcher (DeepEP's or HybridEP's kernels): a token crosses to each other node holding one of
+its experts once and fans out over NVLink there (priced on GPU clusters, not run here).
+``capacity_factor`` caps the
 tokens an expert takes to that multiple of an even share, the rest dropped (``None``:
 dropless, every token computed). ``ep_overlap`` runs one micro-batch's dispatch and combine
 beside another's compute (Megatron-Core's ``overlap_moe_expert_parallel_comm`` with delayed
@@ -23,7 +26,7 @@ from typing import Any
 from ddlsim.data.errors import InvalidStrategyError
 from ddlsim.data.specs._serde import expect_int
 
-DISPATCHERS: tuple[str, ...] = ("all_to_all", "all_gather")
+DISPATCHERS: tuple[str, ...] = ("all_to_all", "all_gather", "flex")
 EXPERT_DEFAULTS: dict[str, Any] = {
     "ep": 1,
     "etp": 1,

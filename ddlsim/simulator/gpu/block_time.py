@@ -25,6 +25,7 @@ recomputation and exposed communication per fabric level.
 import dataclasses
 
 from ddlsim.data.specs.scale_plan import ScalePlan
+from ddlsim.simulator.gpu import experts as gpu_experts
 from ddlsim.simulator.gpu.experts import ExpertsTime
 from ddlsim.simulator.gpu.nccl import Group, NcclModel
 from ddlsim.simulator.gpu.overlap import Exposed, decomposed_tp_ms, exposed_ms, overlapped_ms
@@ -80,6 +81,8 @@ class BlockTime:
     sharded_exposed: Exposed
     # The experts' dispatch and combine exposed in it (part of ``exposed``), forward and backward.
     dispatch: Exposed = dataclasses.field(default_factory=Exposed)
+    # A mixture of experts' block paced by the host: what it waits beyond its own work.
+    host: float = 0.0
 
 
 def block_time(
@@ -149,8 +152,15 @@ def block_time(
         "full": compute_f,
     }[plan.recompute]
     recompute_exposed = exposed_f if plan.recompute == "full" else Exposed()
+    host = 0.0
+    if experts is not None and plan.kernels == "transformer_engine":
+        # Paced by the host where its kernels are short (.experts.MOE_BLOCK_HOST_MS).
+        # Full recomputation launches the forward's kernels again: a third more of them.
+        floor = gpu_experts.MOE_BLOCK_HOST_MS * (4 / 3 if plan.recompute == "full" else 1.0)
+        busy = compute_f + compute_b + exposed_f.total + exposed_b.total + recompute
+        host = max(0.0, floor - busy - recompute_exposed.total)
     dispatch = dispatch_f + dispatch_b + (dispatch_f if plan.recompute == "full" else Exposed())
-    backward = compute_b + exposed_b.total + recompute + recompute_exposed.total
+    backward = compute_b + exposed_b.total + recompute + recompute_exposed.total + host
     exposed = exposed_f + exposed_b + recompute_exposed
 
     # FSDP: the shard's weights gathered (16-bit) and gradients reduce-scattered (fp32) over the
@@ -174,4 +184,5 @@ def block_time(
         exposed=exposed,
         sharded_exposed=sharded_exposed,
         dispatch=dispatch,
+        host=host,
     )

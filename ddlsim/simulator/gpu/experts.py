@@ -27,6 +27,7 @@ Activations cross in 16 bits (the fp8 recipes dispatch bf16 through NCCL's all-t
 import dataclasses
 
 from ddlsim.data.graph.format import GraphNode, IterationGraph
+from ddlsim.data.models import build_config
 from ddlsim.data.moe import expert_param_names, experts_shape
 from ddlsim.data.specs.scale_plan import ScalePlan
 from ddlsim.simulator.gpu.grad_sync import gradient_sync
@@ -35,6 +36,29 @@ from ddlsim.simulator.gpu.overlap import Exposed
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
 
 EXCHANGE_BYTES = 2  # bf16 activations
+# The share of the exchanges Megatron-Core's combined 1F1B overlap (parallel.ep_overlap) hides
+# behind another micro-batch's compute. Not stated anywhere; fitted on one published pair, the
+# same run with and without it (Megatron-MoE-ModelZoo, best_practice/qwen3/readme.md at
+# e8650517: Qwen3-235B-A22B on 256 H100s, DeepEP, TP2 PP8 VPP4 EP32: 19.7 s a step, 17.6 s
+# "+1f1b overlap"): the share that brings the first to the second
+# (``benchmarks/moe_host_floor.py``). The comm kernels
+# take SMs from the compute they overlap, and the schedule overlaps only where a forward and a
+# backward chunk meet. ``benchmarks/published.py`` checks it on Megatron-Bridge's rows, which
+# it was not fitted on.
+EP_OVERLAP_HIDDEN = 0.236
+# The least a Megatron-Core MoE block takes, forward and backward, per micro-batch (ms), run
+# eagerly (no CUDA graphs) with Transformer Engine's layers: the host launches each expert's
+# quantization and GEMM, the router's, permutation's and exchanges' kernels, and waits for the
+# token counts before it can launch the layer's experts, so a block whose kernels are short is
+# paced by the host ("CPU Overhead Bottleneck", Megatron-Core's MoE guide, megatron/core/
+# transformer/moe/README.md at d98e8a64). Not stated anywhere; fitted on the one published run
+# where it binds (Megatron-MoE-ModelZoo, best_practice/qwen3/readme.md at e8650517: Qwen3-235B-
+# A22B on 256 H100s, TP4 PP8 VPP4 EP8, 29.0 s a step: ``benchmarks/moe_host_floor.py``);
+# Megatron-Bridge's rows check it without having been fitted on.
+MOE_BLOCK_HOST_MS = 9.28
+# Transformer Engine's grouped linear layers run each expert's GEMM on one of its compute
+# streams (transformer_engine/common/util/multi_stream.cpp, get_num_compute_streams: 4).
+TE_GEMM_STREAMS = 4
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +87,7 @@ class ExpertsCost:
     forward_flops: int
     backward_flops: int
     params: int
+    intermediate: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -76,17 +101,18 @@ class ExpertsTime:
     network: bool
 
     def exposed(self, *, hide_f: float = 0.0, hide_b: float = 0.0) -> tuple[Exposed, Exposed]:
-        """The exchanges' exposed time, forward and backward, after ``hide_*`` ms of another
-        micro-batch's compute beside them."""
-        forward = max(0.0, self.exchange_f - hide_f)
-        backward = max(0.0, self.exchange_b - hide_b)
+        """The exchanges' exposed time, forward and backward, with ``hide_*`` ms of another
+        micro-batch's compute beside them: :data:`EP_OVERLAP_HIDDEN` of what that compute
+        covers is hidden."""
+        forward = self.exchange_f - EP_OVERLAP_HIDDEN * min(self.exchange_f, hide_f)
+        backward = self.exchange_b - EP_OVERLAP_HIDDEN * min(self.exchange_b, hide_b)
         return Exposed.at(self.network, forward), Exposed.at(self.network, backward)
 
 
 def experts_cost(graph: IterationGraph, costs: GpuOpCosts) -> tuple[ExpertsCost | None, set[int]]:
     """The routed experts of a one-block shard's ``graph`` (``None`` for a dense model), and the
     ids of their nodes (which the block's own times leave out)."""
-    config = graph.model.config
+    config = build_config(graph.model)
     shape = experts_shape(config)
     names = expert_param_names(graph.params, config)
     if shape is None or not names:
@@ -117,13 +143,14 @@ def experts_cost(graph: IterationGraph, costs: GpuOpCosts) -> tuple[ExpertsCost 
             experts=shape.experts,
             top_k=shape.top_k,
             pairs=pairs,
-            hidden=int(config.get("hidden_size", 0)),
+            hidden=int(config.hidden_size),
             gemms=tuple(gemms),
             other_forward_ms=other["forward"],
             other_backward_ms=other["backward"],
             forward_flops=flops["forward"],
             backward_flops=flops["backward"],
             params=sum(p.numel for p in graph.params if p.name in names),
+            intermediate=shape.intermediate,
         ),
         ids,
     )
@@ -171,26 +198,29 @@ def experts_time(
     local = max(1, cost.experts // plan.ep)
     rows = pairs * plan.ep * plan.etp / cost.experts  # rows each local expert gets
     dtype = "fp8" if plan.precision == "fp8" else "bf16"
+    concurrent = min(local, TE_GEMM_STREAMS) if plan.kernels == "transformer_engine" else local
     compute = {"forward": 0.0, "backward": 0.0}
     for gemm in cost.gemms:
         k, n = _sliced(gemm.k, cost.hidden, plan.etp), _sliced(gemm.n, cost.hidden, plan.etp)
         flops = gemm.flops * share * load
         if gemm.weight_grad:  # [k, rows] by [rows, n] an expert: the rows are the reduction
             ms = op_costs.grouped_gemm_ms(
-                flops, rows=k, k=max(1, round(rows)), n=n, groups=local, dtype=dtype
+                flops, rows=k, k=max(1, round(rows)), n=n, concurrent=concurrent, dtype=dtype
             )
         else:
-            ms = op_costs.grouped_gemm_ms(flops, rows=rows, k=k, n=n, groups=local, dtype=dtype)
+            ms = op_costs.grouped_gemm_ms(
+                flops, rows=rows, k=k, n=n, concurrent=concurrent, dtype=dtype
+            )
         compute[gemm.phase] += ms
     scale = share * load
     compute["forward"] += cost.other_forward_ms * scale
     compute["backward"] += cost.other_backward_ms * scale
-    exchange, network = _exchange_ms(cost, plan, nccl, pairs, gpus_per_node)
+    exchange_f, exchange_b, network = _exchange_ms(cost, plan, nccl, pairs, gpus_per_node)
     return ExpertsTime(
         compute_f=compute["forward"],
         compute_b=compute["backward"],
-        exchange_f=exchange,
-        exchange_b=exchange,
+        exchange_f=exchange_f,
+        exchange_b=exchange_b,
         network=network,
     )
 
@@ -203,25 +233,60 @@ def _sliced(width: int, hidden: int, etp: int) -> int:
 
 def _exchange_ms(
     cost: ExpertsCost, plan: ScalePlan, nccl: NcclModel, pairs: float, gpus_per_node: int
-) -> tuple[float, bool]:
-    """One pass's exchanges (forward or backward: the same bytes) and whether they cross nodes."""
+) -> tuple[float, float, bool]:
+    """The exchanges of a forward and of a backward, and whether they cross nodes. With fp8 the
+    forward's dispatch sends fp8 tokens (Megatron-Core's MoE guide: half the dispatch volume),
+    the combine and the backward's 16-bit ones."""
     group = expert_group(plan, gpus_per_node)
     row = cost.hidden * EXCHANGE_BYTES
-    ms = 0.0
-    if plan.ep > 1 and plan.dispatcher == "all_to_all":
-        ms += 2 * nccl.time_us("all_to_all", pairs * row, group) / 1e3
+    dispatch_row = cost.hidden * (1 if plan.precision == "fp8" else EXCHANGE_BYTES)
+    forward = backward = 0.0
+    if plan.ep > 1 and plan.dispatcher == "flex":
+        forward = _flex_ms(cost, nccl, group, pairs, dispatch_row) + _flex_ms(
+            cost, nccl, group, pairs, row
+        )
+        backward = 2 * _flex_ms(cost, nccl, group, pairs, row)
+    elif plan.ep > 1 and plan.dispatcher == "all_to_all":
+        forward = (
+            nccl.time_us("all_to_all", pairs * dispatch_row, group)
+            + nccl.time_us("all_to_all", pairs * row, group)
+        ) / 1e3
+        backward = 2 * nccl.time_us("all_to_all", pairs * row, group) / 1e3
     elif plan.ep > 1:
         gathered = plan.ep * pairs / cost.top_k * row
-        ms += nccl.time_us("all_gather", gathered, group) / 1e3
-        ms += nccl.time_us("reduce_scatter", gathered, group) / 1e3
+        forward = backward = (
+            nccl.time_us("all_gather", gathered, group)
+            + nccl.time_us("reduce_scatter", gathered, group)
+        ) / 1e3
     network = group.nodes > 1
     if plan.etp > 1:
         etp_group = _strided(plan.etp, 1, gpus_per_node)
         gathered = plan.etp * pairs * row
-        ms += nccl.time_us("all_gather", gathered, etp_group) / 1e3
-        ms += nccl.time_us("reduce_scatter", gathered, etp_group) / 1e3
+        etp_ms = (
+            nccl.time_us("all_gather", gathered, etp_group)
+            + nccl.time_us("reduce_scatter", gathered, etp_group)
+        ) / 1e3
+        forward += etp_ms
+        backward += etp_ms
         network = network or etp_group.nodes > 1
-    return ms, network
+    return forward, backward, network
+
+
+def _flex_ms(cost: ExpertsCost, nccl: NcclModel, group: Group, pairs: float, row: int) -> float:
+    """One exchange of the flex dispatcher: each token sent once to every other node holding
+    one of its top-k experts (the expected count, experts spread evenly and picked at random,
+    as forced balancing keeps them), then fanned out to the experts' GPUs over NVLink; the two
+    legs pipelined, so the slower one sets the pace."""
+    tokens = pairs / cost.top_k
+    nodes = group.nodes
+    node_ms = nccl.time_us("all_to_all", pairs * row, Group(group.per_node, group.per_node))
+    if nodes == 1:
+        return node_ms / 1e3
+    reached = nodes * (1 - (1 - 1 / nodes) ** cost.top_k)  # distinct nodes a token's experts
+    remote = reached * (nodes - 1) / nodes
+    # Over the NIC of each GPU, as a send of that many rows to a peer on another node.
+    net_ms = nccl.time_us("sendrecv", tokens * remote * row, Group(2, 1))
+    return max(node_ms, net_ms) / 1e3
 
 
 def experts_gradient_sync(
@@ -256,6 +321,20 @@ def experts_optimizer_ms(plan: ScalePlan, op_costs: GpuOpCosts, params: float) -
         return 0.0
     sharded = plan.fsdp or plan.distributed_optimizer or plan.zero
     return op_costs.optimizer_ms(int(-(-params // plan.edp) if sharded else params))
+
+
+def experts_activation_bytes(cost: ExpertsCost | None, plan: ScalePlan) -> float:
+    """What one block's experts keep for backward a micro-batch on one GPU: each token copy's
+    dispatched input (fp8 where the dispatch is), its gated up-projection and activation, and
+    its output before the combine (16-bit), at this GPU's share of the copies; under full
+    recomputation only the block's input is kept (counted with the block's)."""
+    if cost is None or plan.recompute == "full":
+        return 0.0
+    share = 1.0 / plan.tp if plan.sequence_parallel and plan.tp > 1 else 1.0
+    pairs = cost.pairs * share
+    width = cost.intermediate / plan.etp
+    dispatched = cost.hidden * (1 if plan.precision == "fp8" else EXCHANGE_BYTES)
+    return pairs * (dispatched + EXCHANGE_BYTES * (cost.hidden + 3 * width))
 
 
 def expert_params_per_gpu(cost: ExpertsCost | None, plan: ScalePlan) -> float:

@@ -39,6 +39,8 @@ pipelining, the stage's whole 16-bit weights and fp32 gradients between micro-ba
 import dataclasses
 from typing import TYPE_CHECKING
 
+from ddlsim.simulator.gpu.experts import experts_activation_bytes
+
 if TYPE_CHECKING:
     from ddlsim.data.specs.scale_plan import ScalePlan
     from ddlsim.simulator.gpu.shard_costs import ShardCosts
@@ -181,7 +183,7 @@ def estimate_memory(
         costs.op_policy_saved_bytes
         if plan.recompute == "selective_op"
         else block_activation_bytes(**shape, recompute=plan.recompute)  # type: ignore[arg-type]
-    )
+    ) + experts_activation_bytes(costs.experts, plan)
     layers_first = sum(layer_parts(layers, p * v)[0::p])
     held = in_flight(plan.schedule_kind, stages=p, chunks=v, micro_batches=plan.micro_batches)
     activations = per_block * layers_first * held

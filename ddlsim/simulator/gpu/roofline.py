@@ -202,17 +202,18 @@ class GpuOpCosts:
         return max(KERNEL_FLOOR_MS, node.flops / (peak * eff))
 
     def grouped_gemm_ms(
-        self, flops: float, *, rows: float, k: int, n: int, groups: int, dtype: str
+        self, flops: float, *, rows: float, k: int, n: int, concurrent: int, dtype: str
     ) -> float:
-        """A grouped GEMM (a layer's local experts): ``groups`` matmuls of ``rows`` rows each
-        (token copies an expert got), ``k`` by ``n``, ``flops`` in all. It fills the GPU as one
-        matmul of ``groups x rows`` rows would, at the efficiency measured for that shape, less
-        what each expert's last row tile (128 rows) leaves idle: few tokens an expert waste most
-        of a tile, many fill them."""
+        """A grouped GEMM (a layer's local experts): matmuls of ``rows`` rows each (token copies
+        an expert got), ``k`` by ``n``, ``flops`` in all, ``concurrent`` of them at a time (all
+        of them in one grouped kernel; Transformer Engine's runs each expert's cuBLAS GEMM on
+        one of its 4 streams). Those in flight fill the GPU as one matmul of their rows together
+        would, at the efficiency measured for that shape, less what each expert's last row tile
+        (128 rows) leaves idle: few tokens an expert waste most of a tile, many fill them."""
         if flops <= 0 or rows <= 0:
             return 0.0
         table = self._gemm.get(dtype) or self._gemm["bf16"]
-        total = max(1.0, groups * rows)
+        total = max(1.0, concurrent * rows)
         eff = _nearest(table, (math.log(total), math.log(max(k, 1)), math.log(max(n, 1))))
         tile = rows / (math.ceil(rows / GROUPED_TILE_ROWS) * GROUPED_TILE_ROWS)
         return max(KERNEL_FLOOR_MS, flops / (self.gpu.peak(dtype) * 1e9 * eff * tile))

@@ -272,13 +272,15 @@ def _breakdown(
     embed = Exposed.at(groups.tp.nodes > 1, m * embed_ms if busiest == 0 else 0.0)
     comm = block_parts + embed
     dispatch = one.dispatch.scaled(layers_b * m)
+    host = one.host * layers_b * m
     return {
         "compute": compute_ms,
         "recompute": recompute_ms,
         "node": comm.node - dispatch.node,
         "network": comm.network - dispatch.network,
         "dispatch": dispatch.total,
-        "bubble": max(0.0, pipeline_ms - compute_ms - recompute_ms - comm.total),
+        "host": host,
+        "bubble": max(0.0, pipeline_ms - compute_ms - recompute_ms - comm.total - host),
     }
 
 
@@ -395,8 +397,12 @@ def predict_scale(
             "exposed_comm_network": parts["network"] + dp_exposed.network,
             "pipeline_bubble": parts["bubble"],
             "optimizer": optimizer_ms,
-            # Mixtures of experts: the dispatch and combine left exposed.
-            **({"expert_dispatch": parts["dispatch"]} if costs.experts is not None else {}),
+            # Mixtures of experts: the dispatch and combine left exposed, the host's pacing.
+            **(
+                {"expert_dispatch": parts["dispatch"], "host_bound": parts["host"]}
+                if costs.experts is not None
+                else {}
+            ),
         },
         micro_batch_size=mbs,
     )

@@ -11,6 +11,7 @@ import dataclasses
 import re
 
 from ddlsim.data.graph.format import GraphNode, IterationGraph
+from ddlsim.data.models import build_config
 from ddlsim.data.moe import expert_param_names
 from ddlsim.simulator.gpu.experts import ExpertsCost, experts_cost
 from ddlsim.simulator.gpu.roofline import ATTENTION_OPS, FREE_OPS, GEMM_OPS, GpuOpCosts
@@ -122,7 +123,9 @@ def shard_costs(
             attention_flops += node.flops
     params = {"block": 0, "first": 0, "last": 0}
     last_modules = {n.module for n in nodes if part_of.get(n.id) == "last"}
-    expert_params = expert_param_names(graph.params, graph.model.config) if experts else set()
+    expert_params = (
+        expert_param_names(graph.params, build_config(graph.model)) if experts else frozenset()
+    )
     for info in graph.params:
         if info.name in expert_params:
             continue
