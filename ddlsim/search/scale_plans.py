@@ -102,11 +102,13 @@ class SpaceLimits:
                         f"search space {name} {value!r} is not one of {list(allowed)}"
                     )
             object.__setattr__(self, name, tuple(values))
-        for name, allowed in (
+        experts: tuple[tuple[str, tuple[Any, ...]], ...] = (
             ("ep", EP_OPTIONS),
             ("dispatcher", DISPATCHERS),
             ("ep_overlap", (False, True)),
-        ):
+        )
+        for name, choices in experts:
+            allowed = choices
             values = getattr(self, name)
             if isinstance(values, (str, int, bool)) or not values:
                 raise InvalidStrategyError(

@@ -357,12 +357,17 @@ class _Replayer:
 
     def _blocking(self, at: tuple[int, int], exchange: Blocking) -> float:
         """A collective the rank waits for (expert parallelism's exchanges, on their own group
-        beside DDP's buckets in flight): compute resumes when it ends."""
+        beside DDP's buckets): compute resumes when it ends. Beside a bucket in flight the two
+        share the link: the exchange takes up to its own time again, and pushes the bucket's
+        end by its own time."""
         if exchange.stream == "compute":
             return self._span(at, exchange.name, self.free["compute"], exchange.ms)
         it, mb = at
         start = self.free["compute"]
-        end = start + exchange.ms
+        shared = min(exchange.ms, max(0.0, self.free["comm"] - start))
+        end = start + exchange.ms + shared
+        if shared > 0:
+            self.free["comm"] += exchange.ms
         self.free["compute"] = end
         self.events.append(
             Event(node=-1, iteration=it, micro_batch=mb, stream="exchange", name=exchange.name,

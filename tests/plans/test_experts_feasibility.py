@@ -74,6 +74,7 @@ def test_expert_parallelism_runs_beside_dp_and_fsdp() -> None:
         assert refusals(MIXTRAL, strategy, Target(world_size=4)) == [], parallel
 
 
-def test_the_gpu_path_says_it_does_not_price_experts_yet() -> None:
-    with pytest.raises(InvalidStrategyError, match="mixture of experts, which the GPU-cluster"):
-        check_priceable(MIXTRAL)
+def test_the_gpu_path_prices_experts_of_a_family_it_can_split() -> None:
+    check_priceable(MIXTRAL)  # attention split, the experts left whole on every rank
+    with pytest.raises(InvalidStrategyError, match="has no tensor-parallel plan"):
+        check_priceable(ZOO["deepseek-v3-tiny"])  # multi-latent attention

@@ -169,6 +169,9 @@ def block_time(
     if plan.fsdp and groups.grads.size > 1:
         ag_ms = nccl.time_us("all_gather", block.params * 2, groups.grads) / 1e3
         rs_ms = nccl.time_us("reduce_scatter", block.params * 4, groups.grads) / 1e3
+        if experts is not None:
+            ag_ms += experts.fsdp_gather
+            rs_ms += experts.fsdp_reduce
         sharded_f = overlapped_ms(forward, ag_ms)
         sharded_b = overlapped_ms(backward, ag_ms + rs_ms)
         sharded_exposed = exposed + Exposed.at(

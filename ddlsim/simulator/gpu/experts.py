@@ -99,6 +99,10 @@ class ExpertsTime:
     exchange_f: float
     exchange_b: float
     network: bool
+    # FSDP: the block's expert shard gathered (16-bit) and its gradients reduce-scattered (fp32)
+    # over the expert-data-parallel ranks, beside the block's compute.
+    fsdp_gather: float = 0.0
+    fsdp_reduce: float = 0.0
 
     def exposed(self, *, hide_f: float = 0.0, hide_b: float = 0.0) -> tuple[Exposed, Exposed]:
         """The exchanges' exposed time, forward and backward, with ``hide_*`` ms of another
@@ -216,7 +220,15 @@ def experts_time(
     compute["forward"] += cost.other_forward_ms * scale
     compute["backward"] += cost.other_backward_ms * scale
     exchange_f, exchange_b, network = _exchange_ms(cost, plan, nccl, pairs, gpus_per_node)
+    gather = reduce = 0.0
+    if plan.fsdp and plan.edp > 1:
+        held = expert_params_per_gpu(cost, plan)
+        edp = expert_data_group(plan, gpus_per_node)
+        gather = nccl.time_us("all_gather", held * 2, edp) / 1e3
+        reduce = nccl.time_us("reduce_scatter", held * 4, edp) / 1e3
     return ExpertsTime(
+        fsdp_gather=gather,
+        fsdp_reduce=reduce,
         compute_f=compute["forward"],
         compute_b=compute["backward"],
         exchange_f=exchange_f,

@@ -45,6 +45,11 @@ if TYPE_CHECKING:
     from ddlsim.data.specs.scale_plan import ScalePlan
     from ddlsim.simulator.gpu.shard_costs import ShardCosts
 
+# Of the formulas' tensors split by tensor parallelism (24 sbh, 20 with fp8 inputs), the dense
+# MLP's two wide ones: its up-projection's output and its activation's (4h each, 16-bit; the
+# activation's kept in fp8 with fp8 inputs).
+MLP_SPLIT = 16.0
+MLP_SPLIT_FP8 = 12.0
 GIB = 1024**3
 # What a CUDA context, NCCL's buffers and the allocator's fragmentation take before the job.
 RESERVED_GIB = 5.0
@@ -183,7 +188,13 @@ def estimate_memory(
         costs.op_policy_saved_bytes
         if plan.recompute == "selective_op"
         else block_activation_bytes(**shape, recompute=plan.recompute)  # type: ignore[arg-type]
-    ) + experts_activation_bytes(costs.experts, plan)
+    )
+    if costs.experts is not None and plan.recompute != "full":
+        # The routed experts replace the dense MLP the formulas count (its two wide tensors).
+        dense_mlp = (MLP_SPLIT_FP8 if shape["fp8_inputs"] else MLP_SPLIT) / plan.tp
+        per_block += experts_activation_bytes(costs.experts, plan) - dense_mlp * (
+            tokens * mbs * hidden
+        )
     layers_first = sum(layer_parts(layers, p * v)[0::p])
     held = in_flight(plan.schedule_kind, stages=p, chunks=v, micro_batches=plan.micro_batches)
     activations = per_block * layers_first * held

@@ -248,7 +248,9 @@ class ScaleFigures(Public):
     micro_batch_size: int
     breakdown_ms: dict[str, float] = Field(
         description="where the iteration goes: compute, recompute, exposed_comm_node (NVLink), "
-        "exposed_comm_network, pipeline_bubble, optimizer, then any other part"
+        "exposed_comm_network, pipeline_bubble, optimizer; for a mixture of experts also "
+        "expert_dispatch (the dispatch and combine left exposed) and host_bound (its blocks "
+        "paced by the host); then any other part"
     )
 
 
