@@ -24,7 +24,8 @@ from typing import NamedTuple
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
 from ddlsim.data.specs.strategy import Bucket, Strategy, TensorFusionPlan
-from ddlsim.simulator.replay import CpuLoad, first_forward_use_of_params, in_window
+from ddlsim.simulator.cpu_load import CpuLoad
+from ddlsim.simulator.replay import first_forward_use_of_params, in_window
 from ddlsim.simulator.runtime import RuntimeCosts, copy_passes
 from ddlsim.simulator.timeline import IterationTimes, ReplayResult
 

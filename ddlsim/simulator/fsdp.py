@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import IterationGraph
-from ddlsim.simulator.replay import CpuLoad
+from ddlsim.simulator.cpu_load import CpuLoad
 from ddlsim.simulator.runtime import RuntimeCosts
 from ddlsim.simulator.timeline import Event, ReplayResult
 

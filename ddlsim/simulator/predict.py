@@ -172,6 +172,9 @@ def predict(
         InvalidOptionError: the profiled graph is of another model or inputs.
         UnsupportedPlanError: a plan the replay does not schedule yet.
         InvalidStrategyError: ``dp * tp * pp != world_size``.
+
+    Long: most of it is its arguments' documentation; the body assembles one replay's inputs,
+    each from the one before, then applies the cost model.
     """
     dp = replayed_dp(graph.strategy.parallel, world_size)
     node_ms = scaled(node_ms, compute_scale)
@@ -182,9 +185,9 @@ def predict(
     experts = None
     if graph.strategy.parallel.ep > 1:
         measured = (experts_measured or ExpertMeasures()).scaled(compute_scale)
-        experts, sources = _experts(graph, fits, dp=dp, bandwidth=bandwidth, measures=measured)
-        durations = experts.scaled(durations)
-        models = dataclasses.replace(models, sources={**models.sources, **sources})
+        experts, durations, models = _experts(
+            graph, fits, dp=dp, bandwidth=bandwidth, measures=measured, priced=(durations, models)
+        )
     if is_data_parallel(graph.strategy.parallel):
         result = replay(graph, durations, models.models, runtime=runtime, experts=experts)
     else:
@@ -247,9 +250,11 @@ def _experts(
     dp: int,
     bandwidth: str,
     measures: ExpertMeasures,
-) -> tuple[ExpertSchedule, dict[str, str]]:
+    priced: tuple[dict[int, float], Any],
+) -> tuple[ExpertSchedule, dict[int, float], Any]:
     """Expert parallelism's schedule, with its collectives over the expert-parallel and
-    expert-data-parallel groups, and where each model came from."""
+    expert-data-parallel groups; ``priced``: the nodes' durations and the data-parallel
+    collectives' models, returned with the schedule's scaling and its models' sources."""
     plan = graph.strategy.parallel
     gbps = parse_bandwidth_gbps(bandwidth)
 
@@ -272,7 +277,9 @@ def _experts(
     sources = {f"{op} over ep {plan.ep}": ep_models.sources[op] for op in EXPERT_OPS[:-1]}
     if edp_models is not None:
         sources[f"all_reduce over edp {edp}"] = edp_models.sources["all_reduce"]
-    return schedule, sources
+    durations, models = priced
+    models = dataclasses.replace(models, sources={**models.sources, **sources})
+    return schedule, schedule.scaled(durations), models
 
 
 def _corrected(

@@ -11,7 +11,8 @@ from ddlsim.data.graph.format import GraphNode, IterationGraph, ParamInfo
 from ddlsim.data.specs.strategy import Strategy
 from ddlsim.data.zoo import ZOO
 from ddlsim.profiler.capture import CaptureOptions, capture_graph
-from ddlsim.simulator.replay import MAX_CPU_SHARE, CpuLoad, replay, transfer_durations
+from ddlsim.simulator.cpu_load import MAX_CPU_SHARE, CpuLoad
+from ddlsim.simulator.replay import replay, transfer_durations
 from ddlsim.simulator.timeline import ReplayResult, UnsupportedPlanError
 from tests.simulator.nodes import compute_node, update_node
 

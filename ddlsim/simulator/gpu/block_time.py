@@ -107,19 +107,7 @@ def block_time(
     compute_b = block.backward_ms + costs.attention_backward_ms * (cp - 1)
 
     tp_network = groups.tp.nodes > 1
-    if plan.sequence_parallel:
-        # With fp8 linears the inputs are cast before they are gathered (torchao's float8
-        # tensor parallelism, Transformer Engine's fp8 all-gather): half the bytes.
-        gathered = act_bytes / 2 if plan.precision == "fp8" else act_bytes
-        gather_ms = nccl.time_us("all_gather", gathered, groups.tp) / 1e3
-        tp_ms = 2 * (gather_ms + nccl.time_us("reduce_scatter", act_bytes, groups.tp) / 1e3)
-    else:
-        tp_ms = 2 * nccl.time_us("all_reduce", act_bytes, groups.tp) / 1e3
-    if plan.async_tp:
-        tp_f = decomposed_tp_ms(tp_ms, block.forward_matmul_ms, plan.tp)
-        tp_b = decomposed_tp_ms(tp_ms, block.backward_matmul_ms, plan.tp)
-    else:
-        tp_f = tp_b = tp_ms
+    tp_f, tp_b = _tensor_parallel_ms(plan, nccl, groups, costs, act_bytes)
     cp_f = cp_b = 0.0
     cp_network = groups.cp.nodes > 1
     if cp > 1 and plan.cp_comm == "ring":
@@ -152,31 +140,15 @@ def block_time(
         "full": compute_f,
     }[plan.recompute]
     recompute_exposed = exposed_f if plan.recompute == "full" else Exposed()
-    host = 0.0
-    if experts is not None and plan.kernels == "transformer_engine":
-        # Paced by the host where its kernels are short (.experts.MOE_BLOCK_HOST_MS).
-        # Full recomputation launches the forward's kernels again: a third more of them.
-        floor = gpu_experts.MOE_BLOCK_HOST_MS * (4 / 3 if plan.recompute == "full" else 1.0)
-        busy = compute_f + compute_b + exposed_f.total + exposed_b.total + recompute
-        host = max(0.0, floor - busy - recompute_exposed.total)
+    busy = compute_f + compute_b + exposed_f.total + exposed_b.total + recompute
+    host = _host_wait(plan, experts, busy + recompute_exposed.total)
     dispatch = dispatch_f + dispatch_b + (dispatch_f if plan.recompute == "full" else Exposed())
     backward = compute_b + exposed_b.total + recompute + recompute_exposed.total + host
     exposed = exposed_f + exposed_b + recompute_exposed
 
-    # FSDP: the shard's weights gathered (16-bit) and gradients reduce-scattered (fp32) over the
-    # ranks that share them, beside the block's compute.
-    sharded_f, sharded_b, sharded_exposed = forward, backward, exposed
-    if plan.fsdp and groups.grads.size > 1:
-        ag_ms = nccl.time_us("all_gather", block.params * 2, groups.grads) / 1e3
-        rs_ms = nccl.time_us("reduce_scatter", block.params * 4, groups.grads) / 1e3
-        if experts is not None:
-            ag_ms += experts.fsdp_gather
-            rs_ms += experts.fsdp_reduce
-        sharded_f = overlapped_ms(forward, ag_ms)
-        sharded_b = overlapped_ms(backward, ag_ms + rs_ms)
-        sharded_exposed = exposed + Exposed.at(
-            groups.grads.nodes > 1, sharded_f - forward + sharded_b - backward
-        )
+    sharded_f, sharded_b, sharded_exposed = _sharded(
+        plan, nccl, groups, block.params, experts=experts, unsharded=(forward, backward, exposed)
+    )
     return BlockTime(
         forward=forward,
         backward=backward,
@@ -188,4 +160,64 @@ def block_time(
         sharded_exposed=sharded_exposed,
         dispatch=dispatch,
         host=host,
+    )
+
+
+def _host_wait(plan: ScalePlan, experts: ExpertsTime | None, busy: float) -> float:
+    """What a mixture of experts' block waits for its host beyond ``busy`` ms of its own work,
+    run eagerly with Transformer Engine's layers (:data:`.experts.MOE_BLOCK_HOST_MS`); full
+    recomputation launches the forward's kernels again, a third more of them."""
+    if experts is None or plan.kernels != "transformer_engine":
+        return 0.0
+    floor = gpu_experts.MOE_BLOCK_HOST_MS * (4 / 3 if plan.recompute == "full" else 1.0)
+    return max(0.0, floor - busy)
+
+
+def _sharded(
+    plan: ScalePlan,
+    nccl: NcclModel,
+    groups: Groups,
+    params: int,
+    *,
+    experts: ExpertsTime | None,
+    unsharded: tuple[float, float, Exposed],
+) -> tuple[float, float, Exposed]:
+    """FSDP: the shard's weights gathered (16-bit) and gradients reduce-scattered (fp32) over the
+    ranks that share them (the experts' over their expert-data-parallel ranks), beside the
+    block's compute; ``unsharded``: the block's forward, backward and exposed time without."""
+    forward, backward, exposed = unsharded
+    if not plan.fsdp or groups.grads.size == 1:
+        return unsharded
+    ag_ms = nccl.time_us("all_gather", params * 2, groups.grads) / 1e3
+    rs_ms = nccl.time_us("reduce_scatter", params * 4, groups.grads) / 1e3
+    if experts is not None:
+        ag_ms += experts.fsdp_gather
+        rs_ms += experts.fsdp_reduce
+    sharded_f = overlapped_ms(forward, ag_ms)
+    sharded_b = overlapped_ms(backward, ag_ms + rs_ms)
+    return (
+        sharded_f,
+        sharded_b,
+        exposed + Exposed.at(groups.grads.nodes > 1, sharded_f - forward + sharded_b - backward),
+    )
+
+
+def _tensor_parallel_ms(
+    plan: ScalePlan, nccl: NcclModel, groups: Groups, costs: ShardCosts, act_bytes: float
+) -> tuple[float, float]:
+    """The block's tensor-parallel collectives exposed in its forward and its backward."""
+    if plan.sequence_parallel:
+        # With fp8 linears the inputs are cast before they are gathered (torchao's float8
+        # tensor parallelism, Transformer Engine's fp8 all-gather): half the bytes.
+        gathered = act_bytes / 2 if plan.precision == "fp8" else act_bytes
+        gather_ms = nccl.time_us("all_gather", gathered, groups.tp) / 1e3
+        tp_ms = 2 * (gather_ms + nccl.time_us("reduce_scatter", act_bytes, groups.tp) / 1e3)
+    else:
+        tp_ms = 2 * nccl.time_us("all_reduce", act_bytes, groups.tp) / 1e3
+    if not plan.async_tp:
+        return tp_ms, tp_ms
+    block = costs.block
+    return (
+        decomposed_tp_ms(tp_ms, block.forward_matmul_ms, plan.tp),
+        decomposed_tp_ms(tp_ms, block.backward_matmul_ms, plan.tp),
     )

@@ -197,6 +197,30 @@ def _pipeline_ms(
     return pipeline_ms + (once_f - stage_f + once_b - stage_b)
 
 
+def _experts_step(
+    plan: ScalePlan,
+    nccl: NcclModel,
+    op_costs: GpuOpCosts,
+    stages: _Stages,
+    *,
+    held: float,
+    gpus_per_node: int,
+) -> tuple[Exposed, float]:
+    """The busiest stage's routed experts (``held`` parameters on a GPU): their gradients'
+    exposed reduction over the expert-data-parallel ranks, and their optimizer step."""
+    busiest = stages.busiest
+    exposed = experts_gradient_sync(
+        plan,
+        nccl,
+        params=held,
+        gpus_per_node=gpus_per_node,
+        dtype_bytes=DTYPE_BYTES[plan.precision],
+        last_backward_ms=sum(stages.backward[busiest]),
+        first_forward_ms=sum(stages.forward[busiest]),
+    )
+    return exposed, experts_optimizer_ms(plan, op_costs, held)
+
+
 def _optimizer_ms(plan: ScalePlan, op_costs: GpuOpCosts, stage_params: int) -> float:
     """The step over the busiest stage's parameters (sharded with FSDP, ZeRO or the
     distributed optimizer)."""
@@ -284,6 +308,24 @@ def _breakdown(
     }
 
 
+def _breakdown_ms(
+    parts: dict[str, float], dp_exposed: Exposed, optimizer_ms: float, *, experts: object
+) -> dict[str, float]:
+    """The iteration's parts, in the breakdown's order (a mixture of experts' two after)."""
+    out = {
+        "compute": parts["compute"],
+        "recompute": parts["recompute"],
+        "exposed_comm_node": parts["node"] + dp_exposed.node,
+        "exposed_comm_network": parts["network"] + dp_exposed.network,
+        "pipeline_bubble": parts["bubble"],
+        "optimizer": optimizer_ms,
+    }
+    if experts is not None:
+        # The dispatch and combine left exposed, and the host's pacing.
+        out.update(expert_dispatch=parts["dispatch"], host_bound=parts["host"])
+    return out
+
+
 def _memory(
     costs: ShardCosts,
     dims: ModelDims,
@@ -339,10 +381,11 @@ def predict_scale(
     tokens = mbs * seq_len // plan.cp
     act_bytes = tokens * dims.hidden * dtype_bytes
     kv_bytes = 2 * tokens * dims.kv_hidden * dtype_bytes / plan.tp
-    experts = None
-    if costs.experts is not None:
-        gpn = cluster.gpus_per_node
-        experts = experts_time(costs.experts, plan, op_costs, nccl, gpus_per_node=gpn)
+    experts = (
+        experts_time(costs.experts, plan, op_costs, nccl, gpus_per_node=cluster.gpus_per_node)
+        if costs.experts is not None
+        else None
+    )
     one = block_time(
         costs, plan, nccl, groups, act_bytes=act_bytes, kv_bytes=kv_bytes, experts=experts
     )
@@ -360,17 +403,11 @@ def predict_scale(
         first_forward_ms=sum(stages.forward[busiest]),
     )
     held = [n * expert_params_per_gpu(costs.experts, plan) for n in stages.layers]
-    dp_exposed += experts_gradient_sync(
-        plan,
-        nccl,
-        params=held[busiest],
-        gpus_per_node=cluster.gpus_per_node,
-        dtype_bytes=dtype_bytes,
-        last_backward_ms=sum(stages.backward[busiest]),
-        first_forward_ms=sum(stages.forward[busiest]),
+    experts_exposed, experts_step = _experts_step(
+        plan, nccl, op_costs, stages, held=held[busiest], gpus_per_node=cluster.gpus_per_node
     )
-    optimizer_ms = _optimizer_ms(plan, op_costs, max(stages.params))
-    optimizer_ms += experts_optimizer_ms(plan, op_costs, held[busiest])
+    dp_exposed += experts_exposed
+    optimizer_ms = _optimizer_ms(plan, op_costs, max(stages.params)) + experts_step
     iteration_ms = pipeline_ms + dp_exposed.total + optimizer_ms
     memory = _memory(
         costs, dims, plan, mbs=mbs, seq_len=seq_len, stage_params=stages.params,
@@ -390,19 +427,6 @@ def predict_scale(
         mfu=model_flops / iteration_s / world / (cluster.gpu.peak_tflops["bf16"] * 1e12),
         memory=memory,
         fits=memory.total <= cluster.gpu.memory_gib * GIB,
-        breakdown_ms={
-            "compute": parts["compute"],
-            "recompute": parts["recompute"],
-            "exposed_comm_node": parts["node"] + dp_exposed.node,
-            "exposed_comm_network": parts["network"] + dp_exposed.network,
-            "pipeline_bubble": parts["bubble"],
-            "optimizer": optimizer_ms,
-            # Mixtures of experts: the dispatch and combine left exposed, the host's pacing.
-            **(
-                {"expert_dispatch": parts["dispatch"], "host_bound": parts["host"]}
-                if costs.experts is not None
-                else {}
-            ),
-        },
+        breakdown_ms=_breakdown_ms(parts, dp_exposed, optimizer_ms, experts=costs.experts),
         micro_batch_size=mbs,
     )
