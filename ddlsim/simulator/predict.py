@@ -119,8 +119,7 @@ def check_replayed(plan: ParallelPlan) -> None:
     if named:
         raise UnsupportedPlanError(
             f"the replay does not schedule {', '.join(named)} yet: ddlsim run measures the "
-            "plan, and ddlsim predict --cluster prices context parallelism and ZeRO on GPU "
-            "clusters"
+            "plan, and ddlsim predict --cluster prices it on GPU clusters"
         )
 
 
