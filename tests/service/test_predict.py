@@ -285,10 +285,24 @@ def test_an_emulated_cluster_spec_is_the_world_size_and_link(
     assert "--world-size 4 contradicts --cluster's world_size 2" in capsys.readouterr().err
 
 
+def test_an_expert_parallel_plan_is_replayed_with_its_exchanges(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    strategy = json.dumps({"parallel": {"ep": 2}})
+    args = ["predict", "mixtral-tiny", "--world-size", "2", "--strategy", strategy, "--json"]
+    assert main(args) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["predictor"] == "replay"  # no learned model has seen expert parallelism
+    assert "all_to_all over ep 2" in payload["collective_models"]
+    assert "all_reduce over edp 1" not in payload["collective_models"]  # ep == dp: none
+    with Store.open() as store:
+        assert len(store.predictions()) == 1
+
+
 @pytest.mark.parametrize(
     ("model", "parallel", "named"),
     [
-        ("mixtral-tiny", {"ep": 2}, "parallel.ep"),
+        ("mixtral-tiny", {"ep": 2, "fsdp": True}, "parallel.ep beside fsdp"),
         ("llama-tiny", {"cp": 2, "cp_comm": "all_gather"}, "parallel.cp"),
         ("llama-tiny", {"zero": 1}, "parallel.zero"),
     ],
