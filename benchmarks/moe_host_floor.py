@@ -50,7 +50,7 @@ def _bisect(set_value: Callable[[float], None], raw: dict, low: float, high: flo
 
 def main() -> None:
     fitted = _rows(FITTED_ON)
-    plain, overlapped, host_bound = fitted
+    _, overlapped, host_bound = fitted
 
     def overlap(value: float) -> None:
         gpu_experts.EP_OVERLAP_HIDDEN = value
@@ -73,7 +73,6 @@ def main() -> None:
                   f"{row['predicted']:.4g}, ape {row['ape']:.3f}")  # fmt: skip
         mape = sum(r["ape"] for r in rows) / len(rows)
         print(f"{path}: mape {mape:.4f} over {len(rows)} rows")
-    del plain
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 
 from ddlsim.data.comm_model import AlphaBeta
 from ddlsim.data.graph.format import GraphNode, IterationGraph
-from ddlsim.data.models import build_config, spec_experts
-from ddlsim.data.moe import ExpertsShape, expert_param_names
+from ddlsim.data.models import build_config
+from ddlsim.data.moe import ExpertsShape, expert_param_names, experts_shape
 from ddlsim.data.specs.strategy import ParallelPlan
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
@@ -112,16 +112,18 @@ def expert_schedule(
     between stretches of compute that refill it), 0 for a link without a token bucket."""
     imbalance = measures.imbalance
     plan = graph.strategy.parallel
-    shape = spec_experts(graph.model)
+    config = build_config(graph.model)
+    shape = experts_shape(config)
     assert shape is not None and plan.ep > 1
+    experts = expert_param_names(graph.params, config)
+    paths = sorted({p.module for p in graph.params if p.name in experts})
+    row_width = int(config.hidden_size)
     after: dict[int, list[Blocking]] = {}
     scale: dict[int, float] = {}
-    for path in _experts_paths(graph):
+    for (path, phase), inside in _layer_nodes(graph, paths).items():
         factor = max(1.0, imbalance.get(path, 1.0))
-        for phase in ("forward", "backward"):
-            layer = _layer(graph, path, phase)
-            if layer is None:
-                continue
+        layer = _layer(graph, inside, phase, row_width)
+        if layer is not None:
             for node in layer.nodes:
                 scale[node.id] = factor
             first, last = _exchanges(layer, factor, shape, plan, _Link(ep_comm, burst_bytes))
@@ -130,7 +132,6 @@ def expert_schedule(
                 first.append(Blocking(f"experts' bookkeeping ({phase})", own, "compute"))
             after.setdefault(layer.before, []).extend(first)
             after.setdefault(layer.last, []).extend(last)
-    experts = expert_param_names(graph.params, build_config(graph.model))
     for node in graph.nodes_of("optimizer"):
         if node.param in experts:
             scale[node.id] = 1.0 / plan.ep
@@ -144,25 +145,30 @@ def expert_schedule(
     )
 
 
-def _experts_paths(graph: IterationGraph) -> list[str]:
-    experts = expert_param_names(graph.params, build_config(graph.model))
-    return sorted({p.module for p in graph.params if p.name in experts})
+def _layer_nodes(graph: IterationGraph, paths: list[str]) -> dict[tuple[str, str], list[int]]:
+    """The compute nodes of each experts module (``paths``) by phase, in graph order: one pass
+    over the graph."""
+    found: dict[tuple[str, str], list[int]] = {
+        (path, phase): [] for path in paths for phase in ("forward", "backward")
+    }
+    owner = {path: path for path in paths}
+    for i, node in enumerate(graph.nodes):
+        if node.kind != "compute" or node.phase not in ("forward", "backward"):
+            continue
+        module = node.module
+        while module and module not in owner:  # the module or one of its parents
+            module = module.rpartition(".")[0]
+        if module:
+            found[(owner[module], node.phase)].append(i)
+    return found
 
 
-def _layer(graph: IterationGraph, path: str, phase: str) -> _Layer | None:
-    inside = [
-        i
-        for i, n in enumerate(graph.nodes)
-        if n.kind == "compute"
-        and n.phase == phase
-        and (n.module == path or n.module.startswith(path + "."))
-    ]
+def _layer(graph: IterationGraph, inside: list[int], phase: str, hidden: int) -> _Layer | None:
     grouped = [i for i in inside if "grouped_mm" in graph.nodes[i].op]
     if not grouped:
         return None
     first, last = grouped[0], grouped[-1]
     tokens = graph.nodes[first].inputs[0]  # [token copies, width], as the tokens' dtype
-    hidden = int(build_config(graph.model).hidden_size)
     return _Layer(
         phase=phase,
         nodes=[graph.nodes[i] for i in range(first, last + 1) if graph.nodes[i].kind == "compute"],
@@ -218,11 +224,3 @@ def _exchanges(
         run("reduce_scatter", "tokens", gathered),
         run("reduce_scatter", "weights", choices * _WEIGHT_BYTES),
     ]
-
-
-def blocking_total_ms(schedule: ExpertSchedule, micro_batches: int) -> float:
-    """The exchanges' time in one iteration, unhidden (the dashboard's dispatch/combine bar)."""
-    per_micro = sum(
-        b.ms for items in schedule.after.values() for b in items if b.stream == "exchange"
-    )
-    return per_micro * micro_batches + sum(b.ms for b in schedule.before_step)

@@ -104,9 +104,9 @@ def replay(
         raise InvalidOptionError(
             f"no collective model for {', '.join(missing)}; given: {', '.join(sorted(comm))}"
         )
-    replayer = _Replayer(graph, node_ms, comm, iterations, runtime or RuntimeCosts())
-    replayer.experts = experts
-    return replayer.run()
+    return _Replayer(
+        graph, node_ms, comm, iterations, runtime or RuntimeCosts(), experts=experts
+    ).run()
 
 
 class _Replayer:
@@ -117,6 +117,8 @@ class _Replayer:
         comm: Mapping[str, AlphaBeta],
         iterations: int,
         runtime: RuntimeCosts,
+        *,
+        experts: ExpertSchedule | None = None,
     ) -> None:
         self.graph = graph
         self.runtime = runtime
@@ -139,7 +141,7 @@ class _Replayer:
         # DeAR: the copy each bucket's first update waits for, by (iteration, bucket)
         self._land_ms: dict[tuple[int, int | None], float] = {}
         self.events: list[Event] = []
-        self.experts: ExpertSchedule | None = None
+        self.experts = experts
 
     def run(self) -> ReplayResult:
         starts: list[float] = []

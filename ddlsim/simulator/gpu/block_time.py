@@ -27,7 +27,7 @@ import dataclasses
 from ddlsim.data.specs.scale_plan import ScalePlan
 from ddlsim.simulator.gpu import experts as gpu_experts
 from ddlsim.simulator.gpu.experts import ExpertsTime
-from ddlsim.simulator.gpu.nccl import Group, NcclModel
+from ddlsim.simulator.gpu.nccl import Group, NcclModel, strided_group
 from ddlsim.simulator.gpu.overlap import Exposed, decomposed_tp_ms, exposed_ms, overlapped_ms
 from ddlsim.simulator.gpu.shard_costs import ShardCosts
 
@@ -47,20 +47,13 @@ class Groups:
     pp_across_nodes: bool
 
 
-def _group(size: int, stride: int, gpus_per_node: int) -> Group:
-    per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
-    while size % per_node:
-        per_node -= 1
-    return Group(size, per_node)
-
-
 def place_groups(plan: ScalePlan, gpus_per_node: int) -> Groups:
     tp_per_node = min(plan.tp, gpus_per_node)
     return Groups(
         tp=Group(plan.tp, tp_per_node if plan.tp % tp_per_node == 0 else 1),
-        cp=_group(plan.cp, plan.tp, gpus_per_node),
-        dp=_group(plan.dp, plan.tp * plan.cp, gpus_per_node),
-        grads=_group(plan.dp * plan.cp, plan.tp, gpus_per_node),
+        cp=strided_group(plan.cp, plan.tp, gpus_per_node),
+        dp=strided_group(plan.dp, plan.tp * plan.cp, gpus_per_node),
+        grads=strided_group(plan.dp * plan.cp, plan.tp, gpus_per_node),
         pp_across_nodes=plan.tp * plan.cp * plan.dp >= gpus_per_node,
     )
 

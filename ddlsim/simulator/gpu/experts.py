@@ -31,7 +31,7 @@ from ddlsim.data.models import build_config
 from ddlsim.data.moe import expert_param_names, experts_shape
 from ddlsim.data.specs.scale_plan import ScalePlan
 from ddlsim.simulator.gpu.grad_sync import gradient_sync
-from ddlsim.simulator.gpu.nccl import Group, NcclModel
+from ddlsim.simulator.gpu.nccl import Group, NcclModel, strided_group
 from ddlsim.simulator.gpu.overlap import Exposed
 from ddlsim.simulator.gpu.roofline import GpuOpCosts
 
@@ -113,14 +113,17 @@ class ExpertsTime:
         return Exposed.at(self.network, forward), Exposed.at(self.network, backward)
 
 
-def experts_cost(graph: IterationGraph, costs: GpuOpCosts) -> tuple[ExpertsCost | None, set[int]]:
-    """The routed experts of a one-block shard's ``graph`` (``None`` for a dense model), and the
-    ids of their nodes (which the block's own times leave out)."""
+def experts_cost(
+    graph: IterationGraph, costs: GpuOpCosts
+) -> tuple[ExpertsCost | None, set[int], frozenset[str]]:
+    """The routed experts of a one-block shard's ``graph`` (``None`` for a dense model), the ids
+    of their nodes and the names of their parameters (which the block's own times and
+    parameters leave out)."""
     config = build_config(graph.model)
     shape = experts_shape(config)
     names = expert_param_names(graph.params, config)
     if shape is None or not names:
-        return None, set()
+        return None, set(), frozenset()
     modules = {p.module for p in graph.params if p.name in names}
     ids: set[int] = set()
     gemms: list[GroupedGemm] = []
@@ -157,6 +160,7 @@ def experts_cost(graph: IterationGraph, costs: GpuOpCosts) -> tuple[ExpertsCost 
             intermediate=shape.intermediate,
         ),
         ids,
+        names,
     )
 
 
@@ -170,19 +174,12 @@ def _grouped_gemm(node: GraphNode, phase: str) -> GroupedGemm:
 def expert_group(plan: ScalePlan, gpus_per_node: int) -> Group:
     """The ``ep`` ranks exchanging tokens: Megatron-Core orders the experts' ranks expert-tensor
     fastest, then expert-parallel, so an ``ep`` group strides ``etp`` ranks."""
-    return _strided(plan.ep, plan.etp, gpus_per_node)
+    return strided_group(plan.ep, plan.etp, gpus_per_node)
 
 
 def expert_data_group(plan: ScalePlan, gpus_per_node: int) -> Group:
     """The ``edp`` ranks holding the same expert shard (reducing its gradients)."""
-    return _strided(plan.edp, plan.ep * plan.etp, gpus_per_node)
-
-
-def _strided(size: int, stride: int, gpus_per_node: int) -> Group:
-    per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
-    while size % per_node:
-        per_node -= 1
-    return Group(size, per_node)
+    return strided_group(plan.edp, plan.ep * plan.etp, gpus_per_node)
 
 
 def experts_time(
@@ -272,7 +269,7 @@ def _exchange_ms(
         ) / 1e3
     network = group.nodes > 1
     if plan.etp > 1:
-        etp_group = _strided(plan.etp, 1, gpus_per_node)
+        etp_group = strided_group(plan.etp, 1, gpus_per_node)
         gathered = plan.etp * pairs * row
         etp_ms = (
             nccl.time_us("all_gather", gathered, etp_group)

@@ -73,6 +73,15 @@ class Group:
         return self.size // self.per_node
 
 
+def strided_group(size: int, stride: int, gpus_per_node: int) -> Group:
+    """``size`` ranks ``stride`` apart in the job's rank order (nodes of ``gpus_per_node``):
+    as many of them in a node as fit and divide the group."""
+    per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
+    while size % per_node:
+        per_node -= 1
+    return Group(size, per_node)
+
+
 def _factor(collective: str, n: int) -> float:
     factors = {
         "all_reduce": 2 * (n - 1) / n,

@@ -11,8 +11,6 @@ import dataclasses
 import re
 
 from ddlsim.data.graph.format import GraphNode, IterationGraph
-from ddlsim.data.models import build_config
-from ddlsim.data.moe import expert_param_names
 from ddlsim.simulator.gpu.experts import ExpertsCost, experts_cost
 from ddlsim.simulator.gpu.roofline import ATTENTION_OPS, FREE_OPS, GEMM_OPS, GpuOpCosts
 
@@ -88,7 +86,7 @@ def shard_costs(
     attention_flops = 0
     attention_ids: set[int] = set()
     parts = {node.id: _part(node, part_of, block) for node in nodes if node.kind == "compute"}
-    experts, expert_ids = experts_cost(graph, costs)
+    experts, expert_ids, expert_params = experts_cost(graph, costs)
     for index in expert_ids:
         parts[index] = "experts"  # fused with nothing of the block's
     fused = fused_groups(graph, parts, costs) if compiled else {}
@@ -123,9 +121,6 @@ def shard_costs(
             attention_flops += node.flops
     params = {"block": 0, "first": 0, "last": 0}
     last_modules = {n.module for n in nodes if part_of.get(n.id) == "last"}
-    expert_params = (
-        expert_param_names(graph.params, build_config(graph.model)) if experts else frozenset()
-    )
     for info in graph.params:
         if info.name in expert_params:
             continue
